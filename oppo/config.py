@@ -1,0 +1,164 @@
+"""The scheduling configuration shared by both backends, and the CLI generated from config dataclasses.
+
+A config is a frozen dataclass; each field carries its help text in ``metadata["help"]`` so that the same text
+is the docstring, the ``--help`` line and the stored config. ``__post_init__`` validates and raises
+``ValueError``; it never rewrites a value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+POLICIES = ("sync", "intra", "inter", "oppo", "tppo")
+DELTA_CONTROLLERS = ("slope", "alg1")
+SCORERS = ("reward", "reference", "critic")
+
+
+def opt(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field whose help text feeds ``--help``."""
+    if isinstance(default, list | dict | set):
+        raise TypeError("mutable defaults are not allowed in configs")
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How one PPO step is scheduled: the policy and its controllers. Token counts are response tokens."""
+
+    policy: str = opt("oppo", f"scheduling policy: {', '.join(POLICIES)}")
+    batch: int = opt(8, "B: sequences trained per step (prompts, not tokens)")
+    max_new_tokens: int = opt(256, "cap on response tokens per sequence, over all the steps it spans")
+    chunk: str = opt("auto", "streamed chunk size in tokens, or 'auto' to explore --chunk-candidates")
+    chunk_candidates: tuple[int, ...] = opt((32, 64, 128), "chunk sizes tried by exploration (paper: 128,256,512)")
+    explore_period_steps: int = opt(50, "exploration restarts every this many steps (paper: 50)")
+    explore_trials: int = opt(1, "steps each candidate chunk is tried for during exploration")
+    check_tokens: int = opt(16, "tokens between scheduling checks when not streaming")
+    streamed_scorers: tuple[str, ...] = opt(("reward",), f"scorers fed chunk by chunk: subset of {SCORERS}")
+    delta: str = opt("auto", "over-commit Δ in prompts, or 'auto' for the --delta-controller")
+    delta_controller: str = opt("slope", "Δ controller when --delta auto: slope (paper Eq. 4) or alg1 (Alg. 1)")
+    delta_init: int = opt(4, "initial Δ of the controller (prompts)")
+    delta_min: int = opt(0, "lower bound on Δ (prompts)")
+    delta_max: int = opt(8, "upper bound on Δ (prompts, <= batch)")
+    delta_window: int = opt(5, "w (slope) or W (alg1): steps in the reward-trend window")
+    delta_inc: int = opt(1, "slope controller: Δ increase when the reward trend is positive")
+    delta_dec: int = opt(1, "slope controller: Δ decrease when the reward trend is not positive")
+    max_deferrals: int = opt(3, "starvation bound (>= 1): a sequence deferred this many steps is waited for")
+    window_tokens: int = opt(64, "tppo: at most this many new tokens per sequence per step")
+
+    def __post_init__(self) -> None:
+        _check_choice("policy", self.policy, POLICIES)
+        _check_choice("delta_controller", self.delta_controller, DELTA_CONTROLLERS)
+        for name in ("batch", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens"):
+            _check_positive(name, getattr(self, name))
+        for name in ("delta_window", "delta_inc", "delta_dec", "window_tokens"):
+            _check_positive(name, getattr(self, name))
+        if self.max_deferrals < 1 or self.delta_min < 0:
+            raise ValueError("max_deferrals must be >= 1 and delta_min >= 0")
+        if self.delta_min > self.delta_max:
+            raise ValueError(f"delta bounds reversed: delta_min={self.delta_min} > delta_max={self.delta_max}")
+        if not self.delta_min <= self.delta_init <= self.delta_max:
+            raise ValueError(f"delta_init={self.delta_init} outside [{self.delta_min}, {self.delta_max}]")
+        if not self.chunk_candidates or min(self.chunk_candidates) <= 0:
+            raise ValueError("chunk_candidates must be positive token counts")
+        for scorer in self.streamed_scorers:
+            _check_choice("streamed_scorers", scorer, SCORERS)
+        if self.chunk != "auto":
+            _check_positive("chunk", _parse_int("chunk", self.chunk))
+        if self.delta != "auto" and _parse_int("delta", self.delta) < 0:
+            raise ValueError(f"delta must be >= 0 or 'auto', got {self.delta!r}")
+        # Δ <= B keeps the carried finished sequences (<= Δ) trainable in the next step, which is what bounds
+        # every deferral by max_deferrals.
+        largest = self.delta_max if self.delta == "auto" else int(self.delta)
+        if self.overcommit and largest > self.batch:
+            raise ValueError(f"over-commit Δ up to {largest} exceeds batch {self.batch}; Δ must be <= B")
+
+    # Derived settings: what the policy switches on.
+    @property
+    def streaming(self) -> bool:
+        """Scorers prefill chunk by chunk while the actor decodes (intra-step overlap)."""
+        return self.policy in ("intra", "oppo")
+
+    @property
+    def overcommit(self) -> bool:
+        """B+Δ prompts in flight, train on the first B finished (inter-step overlap)."""
+        return self.policy in ("inter", "oppo")
+
+    @property
+    def truncated(self) -> bool:
+        """T-PPO: each step generates at most ``window_tokens`` per sequence."""
+        return self.policy == "tppo"
+
+    @property
+    def fixed_chunk(self) -> int | None:
+        return None if self.chunk == "auto" else int(self.chunk)
+
+    @property
+    def fixed_delta(self) -> int | None:
+        return None if self.delta == "auto" else int(self.delta)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def _parse_int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer or 'auto', got {text!r}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI generated from config dataclasses
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--field-name`` option per field of ``cls``; defaults come from the dataclass (shown in help)."""
+    group = parser.add_argument_group(cls.__name__)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or "help" not in f.metadata:
+            continue
+        kind = hints[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} (default: {_show(f.default)})"
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            group.add_argument(flag, dest=f.name, type=_parser_for(kind), default=None, help=help_text, metavar="X")
+
+
+def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
+    """Build ``cls`` from parsed args: only the options the user gave override the defaults."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None}
+    return cls(**{**given, **overrides})
+
+
+def _show(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _parser_for(kind: Any):
+    if typing.get_origin(kind) is tuple:
+        item = typing.get_args(kind)[0]
+        return lambda text: tuple(item(part) for part in text.split(",") if part)
+    if isinstance(kind, types.UnionType):  # e.g. str | None: parse as the first concrete type
+        kind = next(k for k in typing.get_args(kind) if k is not type(None))
+    return kind
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a (nested) config, tuples as lists."""
+    return dataclasses.asdict(config)

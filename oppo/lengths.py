@@ -1,0 +1,67 @@
+"""Response-length traces: plain or gzipped CSV with a ``response_tokens`` column (optional ``prompt_tokens``)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LengthTrace:
+    """Token counts of real responses (and their prompts when the trace has them)."""
+
+    name: str
+    response_tokens: np.ndarray  # (N,) int64, >= 0
+    prompt_tokens: np.ndarray | None  # (N,) int64 or None
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """``n`` rows drawn with replacement: (response lengths, prompt lengths or None)."""
+        idx = rng.integers(0, len(self.response_tokens), size=n)
+        prompts = None if self.prompt_tokens is None else self.prompt_tokens[idx]
+        return self.response_tokens[idx], prompts
+
+
+def load_lengths(path: str | Path, model: str | None = None) -> LengthTrace:
+    """Load a length trace; ``model`` keeps only rows of that ``model`` column value (AlpacaEval has 225).
+
+    Raises ``ValueError`` naming the file and the problem: missing column, empty, non-numeric or negative.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"lengths file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", newline="") as fh:
+            rows = list(csv.DictReader(io.StringIO(fh.read())))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ValueError(f"{path}: not a readable CSV ({err})") from None
+    if not rows or "response_tokens" not in rows[0]:
+        columns = ", ".join(rows[0]) if rows else "none"
+        raise ValueError(f"{path}: needs a 'response_tokens' column (found: {columns})")
+    if model is not None:
+        rows = [r for r in rows if r.get("model") == model]
+        if not rows:
+            raise ValueError(f"{path}: no rows with model={model!r}")
+    response = _column(path, rows, "response_tokens")
+    prompt = _column(path, rows, "prompt_tokens") if "prompt_tokens" in rows[0] else None
+    return LengthTrace(name=path.name.split(".")[0], response_tokens=response, prompt_tokens=prompt)
+
+
+def _column(path: Path, rows: list[dict[str, str]], name: str) -> np.ndarray:
+    values = np.empty(len(rows), dtype=np.int64)
+    for i, row in enumerate(rows):
+        text = (row.get(name) or "").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            what = "empty" if not text else f"non-numeric {text!r}"
+            raise ValueError(f"{path}: row {i + 2}: {what} value in column {name!r}") from None
+        if value < 0 or value != value or value != int(value):
+            raise ValueError(f"{path}: row {i + 2}: {name} must be a non-negative integer, got {text!r}")
+        values[i] = int(value)
+    return values

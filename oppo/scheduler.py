@@ -1,0 +1,221 @@
+"""One PPO step's plan and bookkeeping, for every policy. Backends execute; the scheduler decides.
+
+A backend drives a step like this (the clock ``now`` is the backend's, in seconds)::
+
+    plan = scheduler.plan_step(now)              # who is in flight, budgets, chunk size, Δ
+    while not scheduler.generation_done:
+        n = scheduler.next_round_tokens()        # decode n tokens for every running sequence
+        ...                                      # (streamed policies: hand those n tokens to the scorers)
+        scheduler.report_round(now, n, finished) # finished: {seq_id: tokens it decoded this round, EOS included}
+    outcome = scheduler.close_step(now, mean_reward)   # trained sequences, carried ones, the step record
+
+Sequences that reach their budget stop without being reported: at ``max_new_tokens`` they count as finished
+(truncated); at the T-PPO window they pause and continue next step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from oppo.buffer import RolloutBuffer
+from oppo.chunking import make_chunk_policy
+from oppo.config import ScheduleConfig
+from oppo.overcommit import make_delta_controller
+from oppo.records import StepRecord, TrainedSeq
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a step runs. Ids are in admission (FIFO) order; token counts are response tokens."""
+
+    step: int
+    start_s: float
+    active: tuple[int, ...]  # every sequence in the buffer this step
+    new: tuple[int, ...]  # admitted this step: the backend attaches prompts to these ids
+    resumed: tuple[int, ...]  # carried unfinished: their prefix must be re-prefilled by the updated actor
+    ready: tuple[int, ...]  # carried finished: nothing left to generate
+    prefix_tokens: Mapping[int, int]  # response tokens already generated, per active id
+    budgets: Mapping[int, int]  # tokens each unfinished sequence may decode this step
+    round_tokens: int  # tokens per round: the chunk size when streaming, else the check interval
+    streaming: bool
+    chunk: int  # streamed chunk size in tokens, 0 when not streaming
+    delta: int  # Δ: prompts over-committed beyond B this step
+    target: int  # sequences to train (B)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    trained: tuple[TrainedSeq, ...]  # in training order (finish order; starved sequences first)
+    carried: tuple[int, ...]  # ids left in the buffer for the next step
+    record: StepRecord
+
+
+class Scheduler:
+    """The scheduling core: buffer, chunk policy and Δ controller driven by one :class:`ScheduleConfig`."""
+
+    def __init__(self, config: ScheduleConfig, prompt_limit: int | None = None) -> None:
+        self.config = config
+        self.buffer = RolloutBuffer(config.max_new_tokens, prompt_limit)
+        self.chunking = make_chunk_policy(config)
+        self.delta = make_delta_controller(config)
+        self.step = -1
+        self.plan: StepPlan | None = None
+
+    # -- planning ---------------------------------------------------------------------------------------
+    def plan_step(self, now: float) -> StepPlan:
+        if self.plan is not None:
+            raise RuntimeError("plan_step called before the previous step was closed")
+        self.step += 1
+        cfg = self.config
+        carried = list(self.buffer.seqs.values())
+        new = self.buffer.fill(cfg.batch + self.delta.value, self.step)
+        seqs = self.buffer.seqs
+        chunk = self.chunking.chunk_for(self.step) if cfg.streaming else 0
+        budgets = {}
+        for seq_id, seq in seqs.items():
+            if not seq.finished:
+                left = self.buffer.remaining_tokens(seq_id)
+                budgets[seq_id] = min(left, cfg.window_tokens) if cfg.truncated else left
+        self.plan = StepPlan(
+            step=self.step,
+            start_s=now,
+            active=tuple(seqs),
+            new=tuple(new),
+            resumed=tuple(s.seq_id for s in carried if not s.finished),
+            ready=tuple(s.seq_id for s in carried if s.finished),
+            prefix_tokens={i: s.generated_tokens for i, s in seqs.items()},
+            budgets=budgets,
+            round_tokens=chunk if cfg.streaming else cfg.check_tokens,
+            streaming=cfg.streaming,
+            chunk=chunk,
+            delta=self.delta.value,
+            target=cfg.batch,
+        )
+        self._start_generation(self.plan)
+        return self.plan
+
+    def _start_generation(self, plan: StepPlan) -> None:
+        # Incremental state so that a round costs O(sequences that stop in it), not O(B).
+        self._step_tokens = 0  # tokens decoded this step by every sequence still running
+        self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
+        self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
+        self._finished = len(plan.ready)
+        self._starved_waiting = {i for i in plan.budgets if self._starved(i)}
+
+    # -- generation -------------------------------------------------------------------------------------
+    def running(self) -> list[int]:
+        """Ids still decoding this step, FIFO order."""
+        self._require_plan()
+        return list(self._running)
+
+    def budget_left(self, seq_id: int) -> int:
+        """Tokens ``seq_id`` may still decode this step."""
+        return max(0, self._require_plan().budgets[seq_id] - self._step_tokens)
+
+    def next_round_tokens(self) -> int:
+        """Tokens to decode in the next round: the round size, or less when every runner's budget is smaller."""
+        plan = self._require_plan()
+        while self._by_budget and self._by_budget[-1] not in self._running:
+            self._by_budget.pop()
+        if not self._by_budget:
+            return 0
+        return min(plan.round_tokens, plan.budgets[self._by_budget[-1]] - self._step_tokens)
+
+    def report_round(self, now: float, tokens: int, finished: Mapping[int, int]) -> bool:
+        """Record a round: running sequences decoded ``tokens`` each (fewer if their budget ended), except
+        ``finished`` ones, which ended with EOS after the given number of tokens (1..tokens). Returns
+        :attr:`generation_done`."""
+        plan = self._require_plan()
+        if tokens <= 0:
+            raise ValueError(f"a round decodes at least one token, got {tokens}")
+        for seq_id, used in finished.items():
+            if seq_id not in self._running:
+                raise ValueError(f"seq {seq_id} reported finished but is not running")
+            allowed = min(tokens, plan.budgets[seq_id] - self._step_tokens)
+            if not 1 <= used <= allowed:
+                raise ValueError(f"seq {seq_id} finished after {used} tokens; 1..{allowed} allowed")
+        for seq_id, used in sorted(finished.items(), key=lambda item: (item[1], item[0])):
+            self._stop(seq_id, self._step_tokens + used, finished=True)
+        self._step_tokens += tokens
+        order = self._by_budget
+        while order and plan.budgets[order[0]] <= self._step_tokens:
+            seq_id = order.popleft()
+            if seq_id in self._running:  # budget spent: capped (finished) or paused at the T-PPO window
+                capped = plan.prefix_tokens[seq_id] + plan.budgets[seq_id] >= self.buffer.max_new_tokens
+                self._stop(seq_id, plan.budgets[seq_id], finished=capped)
+        return self.generation_done
+
+    def _stop(self, seq_id: int, step_tokens: int, finished: bool) -> None:
+        seq = self.buffer.seqs[seq_id]
+        seq.generated_tokens = self.plan.prefix_tokens[seq_id] + step_tokens
+        del self._running[seq_id]
+        if finished:
+            seq.finished = True
+            seq.finish_rank = (self.step, step_tokens, seq_id)
+            self._finished += 1
+            self._starved_waiting.discard(seq_id)
+
+    @property
+    def generation_done(self) -> bool:
+        """Sync-like policies wait for every sequence; over-commit stops at B finished, starved ones included."""
+        plan = self._require_plan()
+        if not self._running:
+            return True
+        if not self.config.overcommit:
+            return False
+        return self._finished >= plan.target and not self._starved_waiting
+
+    def _starved(self, seq_id: int) -> bool:
+        return self.buffer.seqs[seq_id].deferrals(self.step) >= self.config.max_deferrals
+
+    # -- closing ----------------------------------------------------------------------------------------
+    def close_step(self, now: float, mean_reward: float) -> StepOutcome:
+        """Choose the trained sequences, carry the rest, update the controllers with this step's mean reward."""
+        plan = self._require_plan()
+        for seq_id in list(self._running):  # interrupted mid-budget: keep what was decoded
+            self._stop(seq_id, min(self._step_tokens, plan.budgets[seq_id]), finished=False)
+        seqs = self.buffer.seqs
+        finished = sorted((i for i in plan.active if seqs[i].finished), key=lambda i: seqs[i].finish_rank)
+        if self.config.truncated:
+            chosen = list(plan.active)  # T-PPO trains every segment generated this step
+        elif self.config.overcommit:
+            chosen = sorted(finished, key=lambda i: not self._starved(i))[: plan.target]
+        else:
+            chosen = finished
+        trained = tuple(self._trained(i) for i in chosen)
+        self.buffer.remove([t.seq_id for t in trained if t.finished])
+        step_s = now - plan.start_s
+        self.chunking.observe(self.step, plan.chunk, step_s) if plan.streaming else None
+        self.delta.update(mean_reward)
+        record = StepRecord(
+            step=self.step,
+            start_s=plan.start_s,
+            end_s=now,
+            step_s=step_s,
+            mean_reward=mean_reward,
+            delta=plan.delta,
+            chunk=plan.chunk,
+            finished=sum(t.finished for t in trained),
+            deferred=len(self.buffer),
+        )
+        self.plan = None
+        return StepOutcome(trained=trained, carried=tuple(self.buffer.seqs), record=record)
+
+    def _trained(self, seq_id: int) -> TrainedSeq:
+        plan, seq = self.plan, self.buffer.seqs[seq_id]
+        return TrainedSeq(
+            step=self.step,
+            seq_id=seq_id,
+            admitted_step=seq.admitted_step,
+            deferrals=seq.deferrals(self.step),
+            response_tokens=seq.generated_tokens,
+            step_tokens=seq.generated_tokens - plan.prefix_tokens[seq_id],
+            finished=seq.finished,
+        )
+
+    def _require_plan(self) -> StepPlan:
+        if self.plan is None:
+            raise RuntimeError("no step in progress: call plan_step first")
+        return self.plan

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv and install oppo with its test, Ray and notebook extras. Idempotent.
+# torch: the CPU wheel is pinned first so that no multi-GB CUDA build is pulled on a CPU machine;
+# on a GPU machine set OPPO_TORCH (e.g. OPPO_TORCH="torch" or a CUDA index URL spec) to choose your own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "${OPPO_TORCH:-torch==2.13.0}"
+.venv/bin/python -m pip install -q -e ".[test,ray,notebooks]"
+echo "oppo installed in .venv"

@@ -1,0 +1,118 @@
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from oppo import ScheduleConfig
+from oppo.config import add_config_args, config_from_args
+from oppo.lengths import load_lengths
+from oppo.records import (
+    StepRecord,
+    TraceRow,
+    TrainedSeq,
+    busy_seconds,
+    deferral_histogram,
+    read_rows,
+    summarize,
+    write_run,
+)
+
+
+def test_core_import_pulls_no_backend():
+    code = (
+        "import sys, oppo, oppo.scheduler, oppo.records, oppo.lengths, oppo.cli;"
+        "bad = {'torch', 'simpy', 'transformers', 'ray', 'oppo.sim', 'oppo.exec'} & set(sys.modules);"
+        "print(sorted(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch": 0}, "batch must be > 0"),
+        ({"policy": "fast"}, "unknown policy"),
+        ({"delta_min": 5, "delta_max": 2, "delta_init": 2}, "delta bounds reversed"),
+        ({"chunk": "0"}, "chunk must be > 0"),
+        ({"chunk": "big"}, "chunk must be an integer"),
+        ({"delta": "-1"}, "delta must be >= 0"),
+        ({"policy": "inter", "batch": 4, "delta": "5"}, "Δ must be <= B"),
+        ({"max_deferrals": 0}, "max_deferrals must be >= 1"),
+        ({"streamed_scorers": ("judge",)}, "unknown streamed_scorers"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ScheduleConfig(**kwargs)
+
+
+def test_cli_from_config():
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, ScheduleConfig)
+    args = parser.parse_args(["--batch", "12", "--chunk-candidates", "8,16", "--delta", "3"])
+    cfg = config_from_args(ScheduleConfig, args)
+    assert cfg.batch == 12 and cfg.chunk_candidates == (8, 16) and cfg.fixed_delta == 3
+    assert cfg.max_new_tokens == ScheduleConfig().max_new_tokens
+    assert "sequences trained per step" in parser.format_help()
+
+
+def test_busy_union_and_histogram():
+    assert busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4
+    trained = [TrainedSeq(0, i, 0, d, 5, 5, True) for i, d in enumerate([0, 0, 0, 1])]
+    assert deferral_histogram(trained) == {0: 0.75, 1: 0.25}
+
+
+def test_records_roundtrip_and_summary(tmp_path):
+    steps = [StepRecord(i, i * 2.0, i * 2.0 + 2, 2.0, 0.5 * i, 1, 0, 4, 1) for i in range(3)]
+    trace = [
+        TraceRow(0, "gpu0-6", "actor", "decode", 0.0, 3.0, 4, 40, 100),
+        TraceRow(0, "gpu7", "reward", "prefill", 1.0, 4.0, 4, 40, 0),
+    ]
+    trained = [TrainedSeq(0, 0, 0, 0, 10, 10, True), TrainedSeq(1, 1, 0, 1, 12, 2, True)]
+    summary = summarize("oppo", steps, trace, trained, {"schedule": {"batch": 4}}, wall_s=0.1)
+    assert summary["utilization"] == {"gpu0-6": 0.5, "gpu7": 0.5}
+    assert summary["mean_deferrals"] == 0.5 and summary["deferral_hist"] == {"0": 0.5, "1": 0.5}
+    assert summary["mean_step_s"] == 2.0 and summary["total_s"] == 6.0 and summary["batch"] == 4
+    write_run(tmp_path, steps, trace, trained, summary)
+    assert read_rows(tmp_path / "steps.csv", StepRecord) == steps
+    assert read_rows(tmp_path / "trace.csv", TraceRow) == trace
+    assert read_rows(tmp_path / "sequences.csv", TrainedSeq) == trained
+    assert json.loads((tmp_path / "summary.json").read_text())["policy"] == "oppo"
+
+
+def test_lengths_plain_and_gzip(tmp_path):
+    text = "model,prompt_tokens,response_tokens\na,3,10\nb,4,20\n"
+    (tmp_path / "l.csv").write_text(text)
+    with gzip.open(tmp_path / "l.csv.gz", "wt") as fh:
+        fh.write(text)
+    for name in ("l.csv", "l.csv.gz"):
+        trace = load_lengths(tmp_path / name)
+        assert trace.response_tokens.tolist() == [10, 20] and trace.prompt_tokens.tolist() == [3, 4]
+    assert load_lengths(tmp_path / "l.csv", model="b").response_tokens.tolist() == [20]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("tokens\n1\n", "needs a 'response_tokens' column"),
+        ("response_tokens\n", "needs a 'response_tokens' column"),
+        ("response_tokens\n-3\n", "non-negative integer"),
+        ("response_tokens\nabc\n", "non-numeric"),
+        ("response_tokens\n\n5\n", None),  # csv skips blank lines
+        ("response_tokens,x\n,1\n", "empty value"),
+    ],
+)
+def test_lengths_errors(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    if message is None:
+        assert load_lengths(path).response_tokens.tolist() == [5]
+    else:
+        with pytest.raises(ValueError, match=message):
+            load_lengths(path)
+    with pytest.raises(FileNotFoundError):
+        load_lengths(tmp_path / "missing.csv")

@@ -1,0 +1,119 @@
+"""Hypothesis invariants of the scheduling core."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oppo import ScheduleConfig, Scheduler
+from oppo.chunking import ExploringChunk
+from oppo.overcommit import Alg1Delta, SlopeDelta
+from tests.drive import run_step
+
+policies = st.sampled_from(["sync", "intra", "inter", "oppo", "tppo"])
+
+
+@st.composite
+def scenarios(draw):
+    policy = draw(policies)
+    batch = draw(st.integers(1, 6))
+    cfg = ScheduleConfig(
+        policy=policy,
+        batch=batch,
+        max_new_tokens=draw(st.integers(1, 40)),
+        chunk=str(draw(st.integers(1, 12))),
+        check_tokens=draw(st.integers(1, 12)),
+        delta=draw(st.sampled_from(["auto", "0", str(min(1, batch)), str(min(3, batch))])),
+        delta_max=min(4, batch),
+        delta_init=min(2, batch),
+        delta_window=2,
+        max_deferrals=draw(st.integers(1, 3)),
+        window_tokens=draw(st.integers(1, 20)),
+    )
+    lengths = draw(st.lists(st.integers(1, 60), min_size=200, max_size=200))
+    rewards = draw(st.lists(st.floats(-1, 1), min_size=6, max_size=6))
+    return cfg, lengths, rewards
+
+
+def simulate(cfg, lengths, rewards):
+    s = Scheduler(cfg)
+    table = dict(enumerate(lengths))
+    outcomes = [run_step(s, table, reward=r)[1] for r in rewards]
+    return s, outcomes
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_conservation_and_bounds(scenario):
+    cfg, lengths, rewards = scenario
+    s, outcomes = simulate(cfg, lengths, rewards)
+    trained_finished = [t.seq_id for o in outcomes for t in o.trained if t.finished]
+    assert len(trained_finished) == len(set(trained_finished))  # none trained twice
+    assert set(trained_finished).isdisjoint(s.buffer.seqs)
+    assert set(trained_finished) | set(s.buffer.seqs) == set(range(s.buffer.admitted))  # none lost
+    for o in outcomes:
+        if cfg.truncated:
+            assert all(t.step_tokens <= cfg.window_tokens for t in o.trained)
+        else:
+            assert len(o.trained) == cfg.batch  # endless prompts: exactly B per step
+        for t in o.trained:
+            assert t.response_tokens <= cfg.max_new_tokens
+            assert t.response_tokens <= lengths[t.seq_id]
+            assert not t.finished or t.response_tokens == min(lengths[t.seq_id], cfg.max_new_tokens)
+            if not cfg.truncated:
+                assert t.deferrals <= cfg.max_deferrals
+    for seq in s.buffer.seqs.values():
+        assert seq.generated_tokens <= cfg.max_new_tokens
+
+
+@settings(max_examples=50, deadline=None)
+@given(scenarios())
+def test_same_inputs_same_decisions(scenario):
+    cfg, lengths, rewards = scenario
+    assert simulate(cfg, lengths, rewards)[1] == simulate(cfg, lengths, rewards)[1]
+
+
+@given(
+    st.integers(0, 3),
+    st.integers(3, 8),
+    st.integers(1, 4),
+    st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=40),
+)
+def test_slope_delta_bounded_and_directed(low, high, window, rewards):
+    ctl = SlopeDelta(value=low, low=low, high=high, window=window)
+    for i, r in enumerate(rewards):
+        before = ctl.value
+        ctl.update(r)
+        assert low <= ctl.value <= high
+        if i >= window:
+            slope = (rewards[i] - rewards[i - window]) / window
+            expected = min(high, before + 1) if slope > 0 else max(low, before - 1)
+            assert ctl.value == expected
+        else:
+            assert ctl.value == before
+
+
+@given(st.integers(0, 16), st.integers(1, 4), st.lists(st.floats(-10, 10, allow_nan=False), max_size=40))
+def test_alg1_delta_bounded_and_opposite_to_trend(init, window, rewards):
+    ctl = Alg1Delta(value=init, low=0, high=16, window=window)
+    for r in rewards:
+        before = ctl.value
+        ctl.update(r)
+        assert 0 <= ctl.value <= 16
+        if ctl.value != before:
+            recent = ctl.rewards
+            d = sum(recent[-window:]) / window - sum(recent[-2 * window : -window]) / window
+            assert (ctl.value < before) == (d > 0)  # Algorithm 1 lowers Δ while reward rises
+
+
+@given(st.lists(st.integers(1, 512), min_size=1, max_size=4, unique=True), st.integers(1, 3), st.data())
+def test_exploration_keeps_fastest(candidates, trials, data):
+    policy = ExploringChunk(tuple(candidates), period_steps=20, trials=trials)
+    times = {}
+    for step in range(len(candidates) * trials):
+        chunk = policy.chunk_for(step)
+        t = data.draw(st.floats(0.1, 100))
+        times.setdefault(chunk, []).append(t)
+        policy.observe(step, chunk, t)
+    mean = {c: sum(v) / len(v) for c, v in times.items()}
+    assert set(mean) == set(candidates)
+    assert policy.best == min(candidates, key=lambda c: mean[c])
+    assert policy.chunk_for(len(candidates) * trials) == policy.best

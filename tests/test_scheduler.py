@@ -1,0 +1,105 @@
+"""Scripted scenarios with exact expected decisions."""
+
+import pytest
+
+from oppo import ScheduleConfig, Scheduler
+from tests.drive import run_step
+
+
+def ids(outcome):
+    return [t.seq_id for t in outcome.trained]
+
+
+def test_sync_trains_all_b_after_the_longest():
+    s = Scheduler(ScheduleConfig(policy="sync", batch=3, max_new_tokens=50, check_tokens=4))
+    plan, out, rounds = run_step(s, {0: 9, 1: 2, 2: 5})
+    assert plan.delta == 0 and plan.chunk == 0 and not plan.streaming
+    assert ids(out) == [1, 2, 0]  # finish order
+    assert rounds == 3  # ceil(9 / 4): the longest gates the step
+    assert out.carried == () and out.record.finished == 3
+
+
+def test_overcommit_b4_delta2_scenario():
+    """B=4, Δ=2, cap 10, check every 2 tokens: lengths decide who trains and who is carried."""
+    cfg = ScheduleConfig(policy="inter", batch=4, delta="2", max_new_tokens=10, check_tokens=2)
+    s = Scheduler(cfg)
+    lengths = {0: 12, 1: 9, 2: 8, 3: 4, 4: 5, 5: 1, 6: 2, 7: 1, 8: 3, 9: 12}
+    plan, out, _ = run_step(s, lengths)
+    assert plan.active == (0, 1, 2, 3, 4, 5) and plan.new == plan.active
+    # after 8 tokens: 5 (1), 3 (4), 4 (5), 2 (8) finished -> B reached; 0 and 1 carried with 8 tokens each
+    assert ids(out) == [5, 3, 4, 2]
+    assert out.carried == (0, 1)
+    assert {i: s.buffer.seqs[i].generated_tokens for i in out.carried} == {0: 8, 1: 8}
+
+    plan, out, _ = run_step(s, lengths)
+    assert plan.resumed == (0, 1) and plan.new == (6, 7, 8, 9)
+    assert plan.budgets[0] == 2 and plan.budgets[1] == 2  # remaining budget, not a fresh one
+    # one round of 2 tokens: after 1 token 1 (EOS at 9) and 7 finish, after 2 tokens 0 (cap 10) and 6;
+    # equal times are broken by admission order. 8 and 9 are carried.
+    assert ids(out) == [1, 7, 0, 6]
+    assert [t.deferrals for t in out.trained] == [1, 0, 1, 0]
+    assert [t.response_tokens for t in out.trained] == [9, 1, 10, 2]
+    assert out.carried == (8, 9)
+
+
+def test_extra_finished_sequences_are_kept_and_trained_first():
+    s = Scheduler(ScheduleConfig(policy="inter", batch=2, delta="2", max_new_tokens=20, check_tokens=5))
+    _, out, _ = run_step(s, {0: 3, 1: 2, 2: 4, 3: 20})
+    assert ids(out) == [1, 0]  # 2 also finished in the same round but only B=2 are trained
+    assert out.carried == (2, 3)
+    plan, out, _ = run_step(s, {2: 4, 3: 20, 4: 1, 5: 1})
+    assert plan.ready == (2,) and plan.resumed == (3,)
+    assert ids(out) == [2, 4]
+
+
+def test_starved_sequence_is_waited_for_and_trained_first():
+    cfg = ScheduleConfig(policy="inter", batch=2, delta="1", max_new_tokens=100, check_tokens=5, max_deferrals=1)
+    s = Scheduler(cfg)
+    lengths = {0: 30, 1: 2, 2: 3, 3: 1, 4: 1, 5: 1}
+    _, out, _ = run_step(s, lengths)
+    assert ids(out) == [1, 2] and out.carried == (0,)
+    plan, out, rounds = run_step(s, lengths)
+    assert plan.resumed == (0,)
+    assert rounds == 5  # waits for 0 (25 more tokens) although 3 and 4 finished in the first round
+    assert ids(out) == [0, 3] and out.trained[0].deferrals == 1
+    assert out.carried == (4,)
+
+
+def test_tppo_window_pauses_and_trains_segments():
+    cfg = ScheduleConfig(policy="tppo", batch=2, max_new_tokens=20, window_tokens=4, check_tokens=4)
+    s = Scheduler(cfg)
+    lengths = {0: 10, 1: 3, 2: 2}
+    _, out, _ = run_step(s, lengths)
+    assert [(t.seq_id, t.step_tokens, t.finished) for t in out.trained] == [(0, 4, False), (1, 3, True)]
+    assert out.carried == (0,)
+    plan, out, _ = run_step(s, lengths)
+    assert plan.active == (0, 2) and plan.budgets == {0: 4, 2: 4}
+    assert [(t.seq_id, t.step_tokens, t.finished) for t in out.trained] == [(0, 4, False), (2, 2, True)]
+    _, out, _ = run_step(s, {**lengths, 3: 1})
+    assert [(t.seq_id, t.response_tokens, t.finished) for t in out.trained] == [(0, 10, True), (3, 1, True)]
+
+
+def test_streaming_uses_chunk_as_round():
+    s = Scheduler(ScheduleConfig(policy="intra", batch=2, chunk="3", max_new_tokens=8))
+    plan, out, rounds = run_step(s, {0: 8, 1: 1})
+    assert plan.streaming and plan.chunk == 3 and plan.round_tokens == 3
+    assert rounds == 3  # 3 + 3 + 2: the last round shrinks to the remaining budget
+
+
+def test_prompt_limit_ends_short():
+    s = Scheduler(ScheduleConfig(policy="inter", batch=4, delta="2", max_new_tokens=8), prompt_limit=3)
+    _, out, _ = run_step(s, {0: 1, 1: 2, 2: 3})
+    assert ids(out) == [0, 1, 2]
+
+
+def test_protocol_errors():
+    s = Scheduler(ScheduleConfig(policy="sync", batch=2, max_new_tokens=8))
+    with pytest.raises(RuntimeError):
+        s.report_round(0.0, 1, {})
+    s.plan_step(0.0)
+    with pytest.raises(RuntimeError):
+        s.plan_step(0.0)
+    with pytest.raises(ValueError, match="not running"):
+        s.report_round(0.0, 1, {7: 1})
+    with pytest.raises(ValueError, match="finished after"):
+        s.report_round(0.0, 2, {0: 3})
