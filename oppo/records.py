@@ -160,7 +160,20 @@ def utilization(trace: Sequence[TraceRow], total_s: float) -> dict[str, float]:
         by_device[row.device].append((row.start_s, row.end_s))
     if total_s <= 0:
         return {d: 0.0 for d in sorted(by_device)}
-    return {d: busy_seconds(iv) / total_s for d, iv in sorted(by_device.items())}
+    return {d: float(busy_seconds(iv) / total_s) for d, iv in sorted(by_device.items())}
+
+
+def phase_breakdown(trace: Sequence[TraceRow], steps: int) -> dict[str, float]:
+    """Mean seconds per step of each "role/phase"; an operation on a group of devices counts once, for its
+    longest member."""
+    longest: dict[tuple[int, str, str, float], float] = defaultdict(float)
+    for row in trace:
+        key = (row.step, row.role, row.phase, row.start_s)
+        longest[key] = max(longest[key], row.end_s - row.start_s)
+    totals: dict[str, float] = defaultdict(float)
+    for (_, role, phase, _), seconds in longest.items():
+        totals[f"{role}/{phase}"] += seconds
+    return {k: v / max(steps, 1) for k, v in sorted(totals.items())}
 
 
 def deferral_histogram(trained: Sequence[TrainedSeq]) -> dict[int, float]:

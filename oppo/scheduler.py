@@ -171,23 +171,33 @@ class Scheduler:
         return self.buffer.seqs[seq_id].deferrals(self.step) >= self.config.max_deferrals
 
     # -- closing ----------------------------------------------------------------------------------------
-    def close_step(self, now: float, mean_reward: float) -> StepOutcome:
-        """Choose the trained sequences, carry the rest, update the controllers with this step's mean reward."""
+    def select(self) -> tuple[TrainedSeq, ...]:
+        """The sequences this step trains, in training order (call once generation is done; changes nothing).
+
+        Sync-like policies train every sequence; over-commit trains the first B finished in finish order, starved
+        ones first; T-PPO trains the segment every sequence generated this step.
+        """
         plan = self._require_plan()
-        for seq_id in list(self._running):  # interrupted mid-budget: keep what was decoded
-            self._stop(seq_id, min(self._step_tokens, plan.budgets[seq_id]), finished=False)
         seqs = self.buffer.seqs
-        finished = sorted((i for i in plan.active if seqs[i].finished), key=lambda i: seqs[i].finish_rank)
         if self.config.truncated:
-            chosen = list(plan.active)  # T-PPO trains every segment generated this step
-        elif self.config.overcommit:
-            chosen = sorted(finished, key=lambda i: not self._starved(i))[: plan.target]
+            chosen = list(plan.active)
         else:
+            finished = sorted((i for i in plan.active if seqs[i].finished), key=lambda i: seqs[i].finish_rank)
+            if self.config.overcommit:
+                finished = sorted(finished, key=lambda i: not self._starved(i))[: plan.target]
             chosen = finished
-        trained = tuple(self._trained(i) for i in chosen)
+        return tuple(self._trained(i) for i in chosen)
+
+    def close_step(self, now: float, mean_reward: float) -> StepOutcome:
+        """Train the :meth:`select` ed sequences, carry the rest, update the controllers with the step's reward."""
+        plan = self._require_plan()
+        trained = self.select()
+        for seq_id in list(self._running):  # stopped early by over-commit: keep what was decoded
+            self._stop(seq_id, self._decoded(seq_id), finished=False)
         self.buffer.remove([t.seq_id for t in trained if t.finished])
         step_s = now - plan.start_s
-        self.chunking.observe(self.step, plan.chunk, step_s) if plan.streaming else None
+        if plan.streaming:
+            self.chunking.observe(self.step, plan.chunk, step_s)
         self.delta.update(mean_reward)
         record = StepRecord(
             step=self.step,
@@ -203,15 +213,20 @@ class Scheduler:
         self.plan = None
         return StepOutcome(trained=trained, carried=tuple(self.buffer.seqs), record=record)
 
+    def _decoded(self, seq_id: int) -> int:
+        """Tokens a still-running sequence decoded this step."""
+        return min(self._step_tokens, self.plan.budgets[seq_id])
+
     def _trained(self, seq_id: int) -> TrainedSeq:
         plan, seq = self.plan, self.buffer.seqs[seq_id]
+        total = plan.prefix_tokens[seq_id] + self._decoded(seq_id) if seq_id in self._running else seq.generated_tokens
         return TrainedSeq(
             step=self.step,
             seq_id=seq_id,
             admitted_step=seq.admitted_step,
             deferrals=seq.deferrals(self.step),
-            response_tokens=seq.generated_tokens,
-            step_tokens=seq.generated_tokens - plan.prefix_tokens[seq_id],
+            response_tokens=total,
+            step_tokens=total - plan.prefix_tokens[seq_id],
             finished=seq.finished,
         )
 

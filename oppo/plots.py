@@ -1,0 +1,116 @@
+"""Plots shared by the CLIs and notebooks. Each function writes a PNG and returns its path.
+
+Imported lazily by the commands (matplotlib is not part of the scheduling core).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from oppo.records import PHASES, StepRecord, TraceRow  # noqa: E402
+
+PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#999999")))
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def timeline(trace: Sequence[TraceRow], path: str | Path, steps: Sequence[int] | None = None, title: str = "") -> Path:
+    """One lane per device, one bar per operation coloured by phase, for the chosen steps (default: first 3)."""
+    chosen = set(steps if steps is not None else sorted({r.step for r in trace})[:3])
+    rows = [r for r in trace if r.step in chosen]
+    devices = sorted({r.device for r in rows}, key=_device_order)
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(devices) + 1.6))
+    for lane, device in enumerate(devices):
+        for phase in PHASES:
+            bars = [(r.start_s, r.end_s - r.start_s) for r in rows if r.device == device and r.phase == phase]
+            if bars:
+                ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=PHASE_COLORS[phase], alpha=0.85)
+    ax.set_yticks(range(len(devices)), devices)
+    ax.set_xlabel("time (s)")
+    ax.set_title(title or f"steps {sorted(chosen)}")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[p]) for p in PHASES if any(r.phase == p for r in rows)]
+    ax.legend(handles, [p for p in PHASES if any(r.phase == p for r in rows)], loc="upper right", fontsize=8)
+    return _save(fig, path)
+
+
+def _device_order(device: str):
+    digits = "".join(ch for ch in device if ch.isdigit())
+    return (device.rstrip("0123456789"), int(digits) if digits else 0)
+
+
+def utilization_bars(utils: Mapping[str, Mapping[str, float]], path: str | Path) -> Path:
+    """Busy fraction per device, one group of bars per policy: ``{policy: {device: fraction}}``."""
+    policies = list(utils)
+    devices = sorted({d for u in utils.values() for d in u}, key=_device_order)
+    fig, ax = plt.subplots(figsize=(max(6, len(devices) * 0.9), 3.5))
+    width = 0.8 / max(len(policies), 1)
+    for i, policy in enumerate(policies):
+        xs = [j + i * width for j in range(len(devices))]
+        ax.bar(xs, [utils[policy].get(d, 0.0) for d in devices], width, label=policy)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(devices))], devices)
+    ax.set_ylabel("busy fraction")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def step_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: str | Path) -> Path:
+    """Stacked seconds per step by role/phase, one bar per policy: ``{policy: {"role/phase": s}}``."""
+    policies = list(breakdowns)
+    keys = sorted({k for b in breakdowns.values() for k in b})
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(policies)), 4))
+    bottom = [0.0] * len(policies)
+    for key in keys:
+        heights = [breakdowns[p].get(key, 0.0) for p in policies]
+        ax.bar(
+            policies,
+            heights,
+            bottom=bottom,
+            label=key,
+            color=PHASE_COLORS.get(key.split("/")[1]),
+            alpha=0.5 + 0.5 * (hash(key) % 2),
+        )
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_ylabel("seconds per step (sum of operations)")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def reward_curves(runs: Mapping[str, Sequence[StepRecord]], path: str | Path, time_axis: bool = True) -> Path:
+    """Mean reward per step against (simulated or wall) time, one line per run; step time below."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=False)
+    for name, steps in runs.items():
+        xs = [s.end_s for s in steps] if time_axis else [s.step for s in steps]
+        top.plot(xs, [s.mean_reward for s in steps], label=name)
+        bottom.plot([s.step for s in steps], [s.step_s for s in steps], label=name)
+    top.set_xlabel("time (s)" if time_axis else "step")
+    top.set_ylabel("mean reward")
+    top.legend(fontsize=8)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("step time (s)")
+    return _save(fig, path)
+
+
+def sweep_plot(
+    xs: Sequence[float], ys: Sequence[float], xlabel: str, path: str | Path, ylabel: str = "mean step (s)"
+) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(xs, ys, marker="o")
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    best = min(range(len(ys)), key=ys.__getitem__)
+    ax.annotate(f"min at {xs[best]}", (xs[best], ys[best]), textcoords="offset points", xytext=(0, 10), ha="center")
+    return _save(fig, path)

@@ -1,0 +1,3 @@
+from oppo.sim.cli import entry
+
+entry()

@@ -1,0 +1,226 @@
+"""``python -m oppo.sim``: run, compare and sweep scheduling policies in simulation.
+
+python -m oppo.sim run --setup paper-7b-h200 --policy oppo --steps 200 --out runs/oppo
+python -m oppo.sim compare --setup paper-7b-h200 --policies sync,intra,inter,oppo --steps 200
+python -m oppo.sim sweep --setup paper-7b-h200 --chunks 100,250,500,1000,3000 --out runs/sweep
+python -m oppo.sim fit-gpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from oppo.cli import run_cli
+from oppo.config import POLICIES, ScheduleConfig, add_config_args, to_dict
+from oppo.lengths import load_lengths
+from oppo.records import phase_breakdown, summarize, write_run
+from oppo.sim.model import SimConfig, SimResult, simulate
+from oppo.sim.setups import PRESETS, load_setup
+
+SCHEDULE_FROM_SETUP = ("batch", "max_new_tokens", "chunk_candidates", "window_tokens", "delta_max", "delta_init")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m oppo.sim", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="simulate one policy and write its records")
+    _common(run)
+    run.add_argument("--out", required=True, help="output directory (summary.json, steps.csv, trace.csv, PNGs)")
+    compare = sub.add_parser("compare", help="simulate several policies side by side and print a table")
+    _common(compare, policy=False)
+    compare.add_argument("--policies", default="sync,intra,inter,oppo,tppo", help="comma-separated policies")
+    compare.add_argument("--out", help="optional directory for compare.csv and plots")
+    sweep = sub.add_parser("sweep", help="step time against fixed chunk sizes or fixed Δ")
+    _common(sweep)
+    sweep.add_argument("--chunks", help="comma-separated chunk sizes (tokens)")
+    sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
+    sweep.add_argument("--out", required=True, help="directory for sweep.csv and sweep.png")
+    sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
+    parser.add_argument("--setup", default="paper-7b-h200", help=f"preset ({', '.join(PRESETS)}) or a .toml file")
+    parser.add_argument("--steps", type=int, default=100, help="PPO steps to simulate (default: 100)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for lengths and reward noise")
+    parser.add_argument("--lengths", help="response-length trace CSV (plain or .gz; column response_tokens)")
+    parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
+    parser.add_argument("--timeline-steps", default="0,1,2", help="steps drawn in timeline.png")
+    skip = () if policy else ("policy",)
+    add_config_args(parser, ScheduleConfig, skip=skip)
+
+
+def _configs(args: argparse.Namespace, policies: list[str]) -> list[SimConfig]:
+    setup = load_setup(args.setup)
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(ScheduleConfig)}
+    overrides = {k: v for k, v in given.items() if v is not None and k != "policy"}
+    return [SimConfig(setup.schedule(policy=p, **overrides), setup, args.steps, args.seed) for p in policies]
+
+
+def _trace(args: argparse.Namespace):
+    return load_lengths(args.lengths, model=args.lengths_model) if args.lengths else None
+
+
+def _simulate(config: SimConfig, trace, label: str) -> tuple[SimResult, float]:
+    start = time.perf_counter()
+    with tqdm(total=config.steps, desc=label, unit="step", disable=None, leave=False) as bar:
+        result = simulate(config, trace, progress=lambda _: bar.update())
+    return result, time.perf_counter() - start
+
+
+def _summary(config: SimConfig, result: SimResult, wall_s: float, trace) -> dict:
+    cfg = {"schedule": to_dict(config.schedule), "setup": to_dict(config.setup), "steps": config.steps}
+    cfg["seed"], cfg["lengths"] = config.seed, trace.name if trace is not None else "lognormal"
+    summary = summarize(config.schedule.policy, result.steps, result.trace, result.trained, cfg, wall_s)
+    summary["time_to_reward_s"] = time_to_reward(result.steps, config.setup.reward_threshold)
+    summary["phase_s_per_step"] = phase_breakdown(result.trace, len(result.steps))
+    summary["note"] = "simulated; mean_reward comes from a reward-progress model (oppo.sim.workload.RewardCurve)"
+    return summary
+
+
+def time_to_reward(steps, threshold: float, window: int = 5) -> float | None:
+    """Simulated seconds until the mean reward over ``window`` steps first reaches ``threshold``."""
+    for i in range(window - 1, len(steps)):
+        if sum(s.mean_reward for s in steps[i - window + 1 : i + 1]) / window >= threshold:
+            return steps[i].end_s - steps[0].start_s
+    return None
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from oppo import plots
+
+    trace = _trace(args)
+    (config,) = _configs(args, [args.policy or "oppo"])
+    result, wall_s = _simulate(config, trace, config.schedule.policy)
+    summary = _summary(config, result, wall_s, trace)
+    write_run(args.out, result.steps, result.trace, result.trained, summary)
+    chosen = [int(s) for s in args.timeline_steps.split(",") if s]
+    plots.timeline(
+        result.trace, Path(args.out) / "timeline.png", chosen, f"{config.setup.name} / {config.schedule.policy}"
+    )
+    plots.reward_curves({config.schedule.policy: result.steps}, Path(args.out) / "rewards.png")
+    print(
+        f"{config.schedule.policy}: mean step {summary['mean_step_s']:.2f} s, p99 {summary['p99_step_s']:.2f} s, "
+        f"utilization {summary['mean_utilization']:.1%}, mean deferrals {summary['mean_deferrals']:.2f}, "
+        f"final reward {summary['final_reward']:.2f} ({len(result.steps)} steps in {wall_s:.2f} s) -> {args.out}"
+    )
+
+
+def compare_policies(configs: list[SimConfig], trace) -> list[dict]:
+    """Simulate each config; return their summaries (library entry point of ``compare``)."""
+    summaries = []
+    for config in configs:
+        result, wall_s = _simulate(config, trace, config.schedule.policy)
+        summary = _summary(config, result, wall_s, trace)
+        summary["_steps"] = result.steps
+        summaries.append(summary)
+    return summaries
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    policies = [p for p in args.policies.split(",") if p]
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    trace = _trace(args)
+    summaries = compare_policies(_configs(args, policies), trace)
+    rows = comparison_rows(summaries)
+    print(format_table(rows))
+    if args.out:
+        from oppo import plots
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        _write_csv(out / "compare.csv", rows)
+        plots.utilization_bars({s["policy"]: s["utilization"] for s in summaries}, out / "utilization.png")
+        plots.step_breakdown({s["policy"]: s["phase_s_per_step"] for s in summaries}, out / "breakdown.png")
+        plots.reward_curves({s["policy"]: s["_steps"] for s in summaries}, out / "rewards.png")
+
+
+def comparison_rows(summaries: list[dict]) -> list[dict]:
+    base = next((s for s in summaries if s["policy"] == "sync"), summaries[0])
+    rows = []
+    for s in summaries:
+        ttr, base_ttr = s["time_to_reward_s"], base["time_to_reward_s"]
+        rows.append({
+            "policy": s["policy"],
+            "mean_step_s": round(s["mean_step_s"], 3),
+            "p99_step_s": round(s["p99_step_s"], 3),
+            "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
+            "mean_util": round(s["mean_utilization"], 3),
+            "mean_deferrals": round(s["mean_deferrals"], 3),
+            "final_reward": round(s["final_reward"], 3),
+            "time_to_reward_s": None if ttr is None else round(ttr, 1),
+            "ttr_speedup": round(base_ttr / ttr, 3) if ttr and base_ttr else None,
+        })  # fmt: skip
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    cells = [[("-" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from oppo import plots
+
+    if bool(args.chunks) == bool(args.deltas):
+        raise ValueError("sweep needs exactly one of --chunks or --deltas")
+    knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
+    values = [int(v) for v in text.split(",") if v]
+    args.policy = args.policy or ("intra" if knob == "chunk" else "inter")
+    trace = _trace(args)
+    rows = []
+    for value in values:
+        setattr(args, knob, str(value))
+        (config,) = _configs(args, [args.policy])
+        result, wall_s = _simulate(config, trace, f"{knob}={value}")
+        s = _summary(config, result, wall_s, trace)
+        rows.append({knob: value, "policy": args.policy, "mean_step_s": round(s["mean_step_s"], 3),
+                     "mean_util": round(s["mean_utilization"], 3), "final_reward": round(s["final_reward"], 3)})  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_csv(out / "sweep.csv", rows)
+    plots.sweep_plot(values, [r["mean_step_s"] for r in rows], f"{knob} ({args.policy})", out / "sweep.png")
+    print(format_table(rows))
+
+
+def cmd_fit_gpus(args: argparse.Namespace) -> None:
+    from oppo.sim.costs import gpu_efficiencies
+
+    print("gpu        bw_frac  flops_frac  layer_overhead_us  rows  heldout_median_err  heldout_p90_err")
+    for name, fit in gpu_efficiencies().items():
+        e = fit.efficiency
+        print(f"{name:<10} {e.bandwidth_frac:7.3f}  {e.flops_frac:10.3f}  {e.layer_overhead_s * 1e6:17.1f}  "
+              f"{fit.rows:4d}  {fit.heldout_median_abs_err:18.1%}  {fit.heldout_p90_abs_err:15.1%}  (from {fit.gpu})")  # fmt: skip
+
+
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "fit-gpus": cmd_fit_gpus}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    COMMANDS[args.command](args)
+    return 0
+
+
+def entry() -> None:
+    sys.exit(run_cli(main))

@@ -1,0 +1,191 @@
+"""Cost models: seconds for decode, prefill, train and weight sync. They know nothing of SimPy.
+
+One implementation, two sources of its efficiency factors:
+- analytic: datasheet bandwidth and FLOP/s times default efficiencies;
+- fitted: efficiencies fitted by least squares to measured operator timings (:func:`fit_roofline`), e.g. the
+  real A100/H100/A40 profiles in ``traces/profiles/`` (:func:`gpu_efficiencies`).
+
+The time of a pass is ``max(bytes / achieved_bandwidth, flops / achieved_flops)`` (a roofline): decode is
+bandwidth-bound (weights + KV cache read once per iteration), prefill and training compute-bound. The measured
+profiles hold the linear layers only; attention is modelled analytically (KV bytes read in decode, 4·L·H FLOPs
+per attended (query, key) pair in prefill and training) with the same efficiencies.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from oppo.sim.hardware import GPU, Engine, ModelShape
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "traces" / "profiles"
+
+
+class CostModel(Protocol):
+    """Seconds of one operation of one role on its device group. Arrays broadcast (decode is vectorised)."""
+
+    def decode_s(self, batch: np.ndarray, context_tokens: np.ndarray) -> np.ndarray: ...
+
+    def prefill_s(self, tokens: float, attended: float) -> float: ...
+
+    def train_s(self, tokens: float, attended: float) -> float: ...
+
+    def sync_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fraction of the datasheet: bandwidth for memory-bound passes, FLOP/s for compute-bound ones."""
+
+    bandwidth_frac: float = 0.7
+    flops_frac: float = 0.65
+    train_flops_frac: float = 0.45  # training adds recomputation, optimizer and communication stalls
+    layer_overhead_s: float = 5e-6  # fixed time per layer per pass (kernel launches)
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """Cost of one model replicated data-parallel on ``n_gpus`` GPUs (batch split evenly across them)."""
+
+    model: ModelShape
+    gpu: GPU
+    n_gpus: int
+    engine: Engine
+    efficiency: Efficiency = Efficiency()
+    link_bytes_per_s: float = 200e9  # weight sync link (NVLink-class)
+    optimizer_bytes_per_param: float = 16.0  # Adam: fp32 master, m, v read + written
+
+    @property
+    def _bandwidth(self) -> float:
+        return self.gpu.hbm_bytes_per_s * self.efficiency.bandwidth_frac
+
+    @property
+    def _flops(self) -> float:
+        return self.gpu.peak_flops * self.efficiency.flops_frac
+
+    def decode_s(self, batch, context_tokens):
+        """One decode iteration: ``batch`` sequences each emit one token; ``context_tokens`` summed over them."""
+        batch = np.asarray(batch, dtype=float) / self.n_gpus
+        context = np.asarray(context_tokens, dtype=float) / self.n_gpus
+        m = self.model
+        read = m.weight_bytes + m.kv_bytes_per_token * context
+        memory_s = read / (self._bandwidth * self.engine.decode_efficiency)
+        compute_s = m.forward_flops(batch, context) / self._flops
+        overhead_s = self.engine.decode_step_overhead_s + self._pass_overhead_s
+        return np.maximum(memory_s, compute_s) + overhead_s
+
+    @property
+    def _pass_overhead_s(self) -> float:
+        gather_bw = self.engine.weight_gather_bytes_per_s
+        gather_s = self.model.weight_bytes / gather_bw if gather_bw > 0 and self.n_gpus > 1 else 0.0
+        return self.model.layers * self.efficiency.layer_overhead_s + gather_s
+
+    def prefill_s(self, tokens: float, attended: float) -> float:
+        """A forward pass over ``tokens`` new tokens attending to ``attended`` (query, key) pairs in all."""
+        if tokens <= 0:
+            return 0.0
+        m, n = self.model, self.n_gpus
+        compute_s = m.forward_flops(tokens / n, attended / n) / self._flops
+        roofline_s = max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
+        return roofline_s + self._pass_overhead_s
+
+    def train_s(self, tokens: float, attended: float) -> float:
+        """Forward + backward (3x forward FLOPs) and one optimizer step."""
+        if tokens <= 0:
+            return 0.0
+        m, n = self.model, self.n_gpus
+        compute_s = (
+            3 * m.forward_flops(tokens / n, attended / n) / (self.gpu.peak_flops * self.efficiency.train_flops_frac)
+        )
+        optimizer_s = m.params * self.optimizer_bytes_per_param / n / self._bandwidth
+        return compute_s + optimizer_s + 3 * self._pass_overhead_s
+
+    def sync_s(self) -> float:
+        return self.model.weight_bytes / self.link_bytes_per_s if self.engine.needs_weight_sync else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fitting efficiencies to measurements
+# ---------------------------------------------------------------------------------------------------------
+
+
+def fit_roofline(bytes_read, flops, seconds, max_bandwidth: float = np.inf, rounds: int = 20):
+    """Least squares of ``seconds ≈ c + max(a·bytes, b·flops)``; returns (c, a, b): fixed seconds per pass,
+    1/bandwidth and 1/FLOP/s.
+
+    Alternates: assign each row to the term that dominates under the current fit, then solve the linear least
+    squares ``seconds ≈ c + a·bytes·[memory] + b·flops·[compute]``. Rows are weighted by 1/seconds² so that
+    the fit minimises relative error. Starts from the lowest-intensity third as memory-bound. Within one model
+    shape the fixed term and the bytes term are collinear; ``max_bandwidth`` (the datasheet) bounds the fitted
+    bandwidth so that the split stays physical (otherwise on-chip cache hits read as > 100% of HBM).
+    """
+    intensity = flops / bytes_read
+    memory = intensity <= np.quantile(intensity, 1 / 3)
+    w = 1.0 / np.maximum(seconds, 1e-12)
+    c = a = b = 0.0
+    for _ in range(rounds):
+        design = np.stack([np.ones_like(seconds), bytes_read * memory, flops * ~memory], axis=1)
+        (c, a, b), *_ = np.linalg.lstsq(design * w[:, None], seconds * w, rcond=None)
+        if a < 1 / max_bandwidth:  # refit the rest with the bandwidth at its bound
+            a = 1 / max_bandwidth
+            rest = seconds - a * bytes_read * memory
+            (c, b), *_ = np.linalg.lstsq(design[:, [0, 2]] * w[:, None], rest * w, rcond=None)
+        c = max(c, 0.0)
+        new = a * bytes_read >= b * flops
+        if (new == memory).all():
+            break
+        memory = new
+    return float(c), float(a), float(b)
+
+
+@dataclass(frozen=True)
+class ProfileFit:
+    gpu: str
+    efficiency: Efficiency
+    rows: int
+    heldout_median_abs_err: float  # relative, on 20% held-out rows
+    heldout_p90_abs_err: float
+
+
+def fit_gpu_profile(gpu: GPU, rows: list[dict[str, str]], seed: int = 0) -> ProfileFit:
+    """Fit one GPU's bandwidth and FLOP/s efficiencies to its per-layer linear-operator timings."""
+    h = np.array([float(r["n_embd"]) for r in rows])
+    m = np.array([float(r["n_expanded_embd"]) for r in rows])
+    heads, kv = (np.array([float(r[k]) for r in rows]) for k in ("n_head", "n_kv_head"))
+    gated = np.array([r["use_gated_mlp"] == "True" for r in rows])
+    tp = np.array([float(r["tensor_parallel"]) for r in rows])
+    tokens = np.array([float(r["num_tokens"]) for r in rows])
+    seconds = np.array([float(r["layer_ms"]) for r in rows]) / 1e3
+    params = (h * (h + 2 * kv * h / heads) + h * h + np.where(gated, 3, 2) * h * m) / tp
+    bytes_read, flops = 2 * params, 2 * params * tokens  # bf16 weights; 2 FLOPs per multiply-add
+    test = np.random.default_rng(seed).random(len(rows)) < 0.2  # held out
+    c, a, b = fit_roofline(bytes_read[~test], flops[~test], seconds[~test], max_bandwidth=gpu.hbm_bytes_per_s)
+    predicted = c + np.maximum(a * bytes_read[test], b * flops[test])
+    err = np.abs(predicted - seconds[test]) / seconds[test]
+    eff = Efficiency(bandwidth_frac=1 / a / gpu.hbm_bytes_per_s, flops_frac=1 / b / gpu.peak_flops, layer_overhead_s=c)
+    return ProfileFit(gpu.name, eff, int((~test).sum()), float(np.median(err)), float(np.quantile(err, 0.9)))
+
+
+@functools.cache
+def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
+    """Fitted efficiencies per GPU from ``traces/profiles/vidur_layer_ms.csv`` (tensor-parallel degree 1 rows).
+    GPUs without a profile
+    inherit one: H200 and GH200 from H100 (same compute; the efficiency applies to their own bandwidth, as the
+    profile README suggests), A100-40GB from A100."""
+    from oppo.sim.hardware import GPUS
+
+    path = Path(path) if path else PROFILE_DIR / "vidur_layer_ms.csv"
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    fits = {}
+    rows = [r for r in rows if r["tensor_parallel"] == "1"]  # our roles are data-parallel replicas
+    for name in sorted({r["gpu"] for r in rows}):
+        fits[name] = fit_gpu_profile(GPUS[name], [r for r in rows if r["gpu"] == name])
+    for derived, source in (("h200", "h100"), ("gh200", "h100"), ("a100-40gb", "a100")):
+        fits[derived] = fits[source]
+    return fits

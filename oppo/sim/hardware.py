@@ -1,0 +1,125 @@
+"""Hardware and model shapes: GPU datasheets, transformer shapes, generation engines.
+
+Datasheet figures (dense bf16, no sparsity) from the vendors' sheets; model shapes from the models' configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    hbm_bytes_per_s: float  # datasheet HBM bandwidth
+    peak_flops: float  # datasheet dense bf16 FLOP/s
+    memory_bytes: float
+
+
+GPUS = {
+    g.name: g
+    for g in (
+        GPU("h200", 4.8e12, 989e12, 141e9),
+        GPU("h100", 3.35e12, 989e12, 80e9),
+        GPU("gh200", 4.0e12, 989e12, 96e9),
+        GPU("a100", 2.039e12, 312e12, 80e9),
+        GPU("a100-40gb", 1.555e12, 312e12, 40e9),
+        GPU("a40", 0.696e12, 149.7e12, 48e9),
+        # One CPU core of this project's development machine running the executor's tiny models (float32):
+        # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile.
+        GPU("cpu-core", 10e9, 20e9, 24e9),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (Llama/Qwen family: gated MLP, grouped-query attention)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    mlp: int  # intermediate size of the gated MLP
+    vocab: int
+    bytes_per_param: int = 2  # bf16
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_params(self) -> int:
+        attn = self.hidden * (self.hidden + 2 * self.kv_heads * self.head_dim) + self.hidden * self.hidden
+        return attn + 3 * self.hidden * self.mlp
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + 2 * self.vocab * self.hidden  # untied embedding + LM head
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    def forward_flops(self, tokens: float, attended: float) -> float:
+        """FLOPs of a forward pass over ``tokens`` new tokens that attend to ``attended`` (query, key) pairs."""
+        return 2 * self.params * tokens + 4 * self.layers * self.hidden * attended
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064),
+        ModelShape("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936),
+        ModelShape("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936),
+        ModelShape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000),
+        # the executor's presets (float32 on CPU)
+        ModelShape("tiny-cpu", 2, 64, 4, 2, 128, 64, bytes_per_param=4),
+        ModelShape("small-cpu", 4, 512, 8, 4, 1536, 512, bytes_per_param=4),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How efficiently a generation engine uses the GPU, separate from the GPU itself.
+
+    ``decode_step_overhead_s``: fixed host-side time per decode iteration (Python, kernel launches; CUDA graphs
+    and continuous batching make it small). ``decode_efficiency``: multiplies the achieved bandwidth of decode.
+    ``forward_efficiency``: multiplies achieved FLOP/s of the framework's scoring forward passes (prefill).
+    ``weight_gather_bytes_per_s``: ZeRO-3-sharded models all-gather their weights for every forward pass, decode
+    iterations included (0 = weights resident).
+    ``needs_weight_sync``: the engine holds its own weight copy (vLLM), so trained weights are pushed each step.
+    """
+
+    name: str
+    decode_step_overhead_s: float
+    decode_efficiency: float
+    forward_efficiency: float
+    needs_weight_sync: bool
+    weight_gather_bytes_per_s: float = 0.0
+
+
+ENGINES = {
+    e.name: e
+    for e in (
+        # Hugging Face generate under DeepSpeed ZeRO-3, as TRL's PPOTrainer runs multi-GPU: no paged attention,
+        # no CUDA graphs (~25 ms host time per decode iteration [assumed]), weights all-gathered per forward.
+        # weight_gather_bytes_per_s is FITTED to the paper's TRL 7B step time on 8 x H200 (~6 min per step).
+        Engine("hf", 0.025, 0.6, 1.0, needs_weight_sync=False, weight_gather_bytes_per_s=50e9),
+        Engine("vllm", 0.003, 0.9, 1.0, needs_weight_sync=True),
+        Engine("torch-cpu", 0.0, 1.0, 1.0, needs_weight_sync=False),
+    )
+}
+
+
+def lookup(table: dict, name: str, what: str):
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; choose from {', '.join(sorted(table))}")
+    return table[name]

@@ -1,0 +1,286 @@
+"""The SimPy model of PPO-RLHF steps, driven by the scheduling core.
+
+Entities: a :class:`Device` per GPU group (a SimPy ``Resource`` that records what it runs), a
+:class:`StreamingScorer` per streamed scorer on its own device (a process that prefills chunks from a SimPy
+``Store`` while the actor decodes), and the :class:`Trainer` whose ``training`` process runs the steps:
+re-prefill resumed prefixes, decode in rounds, score, train, sync weights. Time only moves through
+``env.timeout``; the scheduler decides, the model executes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from oppo.config import ScheduleConfig
+from oppo.records import StepRecord, TraceRow, TrainedSeq, device_count
+from oppo.scheduler import Scheduler
+from oppo.sim.costs import CostModel
+from oppo.sim.setups import Setup
+from oppo.sim.workload import LengthSampler, RewardProgress
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Root config of a simulation: the schedule (policy, B, Δ, chunk) and the setup (hardware, workload)."""
+
+    schedule: ScheduleConfig
+    setup: Setup
+    steps: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps <= 0:
+            raise ValueError(f"steps must be > 0, got {self.steps}")
+
+
+@dataclass
+class SimResult:
+    steps: list[StepRecord] = field(default_factory=list)
+    trace: list[TraceRow] = field(default_factory=list)
+    trained: list[TrainedSeq] = field(default_factory=list)
+
+
+def attended_pairs(new: np.ndarray, cached: np.ndarray) -> float:
+    """(query, key) pairs when each row prefills ``new`` tokens after ``cached`` ones (causal)."""
+    return float(np.sum(new * cached + new * (new + 1) / 2))
+
+
+class Device:
+    """A data-parallel GPU group ("gpu0-6") running one operation at a time, in lockstep. Every operation
+    becomes one :class:`TraceRow` per member GPU ("gpu0", ..., "gpu6"), so utilisation is per GPU."""
+
+    def __init__(self, env: simpy.Environment, name: str, result: SimResult) -> None:
+        self.env, self.name, self.result = env, name, result
+        self.resource = simpy.Resource(env, capacity=1)
+        first = int(name[3:].split("-")[0])
+        self.members = [f"gpu{first + i}" for i in range(device_count(name))]
+
+    def run(self, step: int, role: str, phase: str, seconds: float, batch: int, tokens: int, context: int):
+        with self.resource.request() as request:
+            yield request
+            self.record(step, role, phase, self.env.now, seconds, batch, tokens, context)
+            yield self.env.timeout(seconds)
+
+    def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
+        """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
+        busy_s = [seconds] * len(self.members) if busy_s is None else busy_s
+        batch, tokens, context = int(batch), int(tokens), int(context)
+        for gpu, seconds_g in zip(self.members, busy_s):
+            if seconds_g > 0:
+                self.result.trace.append(
+                    TraceRow(step, gpu, role, phase, start, start + seconds_g, batch, tokens, context)
+                )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    step: int
+    batch: int
+    tokens: int
+    context: int  # tokens already cached, summed over the batch
+    attended: float
+    done: simpy.Event
+
+
+class StreamingScorer:
+    """A frozen scorer (reward, reference or critic) that prefills streamed chunks on its own device."""
+
+    def __init__(self, env: simpy.Environment, role: str, device: Device, cost: CostModel) -> None:
+        self.env, self.role, self.device, self.cost = env, role, device, cost
+        self.chunks = simpy.Store(env)
+        self.last: simpy.Event = env.event().succeed()
+        self.process = env.process(self.prefilling())
+
+    def submit(self, step: int, batch: int, tokens: int, context: int, attended: float) -> None:
+        self.last = self.env.event()
+        self.chunks.put(Chunk(step, batch, tokens, context, attended, self.last))
+
+    def prefilling(self):
+        while True:
+            chunk = yield self.chunks.get()
+            seconds = self.cost.prefill_s(chunk.tokens, chunk.attended)
+            yield from self.device.run(
+                chunk.step, self.role, "prefill", seconds, chunk.batch, chunk.tokens, chunk.context
+            )
+            chunk.done.succeed()
+
+
+class Trainer:
+    """Runs PPO steps on the devices of a setup, one after another, as the scheduler plans them."""
+
+    def __init__(self, env: simpy.Environment, config: SimConfig, costs: dict[str, CostModel], trace, result):
+        self.env, self.config, self.costs, self.result = env, config, costs, result
+        setup, schedule = config.setup, config.schedule
+        self.scheduler = Scheduler(schedule)
+        length_rng, reward_rng = np.random.default_rng(config.seed).spawn(2)
+        self.sampler = LengthSampler(setup.lengths, schedule.max_new_tokens, length_rng, trace)
+        self.reward = RewardProgress(setup.reward_curve, schedule.batch, reward_rng)
+        names = setup.devices
+        devices = {name: Device(env, name, result) for name in sorted(set(names.values()))}
+        self.device = {role: devices[name] for role, name in names.items()}
+        actor = self.device["actor"]
+        streamed = [r for r in schedule.streamed_scorers if r in costs] if schedule.streaming else []
+        self.scorers = [
+            StreamingScorer(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
+        ]
+        self.fused = [r for r in streamed if self.device[r] is actor]  # share the actor's device (colocated)
+        self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
+        self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
+        self.prompt: dict[int, int] = {}
+        self.process = env.process(self.training())
+
+    def training(self):
+        for _ in range(self.config.steps):
+            yield from self.ppo_step()
+
+    def ppo_step(self):
+        env, sched = self.env, self.scheduler
+        plan = sched.plan_step(env.now)
+        response, prompt = self.sampler.sample(plan.step, len(plan.new))
+        self.response.update(zip(plan.new, response.tolist()))
+        self.prompt.update(zip(plan.new, prompt.tolist()))
+        # 1. the actor re-prefills resumed prefixes: its KV cache went stale when the weights changed
+        if plan.resumed:
+            cached = np.array([self.prompt[i] + plan.prefix_tokens[i] for i in plan.resumed])
+            yield from self._prefill("actor", "prefill", plan.step, cached, np.zeros_like(cached))
+        # 2. generation in rounds; streamed scorers prefill each round's tokens while the next is decoded
+        new_prompts = np.array([self.prompt[i] for i in plan.new])
+        pending = (len(new_prompts), int(new_prompts.sum()), 0, attended_pairs(new_prompts, 0 * new_prompts))
+        for scorer in self.scorers:
+            scorer.submit(plan.step, *pending)
+        yield from self._generate(plan, pending)
+        yield simpy.AllOf(env, [s.last for s in self.scorers])
+        # 3. scoring of the trained sequences by whatever was not streamed
+        trained = sched.select()
+        yield from self._score(plan.step, trained)
+        # 4. training and weight sync
+        yield from self._train(plan.step, trained)
+        outcome = sched.close_step(env.now, self.reward.step(trained))
+        self.result.steps.append(outcome.record)
+        self.result.trained.extend(outcome.trained)
+
+    def _generate(self, plan, pending):
+        """Decode rounds until the scheduler says the step's batch is complete."""
+        env, sched, actor = self.env, self.scheduler, self.device["actor"]
+        ids = np.array(plan.active, dtype=np.int64)
+        length = np.array([self.response[i] for i in plan.active])
+        prompt = np.array([self.prompt[i] for i in plan.active])
+        decoded = np.array([plan.prefix_tokens[i] for i in plan.active])
+        budget = np.array([plan.budgets.get(i, 0) for i in plan.active])
+        running = np.array([i in plan.budgets for i in plan.active])
+        step_tokens = 0
+        while not sched.generation_done:
+            n = sched.next_round_tokens()
+            idx = np.flatnonzero(running)
+            left, rest = budget[idx] - step_tokens, length[idx] - decoded[idx]
+            k = np.minimum(np.minimum(n, left), rest)  # tokens each running sequence decodes this round
+            ends = rest <= np.minimum(n, left)  # EOS inside this round
+            context = prompt[idx] + decoded[idx]
+            busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members)) + self.handoff_s
+            seconds = float(busy_s.max())
+            with actor.resource.request() as request:
+                yield request
+                seconds = self._co_run_fused(plan.step, seconds, pending)
+                actor.record(plan.step, "actor", "decode", env.now, seconds, len(idx), k.sum(), context.sum(), busy_s)
+                yield env.timeout(seconds)
+            pending = (len(idx), int(k.sum()), int(context.sum()), attended_pairs(k, context))
+            if plan.streaming:
+                for scorer in self.scorers:
+                    scorer.submit(plan.step, *pending)
+            decoded[idx] += k
+            running[idx[ends | (k >= left)]] = False
+            sched.report_round(env.now, n, dict(zip(ids[idx[ends]].tolist(), k[ends].tolist())))
+            step_tokens += n
+        if self.fused and plan.streaming:  # the last chunk is prefilled alone
+            yield from self._fused_prefill(plan.step, pending)
+
+    def _decode_s(self, k: np.ndarray, context: np.ndarray, n: int, gpu: np.ndarray) -> np.ndarray:
+        """Busy seconds of each actor GPU in a round where row i decodes k[i] tokens from context[i] on GPU
+        gpu[i]. The batch shrinks as rows finish: integrated per token position (vectorised, not one event
+        per token); a GPU is busy until its own last row stops (data-parallel generation)."""
+        t = np.arange(1, n + 1)
+        stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
+        batch = len(k) - stopped
+        ctx_done = np.cumsum(np.bincount(k, weights=context, minlength=n + 1))[:n]
+        ctx = context.sum() - ctx_done + (t - 1) * batch
+        per_token = np.where(batch > 0, self.costs["actor"].decode_s(np.maximum(batch, 1), ctx), 0.0)
+        elapsed = np.concatenate([[0.0], np.cumsum(per_token)])  # seconds until position t
+        last = np.zeros(len(self.device["actor"].members), dtype=np.int64)
+        np.maximum.at(last, gpu, k)
+        return elapsed[last]
+
+    def _co_run_fused(self, step: int, decode_s: float, pending) -> float:
+        """Colocated streaming: the previous chunk's prefill shares the device with this round's decode."""
+        if not self.fused:
+            return decode_s
+        batch, tokens, context, attended = pending
+        prefill_s = sum(self.costs[r].prefill_s(tokens, attended) for r in self.fused)
+        for role in self.fused:
+            seconds = self.costs[role].prefill_s(tokens, attended)
+            self.device[role].record(step, role, "prefill", self.env.now, seconds, batch, tokens, context)
+        hidden = self.config.setup.contention.colocated_overlap_frac * min(decode_s, prefill_s)
+        return decode_s + prefill_s - hidden
+
+    def _fused_prefill(self, step: int, pending):
+        batch, tokens, context, attended = pending
+        for role in self.fused:
+            seconds = self.costs[role].prefill_s(tokens, attended)
+            yield from self.device[role].run(step, role, "prefill", seconds, batch, tokens, context)
+
+    def _prefill(self, role: str, phase: str, step: int, new: np.ndarray, cached: np.ndarray):
+        seconds = self.costs[role].prefill_s(float(new.sum()), attended_pairs(new, cached))
+        yield from self.device[role].run(step, role, phase, seconds, len(new), new.sum(), cached.sum())
+
+    def _score(self, step: int, trained):
+        """Full forward passes for the scorers that were not streamed, plus the actor's log-probs under the
+        current policy (always recomputed); passes on different devices run in parallel."""
+        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
+        finished = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained if t.finished])
+        streamed = set(self.config.schedule.streamed_scorers) if self.config.schedule.streaming else set()
+        passes = [("actor", full)] + [(r, full) for r in ("reference", "critic") if r not in streamed]
+        if "reward" in self.costs and "reward" not in streamed:
+            passes.append(("reward", finished))
+        by_device: dict[Device, list] = {}
+        for role, new in passes:
+            by_device.setdefault(self.device[role], []).append((role, new))
+        jobs = [self.env.process(self._run_passes(step, work)) for work in by_device.values()]
+        yield simpy.AllOf(self.env, jobs)
+
+    def _run_passes(self, step: int, work):
+        for role, new in work:
+            if len(new):
+                yield from self._prefill(role, "score", step, new, np.zeros_like(new))
+
+    def _train(self, step: int, trained):
+        setup = self.config.setup
+        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
+        tokens, attended = float(full.sum()), attended_pairs(full, 0 * full)
+        for role, phase in (("actor", "train_actor"), ("critic", "train_critic")):
+            seconds = setup.ppo_epochs * self.costs[role].train_s(tokens, attended)
+            yield from self.device[role].run(step, role, phase, seconds, len(full), tokens, 0)
+        sync_s = self.costs["actor"].sync_s()
+        if sync_s > 0:
+            yield from self.device["actor"].run(step, "actor", "sync", sync_s, 0, 0, 0)
+
+
+def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None = None, progress=None) -> SimResult:
+    """Run ``config.steps`` PPO steps and return their records. Pure: same config and trace, same records.
+
+    ``trace``: a :class:`~oppo.lengths.LengthTrace` to replay (else the setup's lognormal); ``costs``: a cost
+    model per role (default: the setup's); ``progress``: called with each finished step's record.
+    """
+    env = simpy.Environment()
+    result = SimResult()
+    trainer = Trainer(env, config, costs or config.setup.costs(), trace, result)
+    if progress is None:
+        env.run(until=trainer.process)
+    else:
+        while trainer.process.is_alive:
+            before = len(result.steps)
+            env.step()
+            if len(result.steps) > before:
+                progress(result.steps[-1])
+    return result

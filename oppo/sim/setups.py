@@ -1,0 +1,225 @@
+"""Simulated setups: hardware, models, placement and workload. Presets are functions; TOML files override.
+
+A TOML setup names a preset to start from (``base``) and overrides fields by section::
+
+    base = "paper-7b-h200"
+    name = "my-7b"
+    gpu = "h100"
+    [placement]
+    actor_gpus = 6
+    reward_gpus = 2
+    [lengths]
+    median_tokens = 400
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oppo.config import ScheduleConfig
+from oppo.sim.costs import CostModel, Efficiency, RooflineCost, gpu_efficiencies
+from oppo.sim.hardware import ENGINES, GPUS, MODELS, lookup
+from oppo.sim.workload import LengthModel, RewardCurve
+
+PLACEMENTS = ("disaggregated", "colocated")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the roles run. Actor, critic and reference share the actor GPUs (data parallel); the reward model
+    has its own GPUs when disaggregated, and shares all GPUs when colocated."""
+
+    kind: str = "disaggregated"
+    actor_gpus: int = 7
+    reward_gpus: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.kind!r}; choose from {', '.join(PLACEMENTS)}")
+        if self.actor_gpus < 1 or self.reward_gpus < 0:
+            raise ValueError("placement needs actor_gpus >= 1 and reward_gpus >= 0")
+
+
+@dataclass(frozen=True)
+class Contention:
+    """Costs of streaming, in one place.
+
+    ``chunk_handoff_s``: the actor stalls this long at every streamed chunk boundary (gather the new tokens,
+    hand them to the scorers, resume); it is what makes very small chunks slow (paper Figure 7b).
+    ``colocated_overlap_frac``: when decode (bandwidth-bound) and a scorer's prefill (compute-bound) run at once
+    on one device, this fraction of the shorter of the two is hidden; the rest is serialised.
+    """
+
+    chunk_handoff_s: float = 0.3  # [assumed] about one extra ZeRO-3 forward pass (weight gather) per chunk
+    colocated_overlap_frac: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.chunk_handoff_s < 0 or not 0 <= self.colocated_overlap_frac <= 1:
+            raise ValueError("contention needs chunk_handoff_s >= 0 and 0 <= colocated_overlap_frac <= 1")
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    gpu: str
+    actor: str  # model shape of actor, critic and reference
+    reward: str | None  # reward model shape; None = rule-based reward (no reward model)
+    batch: int  # the paper's B for this setup
+    max_new_tokens: int
+    engine: str = "hf"  # generation engine: hf (TRL's generate) or vllm
+    cost: str = "fitted"  # fitted (GPU profiles) or analytic (datasheet x default efficiencies)
+    ppo_epochs: int = 4  # passes over the batch per step (TRL's default num_ppo_epochs)
+    reward_threshold: float = 4.0  # time-to-reward target reported in summaries
+    chunk_candidates: tuple[int, ...] = (128, 256, 512)  # paper 3.1
+    window_tokens: int = 256  # T-PPO window
+    placement: Placement = field(default_factory=Placement)
+    contention: Contention = field(default_factory=Contention)
+    lengths: LengthModel = field(default_factory=LengthModel)
+    reward_curve: RewardCurve = field(default_factory=RewardCurve)
+
+    def __post_init__(self) -> None:
+        lookup(GPUS, self.gpu, "gpu")
+        lookup(MODELS, self.actor, "model")
+        if self.reward is not None:
+            lookup(MODELS, self.reward, "model")
+        lookup(ENGINES, self.engine, "engine")
+        if self.cost not in ("fitted", "analytic"):
+            raise ValueError(f"unknown cost {self.cost!r}; choose fitted or analytic")
+        if self.batch <= 0 or self.max_new_tokens <= 0 or self.ppo_epochs <= 0:
+            raise ValueError("setup needs batch, max_new_tokens and ppo_epochs > 0")
+        if self.placement.kind == "disaggregated" and self.reward and self.placement.reward_gpus < 1:
+            raise ValueError("a disaggregated reward model needs reward_gpus >= 1")
+
+    def schedule(self, **overrides: Any) -> ScheduleConfig:
+        """The schedule this setup runs by default (B, cap, chunk candidates, Δ up to B/4), with overrides."""
+        defaults = dict(
+            batch=self.batch, max_new_tokens=self.max_new_tokens, chunk_candidates=self.chunk_candidates,
+            window_tokens=self.window_tokens, delta_max=max(1, self.batch // 4), delta_init=max(1, self.batch // 16),
+        )  # fmt: skip
+        batch = overrides.get("batch", self.batch)
+        if "batch" in overrides:  # keep Δ bounds consistent with a smaller B unless they are given
+            defaults["delta_max"] = min(defaults["delta_max"], batch)
+            defaults["delta_init"] = min(defaults["delta_init"], defaults["delta_max"])
+        return ScheduleConfig(**{**defaults, **overrides})
+
+    @property
+    def devices(self) -> dict[str, str]:
+        """Role -> device name ("gpu0-6" is a data-parallel group of GPUs 0..6)."""
+        p = self.placement
+        total = p.actor_gpus + (p.reward_gpus if p.kind == "disaggregated" and self.reward else 0)
+        actor = _gpu_range(0, p.actor_gpus if p.kind == "disaggregated" else total)
+        reward = _gpu_range(p.actor_gpus, total) if p.kind == "disaggregated" else actor
+        roles = {"actor": actor, "critic": actor, "reference": actor}
+        return {**roles, "reward": reward} if self.reward else roles
+
+    def costs(self) -> dict[str, CostModel]:
+        """A cost model per role on its device group."""
+        gpu, engine = GPUS[self.gpu], ENGINES[self.engine]
+        eff = gpu_efficiencies()[self.gpu].efficiency if self.cost == "fitted" else Efficiency()
+        shapes = {"actor": self.actor, "critic": self.actor, "reference": self.actor, "reward": self.reward}
+        out = {}
+        for role, device in self.devices.items():
+            out[role] = RooflineCost(MODELS[shapes[role]], gpu, _gpu_count(device), engine, eff)
+        return out
+
+
+def _gpu_range(first: int, end: int) -> str:
+    return f"gpu{first}" if end - first == 1 else f"gpu{first}-{end - 1}"
+
+
+def _gpu_count(device: str) -> int:
+    from oppo.records import device_count
+
+    return device_count(device)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Presets (the paper's setups; DESIGN section 3)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def paper_7b_h200() -> Setup:
+    """Stack-Exchange, Qwen2.5-7B-Instruct actor/critic/reference, 7B reward, 8 x H200 (7 + 1), B = 112."""
+    return Setup("paper-7b-h200", "h200", "qwen2.5-7b", "qwen2.5-7b", batch=112, max_new_tokens=1024)
+
+
+def paper_3b_a100() -> Setup:
+    """Stack-Exchange, Qwen2.5-3B-Instruct, 8 x A100-80GB (7 + 1)."""
+    return Setup(
+        "paper-3b-a100", "a100", "qwen2.5-3b", "qwen2.5-3b", batch=112, max_new_tokens=1024, reward_threshold=5.0,
+        reward_curve=RewardCurve(final=5.6, tau_steps=600.0),
+    )  # fmt: skip
+
+
+def paper_7b_gh200_gsm8k() -> Setup:
+    """GSM8K, Qwen2.5-7B, 4 x GH200, rule-based reward (no reward model)."""
+    return Setup(
+        "paper-7b-gh200-gsm8k", "gh200", "qwen2.5-7b", None, batch=64, max_new_tokens=512, window_tokens=128,
+        placement=Placement(actor_gpus=4, reward_gpus=0), reward_threshold=0.6,
+        lengths=LengthModel(median_tokens=92, sigma=0.4, prompt_tokens=59),
+        reward_curve=RewardCurve(start=0.1, final=0.8, tau_steps=150.0, noise=0.02),
+    )  # fmt: skip
+
+
+def paper_7b_a100_2x4() -> Setup:
+    """2 nodes x 4 A100-40GB, 7B (paper Table 4: TRL 498.30 s vs OPPO 111.08 s per step)."""
+    return Setup(
+        "paper-7b-a100-2x4", "a100-40gb", "qwen2.5-7b", "qwen2.5-7b", batch=64, max_new_tokens=1024,
+        placement=Placement(actor_gpus=7, reward_gpus=1),
+    )  # fmt: skip
+
+
+def tiny_cpu() -> Setup:
+    """The executor's ``tiny-cpu`` preset on this machine's cores (one core per role when disaggregated)."""
+    return Setup(
+        "tiny-cpu", "cpu-core", "tiny-cpu", "tiny-cpu", batch=8, max_new_tokens=48, engine="torch-cpu",
+        chunk_candidates=(4, 8, 16), window_tokens=16, ppo_epochs=1,
+        cost="analytic", placement=Placement(actor_gpus=1, reward_gpus=1),
+        contention=Contention(chunk_handoff_s=0.002, colocated_overlap_frac=0.0),
+        lengths=LengthModel(median_tokens=12, sigma=0.6, prompt_tokens=8),
+        reward_curve=RewardCurve(start=-1.0, final=1.0, tau_steps=60.0, noise=0.05), reward_threshold=0.5,
+    )  # fmt: skip
+
+
+PRESETS = {s().name: s for s in (paper_7b_h200, paper_3b_a100, paper_7b_gh200_gsm8k, paper_7b_a100_2x4, tiny_cpu)}
+
+
+def load_setup(name_or_file: str) -> Setup:
+    """A preset by name, or a TOML file (``base`` preset + overrides)."""
+    if name_or_file in PRESETS:
+        return PRESETS[name_or_file]()
+    path = Path(name_or_file)
+    if path.suffix != ".toml":
+        raise ValueError(f"unknown setup {name_or_file!r}; choose from {', '.join(PRESETS)} or a .toml file")
+    if not path.is_file():
+        raise FileNotFoundError(f"setup file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: invalid TOML ({err})") from None
+    base = data.pop("base", "paper-7b-h200")
+    if base not in PRESETS:
+        raise ValueError(f"{path}: unknown base setup {base!r}")
+    return _override(PRESETS[base](), data, str(path))
+
+
+def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    changes = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ValueError(f"{where}: unknown key {key!r}; known: {', '.join(fields)}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: [{key}] must be a table")
+            value = _override(current, value, f"{where} [{key}]")
+        changes[key] = value
+    try:
+        return dataclasses.replace(obj, **changes)
+    except TypeError as err:
+        raise ValueError(f"{where}: {err}") from None
