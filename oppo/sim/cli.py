@@ -149,17 +149,19 @@ def comparison_rows(summaries: list[dict]) -> list[dict]:
     rows = []
     for s in summaries:
         ttr, base_ttr = s["time_to_reward_s"], base["time_to_reward_s"]
-        rows.append({
-            "policy": s["policy"],
-            "mean_step_s": round(s["mean_step_s"], 3),
-            "p99_step_s": round(s["p99_step_s"], 3),
-            "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
-            "mean_util": round(s["mean_utilization"], 3),
-            "mean_deferrals": round(s["mean_deferrals"], 3),
-            "final_reward": round(s["final_reward"], 3),
-            "time_to_reward_s": None if ttr is None else round(ttr, 1),
-            "ttr_speedup": round(base_ttr / ttr, 3) if ttr and base_ttr else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "policy": s["policy"],
+                "mean_step_s": round(s["mean_step_s"], 3),
+                "p99_step_s": round(s["p99_step_s"], 3),
+                "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
+                "mean_util": round(s["mean_utilization"], 3),
+                "mean_deferrals": round(s["mean_deferrals"], 3),
+                "final_reward": round(s["final_reward"], 3),
+                "time_to_reward_s": None if ttr is None else round(ttr, 1),
+                "ttr_speedup": round(base_ttr / ttr, 3) if ttr and base_ttr else None,
+            }
+        )
     return rows
 
 
@@ -194,8 +196,15 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         (config,) = _configs(args, [args.policy])
         result, wall_s = _simulate(config, trace, f"{knob}={value}")
         s = _summary(config, result, wall_s, trace)
-        rows.append({knob: value, "policy": args.policy, "mean_step_s": round(s["mean_step_s"], 3),
-                     "mean_util": round(s["mean_utilization"], 3), "final_reward": round(s["final_reward"], 3)})  # fmt: skip
+        rows.append(
+            {
+                knob: value,
+                "policy": args.policy,
+                "mean_step_s": round(s["mean_step_s"], 3),
+                "mean_util": round(s["mean_utilization"], 3),
+                "final_reward": round(s["final_reward"], 3),
+            }
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "sweep.csv", rows)
@@ -209,8 +218,10 @@ def cmd_fit_gpus(args: argparse.Namespace) -> None:
     print("gpu        bw_frac  flops_frac  layer_overhead_us  rows  heldout_median_err  heldout_p90_err")
     for name, fit in gpu_efficiencies().items():
         e = fit.efficiency
-        print(f"{name:<10} {e.bandwidth_frac:7.3f}  {e.flops_frac:10.3f}  {e.layer_overhead_s * 1e6:17.1f}  "
-              f"{fit.rows:4d}  {fit.heldout_median_abs_err:18.1%}  {fit.heldout_p90_abs_err:15.1%}  (from {fit.gpu})")  # fmt: skip
+        print(
+            f"{name:<10} {e.bandwidth_frac:7.3f}  {e.flops_frac:10.3f}  {e.layer_overhead_s * 1e6:17.1f}  "
+            f"{fit.rows:4d}  {fit.heldout_median_abs_err:18.1%}  {fit.heldout_p90_abs_err:15.1%}  (from {fit.gpu})"
+        )
 
 
 COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "fit-gpus": cmd_fit_gpus}
