@@ -37,7 +37,7 @@ class ScheduleConfig:
     chunk_candidates: tuple[int, ...] = opt((32, 64, 128), "chunk sizes tried by exploration (paper: 128,256,512)")
     explore_period_steps: int = opt(50, "exploration restarts every this many steps (paper: 50)")
     explore_trials: int = opt(1, "steps each candidate chunk is tried for during exploration")
-    check_tokens: int = opt(16, "tokens between scheduling checks when not streaming")
+    check_tokens: int = opt(16, "tokens between checks for B finished when over-committing without streaming")
     streamed_scorers: tuple[str, ...] = opt(("reward",), f"scorers fed chunk by chunk: subset of {SCORERS}")
     delta: str = opt("auto", "over-commit Δ in prompts, or 'auto' for the --delta-controller")
     delta_controller: str = opt("slope", "Δ controller when --delta auto: slope (paper Eq. 4) or alg1 (Alg. 1)")

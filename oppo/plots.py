@@ -72,16 +72,10 @@ def step_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: str | Pa
     keys = sorted({k for b in breakdowns.values() for k in b})
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(policies)), 4))
     bottom = [0.0] * len(policies)
-    for key in keys:
+    for n, key in enumerate(keys):
         heights = [breakdowns[p].get(key, 0.0) for p in policies]
-        ax.bar(
-            policies,
-            heights,
-            bottom=bottom,
-            label=key,
-            color=PHASE_COLORS.get(key.split("/")[1]),
-            alpha=0.5 + 0.5 * (hash(key) % 2),
-        )
+        color = PHASE_COLORS.get(key.split("/")[-1], "#999999")
+        ax.bar(policies, heights, bottom=bottom, label=key, color=color, alpha=1.0 - 0.15 * (n % 4))
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_ylabel("seconds per step (sum of operations)")
     ax.legend(fontsize=7, ncol=2)

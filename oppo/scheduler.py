@@ -38,7 +38,7 @@ class StepPlan:
     ready: tuple[int, ...]  # carried finished: nothing left to generate
     prefix_tokens: Mapping[int, int]  # response tokens already generated, per active id
     budgets: Mapping[int, int]  # tokens each unfinished sequence may decode this step
-    round_tokens: int  # tokens per round: the chunk size when streaming, else the check interval
+    round_tokens: int  # tokens per round: chunk size when streaming, check interval when over-committing
     streaming: bool
     chunk: int  # streamed chunk size in tokens, 0 when not streaming
     delta: int  # Δ: prompts over-committed beyond B this step
@@ -87,7 +87,8 @@ class Scheduler:
             ready=tuple(s.seq_id for s in carried if s.finished),
             prefix_tokens={i: s.generated_tokens for i, s in seqs.items()},
             budgets=budgets,
-            round_tokens=chunk if cfg.streaming else cfg.check_tokens,
+            # only over-commit needs mid-generation checks; otherwise a round runs until every budget is spent
+            round_tokens=chunk if cfg.streaming else cfg.check_tokens if cfg.overcommit else cfg.max_new_tokens,
             streaming=cfg.streaming,
             chunk=chunk,
             delta=self.delta.value,
@@ -102,6 +103,7 @@ class Scheduler:
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         self._finished = len(plan.ready)
+        self._selection: tuple[TrainedSeq, ...] | None = None
         self._starved_waiting = {i for i in plan.budgets if self._starved(i)}
 
     # -- generation -------------------------------------------------------------------------------------
@@ -178,14 +180,20 @@ class Scheduler:
         ones first; T-PPO trains the segment every sequence generated this step.
         """
         plan = self._require_plan()
+        if self._selection is not None:
+            return self._selection
         seqs = self.buffer.seqs
         if self.config.truncated:
             chosen = list(plan.active)
         else:
             finished = sorted((i for i in plan.active if seqs[i].finished), key=lambda i: seqs[i].finish_rank)
             if self.config.overcommit:
-                finished = sorted(finished, key=lambda i: not self._starved(i))[: plan.target]
+                starved = {i for i in finished if self._starved(i)}
+                finished = sorted(finished, key=lambda i: i not in starved)[: plan.target]
             chosen = finished
+        if self.generation_done:  # final: cache it for close_step
+            self._selection = tuple(self._trained(i) for i in chosen)
+            return self._selection
         return tuple(self._trained(i) for i in chosen)
 
     def close_step(self, now: float, mean_reward: float) -> StepOutcome:

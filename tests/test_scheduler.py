@@ -15,7 +15,7 @@ def test_sync_trains_all_b_after_the_longest():
     plan, out, rounds = run_step(s, {0: 9, 1: 2, 2: 5})
     assert plan.delta == 0 and plan.chunk == 0 and not plan.streaming
     assert ids(out) == [1, 2, 0]  # finish order
-    assert rounds == 3  # ceil(9 / 4): the longest gates the step
+    assert rounds == 1  # no mid-generation decision: one round until every budget is spent
     assert out.carried == () and out.record.finished == 3
 
 

@@ -76,6 +76,7 @@ class Setup:
     reward_threshold: float = 4.0  # time-to-reward target reported in summaries
     chunk_candidates: tuple[int, ...] = (128, 256, 512)  # paper 3.1
     window_tokens: int = 256  # T-PPO window
+    check_tokens: int = 32  # over-commit checks for B finished every this many tokens
     placement: Placement = field(default_factory=Placement)
     contention: Contention = field(default_factory=Contention)
     lengths: LengthModel = field(default_factory=LengthModel)
@@ -98,7 +99,8 @@ class Setup:
         """The schedule this setup runs by default (B, cap, chunk candidates, Δ up to B/4), with overrides."""
         defaults = dict(
             batch=self.batch, max_new_tokens=self.max_new_tokens, chunk_candidates=self.chunk_candidates,
-            window_tokens=self.window_tokens, delta_max=max(1, self.batch // 4), delta_init=max(1, self.batch // 16),
+            window_tokens=self.window_tokens, check_tokens=self.check_tokens,
+            delta_max=max(1, self.batch // 4), delta_init=max(1, self.batch // 16),
         )  # fmt: skip
         batch = overrides.get("batch", self.batch)
         if "batch" in overrides:  # keep Δ bounds consistent with a smaller B unless they are given
@@ -177,7 +179,7 @@ def tiny_cpu() -> Setup:
     """The executor's ``tiny-cpu`` preset on this machine's cores (one core per role when disaggregated)."""
     return Setup(
         "tiny-cpu", "cpu-core", "tiny-cpu", "tiny-cpu", batch=8, max_new_tokens=48, engine="torch-cpu",
-        chunk_candidates=(4, 8, 16), window_tokens=16, ppo_epochs=1,
+        chunk_candidates=(4, 8, 16), window_tokens=16, check_tokens=4, ppo_epochs=1,
         cost="analytic", placement=Placement(actor_gpus=1, reward_gpus=1),
         contention=Contention(chunk_handoff_s=0.002, colocated_overlap_frac=0.0),
         lengths=LengthModel(median_tokens=12, sigma=0.6, prompt_tokens=8),
