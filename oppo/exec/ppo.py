@@ -1,0 +1,82 @@
+"""PPO math as pure functions (OpenRLHF section 3.3 / TRL conventions). Shapes: B rows, T response positions.
+
+Position t of a row is the state before response token t; ``mask`` (B, T) marks the positions that count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries; masked-out entries become 0."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def kl_shaped_rewards(
+    score: torch.Tensor,  # (B,) sequence score, paid on the last position of scored rows
+    logprobs: torch.Tensor,  # (B, T) actor log-probs of the taken tokens
+    ref_logprobs: torch.Tensor,  # (B, T) reference log-probs
+    mask: torch.Tensor,  # (B, T)
+    kl_coef: float,
+    scored: torch.Tensor,  # (B,) bool: rows that receive their score (finished, or capped, responses)
+) -> torch.Tensor:
+    """Per-token rewards: -kl_coef * (logp - ref_logp), plus the score on each scored row's last position."""
+    rewards = -kl_coef * (logprobs - ref_logprobs) * mask
+    last = (mask.cumsum(1) == mask.sum(1, keepdim=True)) & mask.bool()  # (B, T) one-hot on the last position
+    return rewards + last * (score * scored)[:, None]
+
+
+def gae(
+    rewards: torch.Tensor,  # (B, T)
+    values: torch.Tensor,  # (B, T)
+    mask: torch.Tensor,  # (B, T), contiguous run of ones per row
+    gamma: float,
+    lam: float,
+    bootstrap: torch.Tensor | None = None,  # (B,) bool: EGAE, V(s_l) = V(s_{l-1}) after the last position
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation. Returns (advantages, returns), both (B, T), zero where masked.
+
+    Without ``bootstrap`` the state after a row's last position is terminal (value 0). T-PPO's EGAE treats a
+    truncated row's next state as worth its last value (``bootstrap`` rows).
+    """
+    t = rewards.shape[1]
+    boot = torch.zeros_like(mask, dtype=torch.bool)[:, 0] if bootstrap is None else bootstrap
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_adv = torch.zeros_like(rewards[:, 0])
+    for i in reversed(range(t)):
+        valid = mask[:, i].bool()
+        last = valid & (~mask[:, i + 1].bool() if i + 1 < t else torch.ones_like(valid))
+        value = values[:, i]
+        next_value = torch.where(last, torch.where(boot, value, torch.zeros_like(value)), next_value)
+        next_adv = torch.where(last, torch.zeros_like(next_adv), next_adv)
+        delta = rewards[:, i] + gamma * next_value - value
+        advantages[:, i] = (delta + gamma * lam * next_adv) * valid
+        next_value, next_adv = value * valid, advantages[:, i]
+    return advantages, (advantages + values) * mask
+
+
+def policy_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped surrogate loss (to minimise) and the fraction of clipped positions."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip, 1 + clip)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    return loss, masked_mean((clipped > unclipped).float(), mask)
+
+
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """Clipped value loss: 0.5 * max((v - R)^2, (clip(v, old ± clip) - R)^2)."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask)

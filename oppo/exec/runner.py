@@ -1,0 +1,239 @@
+"""The executor: runs the scheduler's plans with real models, one PPO step at a time (colocated, one process).
+
+A step reads top to bottom: 1. admit prompts, 2. streamed scorers take the sequences in flight, 3. generate in
+rounds (streaming each round's tokens), 4. score the trained sequences, 5. PPO update, 6. close the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from oppo.exec import task
+from oppo.exec.config import ExecConfig
+from oppo.exec.generation import ChunkedDecoder
+from oppo.exec.models import Roles
+from oppo.exec.ppo import gae, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
+from oppo.exec.scoring import StreamingScorer, score_once
+from oppo.exec.timing import Recorder
+from oppo.lengths import LengthTrace
+from oppo.scheduler import Scheduler, StepOutcome
+
+SCORER_KINDS = {"reward": "reward", "reference": "logprob", "critic": "value"}
+
+
+@dataclass
+class SeqData:
+    prompt: list[int]
+    response: list[int] = field(default_factory=list)
+    forced_length: int | None = None  # traced response length (EOS forced there), None = natural
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.response
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    mean_reward: float
+    rule_score: float  # the task's ground-truth score of the trained responses
+    kl: float  # mean per-token log(pi / pi_ref) of the trained tokens
+    policy_loss: float
+    value_loss: float
+    response_len: float  # mean response tokens of the trained sequences
+
+
+class Executor:
+    def __init__(self, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None):
+        self.config, self.roles, self.rec, self.lengths = config, roles, recorder, lengths
+        self.scheduler = Scheduler(config.schedule)
+        self.data: dict[int, SeqData] = {}
+        self.device = "cpu0" if roles.device.type == "cpu" else f"cuda:{roles.device.index or 0}"
+        self.actor_opt = torch.optim.Adam(roles.actor.parameters(), lr=config.ppo.lr)
+        self.critic_opt = torch.optim.Adam(roles.critic.parameters(), lr=config.ppo.critic_lr)
+        streamed = config.schedule.streamed_scorers if config.schedule.streaming else ()
+        self.scorers = {
+            role: StreamingScorer(self._model(role), SCORER_KINDS[role], role != "critic", roles.pad_id)
+            for role in streamed
+        }  # the critic changes every step: its cache is not kept across steps
+
+    def _model(self, role: str) -> torch.nn.Module:
+        return getattr(self.roles, role)
+
+    def _seed(self, *parts: int) -> int:
+        return (self.config.seed * 1_000_003 + sum(p * 7919**i for i, p in enumerate(parts, 1))) % 2**62
+
+    # -- one step ---------------------------------------------------------------------------------------
+    def step(self) -> tuple[StepOutcome, StepMetrics]:
+        rec, sched = self.rec, self.scheduler
+        plan = sched.plan_step(rec.now())
+        # 1. admit the new prompts
+        for seq_id in plan.new:
+            self.data[seq_id] = self._new_sequence(seq_id)
+        contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
+        # 2. streamed scorers take every sequence in flight (carried ones keep a frozen scorer's cache)
+        for role, scorer in self.scorers.items():
+            with rec.op(plan.step, self.device, role, "prefill", batch=len(contexts)) as info:
+                info["tokens"] = scorer.begin(contexts)
+        # 3. generation in rounds; each round's tokens are streamed to the scorers
+        self._generate(plan)
+        # 4. score the trained sequences
+        trained = sched.select()
+        scores = self._score(plan.step, trained)
+        # 5. PPO update
+        losses = self._train(plan.step, trained, scores)
+        # 6. close the step
+        outcome = sched.close_step(rec.now(), scores["mean_reward"])
+        for scorer in self.scorers.values():
+            scorer.end(carried=list(outcome.carried))
+        for t in outcome.trained:
+            if t.finished:
+                del self.data[t.seq_id]
+        return outcome, StepMetrics(plan.step, scores["mean_reward"], scores["rule_score"], scores["kl"], *losses,
+                                    response_len=float(np.mean([t.response_tokens for t in trained])))  # fmt: skip
+
+    def _new_sequence(self, seq_id: int) -> SeqData:
+        g = torch.Generator().manual_seed(self._seed(1, seq_id))
+        prompt = task.random_prompts(g, 1, self.config.task.prompt_tokens, self.roles.vocab_size)[0]
+        forced = None
+        if self.lengths is not None:  # EOS at the traced length (the EOS token counts as a response token)
+            traced = self.lengths.sample(np.random.default_rng(self._seed(2, seq_id)), 1)[0][0]
+            forced = int(min(max(traced, 1), self.config.schedule.max_new_tokens))
+        return SeqData(prompt=prompt, forced_length=forced)
+
+    def _generate(self, plan) -> None:
+        rec, sched = self.rec, self.scheduler
+        rows = [i for i in plan.active if i in plan.budgets]
+        if not rows:
+            return
+        with rec.op(plan.step, self.device, "actor", "prefill", batch=len(rows)) as info:
+            contexts = [self.data[i].tokens for i in rows]
+            info["tokens"] = sum(map(len, contexts))
+            decoder = ChunkedDecoder(
+                self.roles.actor, contexts, [plan.budgets[i] for i in rows], self.roles.eos_id, self.roles.pad_id,
+                torch.Generator(self.roles.device).manual_seed(self._seed(3, plan.step)),
+                self.config.ppo.temperature, [self.data[i].forced_length for i in rows],
+                [len(self.data[i].response) for i in rows],
+            )  # fmt: skip
+        while not sched.generation_done:
+            n = sched.next_round_tokens()
+            with rec.op(plan.step, self.device, "actor", "decode") as info:
+                info["batch"], info["context"] = int(decoder.running.sum()), int(decoder.position.sum())
+                finished, chunk = decoder.decode(n)
+                info["tokens"] = sum(map(len, chunk))
+            new = {rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
+            for seq_id, tokens in new.items():
+                self.data[seq_id].response.extend(tokens)
+            for role, scorer in self.scorers.items():
+                with rec.op(plan.step, self.device, role, "prefill", batch=len(new)) as info:
+                    info["tokens"] = scorer.feed(new)
+            sched.report_round(rec.now(), n, {rows[r]: k for r, k in finished.items()})
+
+    def _score(self, step: int, trained) -> dict:
+        """Old log-probs (current policy), reference log-probs, values and scores of the trained sequences."""
+        seqs = [(t.seq_id, self.data[t.seq_id].tokens, len(self.data[t.seq_id].prompt)) for t in trained]
+        ids = [t.seq_id for t in trained]
+        out = {}
+        for role in ("actor", "reference", "critic", "reward"):
+            kind = SCORER_KINDS.get(role, "logprob")
+            if role == "reward" and self.config.task.reward_kind == "rule":
+                continue
+            with self.rec.op(step, self.device, role, "score", batch=len(seqs)) as info:
+                if role in self.scorers:
+                    out[role] = self.scorers[role].outputs(ids)  # streamed: only the head is left to apply
+                else:
+                    out[role] = score_once(self._model(role), kind, seqs, self.roles.pad_id)
+                    info["tokens"] = sum(len(s[1]) for s in seqs)
+        rule = task.rule_score([self.data[i].response for i in ids])
+        score = torch.stack(out["reward"]).float().cpu() if "reward" in out else rule
+        finished = torch.tensor([t.finished for t in trained])
+        shown = score[finished] if finished.any() else score
+        kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
+        return {"old_logprobs": out["actor"], "ref_logprobs": out["reference"], "values": out["critic"],
+                "score": score, "mean_reward": float(shown.mean()), "rule_score": float(rule.mean()),
+                "kl": float(kl.mean())}  # fmt: skip
+
+    # -- PPO update ------------------------------------------------------------------------------------
+    def _train(self, step: int, trained, scores: dict) -> tuple[float, float]:
+        cfg, roles, device = self.config.ppo, self.roles, self.roles.device
+        batch = _padded_batch(trained, self.data, roles.pad_id, cfg.tppo_drop_tokens, self.config.schedule.truncated)
+        ids, attn, pos, targets, mask = (batch[k].to(device) for k in ("ids", "attn", "pos", "targets", "mask"))
+        dtype = scores["values"][0].dtype
+        pad = lambda rows: _pad_rows(rows, mask.shape[1]).to(device, dtype)  # noqa: E731
+        old_lp, ref_lp, old_values = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), pad(scores["values"])
+        finished = torch.tensor([t.finished for t in trained], device=device)
+        capped = torch.tensor(
+            [t.response_tokens >= self.config.schedule.max_new_tokens for t in trained], device=device
+        )
+        scored = finished | (capped & ~torch.tensor(self.config.schedule.truncated, device=device))
+        mask = mask.to(dtype)
+        rewards = kl_shaped_rewards(scores["score"].to(device, dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
+        bootstrap = ~scored if self.config.schedule.truncated else None  # T-PPO's EGAE
+        adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, bootstrap)
+        adv = masked_whiten(adv, mask)
+        value_mask = mask * finished[:, None] if self.config.schedule.truncated else mask  # T-PPO: finished only
+        g = torch.Generator().manual_seed(self._seed(4, step))
+        losses = []
+        for _ in range(cfg.epochs):
+            for mb in torch.randperm(len(trained), generator=g).chunk(cfg.minibatches):
+                mb = mb.to(device)
+                with self.rec.op(step, self.device, "actor", "train_actor", batch=len(mb), tokens=int(attn[mb].sum())):
+                    logits = roles.actor(input_ids=ids[mb], attention_mask=attn[mb]).logits
+                    logp = _gather_logprobs(logits.to(dtype) / cfg.temperature, pos[mb], targets[mb])
+                    p_loss, _ = policy_loss(logp, old_lp[mb], adv[mb], mask[mb], cfg.clip)
+                    _step(self.actor_opt, p_loss, roles.actor, cfg.max_grad_norm)
+                with self.rec.op(
+                    step, self.device, "critic", "train_critic", batch=len(mb), tokens=int(attn[mb].sum())
+                ):
+                    hidden = roles.critic.base_model(input_ids=ids[mb], attention_mask=attn[mb]).last_hidden_state
+                    values = roles.critic.score(hidden).squeeze(-1).to(dtype).gather(1, pos[mb])
+                    v_loss = cfg.value_coef * value_loss(
+                        values, old_values[mb], returns[mb], value_mask[mb], cfg.value_clip
+                    )
+                    _step(self.critic_opt, v_loss, roles.critic, cfg.max_grad_norm)
+                losses.append((p_loss.item(), v_loss.item()))
+        return tuple(float(x) for x in np.mean(losses, axis=0))
+
+
+def _step(optimizer, loss: torch.Tensor, model: torch.nn.Module, max_norm: float) -> None:
+    optimizer.zero_grad()
+    if loss.requires_grad:
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+
+
+def _padded_batch(trained, data, pad_id: int, drop: int, truncated: bool) -> dict[str, torch.Tensor]:
+    """Right-padded full sequences and response-position indexing. ``pos[b, j]`` is the position whose output
+    scores response token j (its predecessor); ``mask`` marks the tokens in the loss (T-PPO: this step's segment,
+    minus ``drop`` last tokens of unfinished segments)."""
+    seqs = [data[t.seq_id] for t in trained]
+    width = max(len(s.tokens) for s in seqs)
+    longest = max(len(s.response) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn, pos = torch.zeros_like(ids), torch.zeros(len(seqs), longest, dtype=torch.long)
+    targets, mask = torch.full_like(pos, pad_id), torch.zeros(len(seqs), longest)
+    for b, (t, s) in enumerate(zip(trained, seqs)):
+        n, p = len(s.response), len(s.prompt)
+        ids[b, : len(s.tokens)], attn[b, : len(s.tokens)] = torch.tensor(s.tokens), 1
+        pos[b, :n], targets[b, :n] = torch.arange(p - 1, p + n - 1), torch.tensor(s.response)
+        first = n - t.step_tokens if truncated else 0
+        last = n - (drop if truncated and not t.finished else 0)
+        mask[b, first : max(first, last)] = 1
+    return {"ids": ids, "attn": attn, "pos": pos, "targets": targets, "mask": mask}
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=rows[0].dtype)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = row.cpu()
+    return out
+
+
+def _gather_logprobs(logits: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log pi(target | prefix) at the given positions. logits (B, L, V), pos/targets (B, T) -> (B, T)."""
+    picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
+    return torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)

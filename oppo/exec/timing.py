@@ -1,0 +1,43 @@
+"""One timing context manager that turns executed operations into the shared :class:`~oppo.records.TraceRow`."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from oppo.records import TraceRow
+
+
+class Recorder:
+    """Times operations on a wall clock that starts at construction; synchronises CUDA at the boundaries so
+    that asynchronous kernels are counted in the operation that launched them."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.rows: list[TraceRow] = []
+
+    def now(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.t0
+
+    @contextmanager
+    def op(self, step: int, device: str, role: str, phase: str, batch: int = 0, tokens: int = 0, context: int = 0):
+        """Time the body; it may fill in the yielded dict's ``batch``/``tokens``/``context`` once known."""
+        info = {"batch": batch, "tokens": tokens, "context": context}
+        _sync(device)
+        start = self.now()
+        yield info
+        _sync(device)
+        row = TraceRow(step, device, role, phase, start, self.now(), info["batch"], info["tokens"], info["context"])
+        self.rows.append(row)
+
+    def add(self, row: TraceRow) -> None:
+        """A row timed elsewhere (a remote worker), already on this clock."""
+        self.rows.append(row)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize(device)  # a CPU-GPU sync point: the operation's kernels are done
