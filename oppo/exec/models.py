@@ -41,6 +41,9 @@ SHAPES = {
 }  # fmt: skip
 
 
+PREP_STEPS = {"tiny-cpu": (300, 400, 32), "small-cpu": (60, 80, 16)}  # SFT steps, RM steps, batch
+
+
 @dataclass
 class Roles:
     actor: torch.nn.Module
@@ -102,8 +105,9 @@ def prepared_checkpoints(preset: str) -> dict[str, Path]:
     torch.manual_seed(0)
     actor = LlamaForCausalLM(llama_config(preset))
     reward = LlamaForSequenceClassification(llama_config(preset, num_labels=1))
-    task.sft_warmup(actor, vocab_size=SHAPES[preset]["vocab_size"])
-    task.train_reward_model(reward, vocab_size=SHAPES[preset]["vocab_size"])
+    sft_steps, rm_steps, batch = PREP_STEPS[preset]
+    task.sft_warmup(actor, vocab_size=SHAPES[preset]["vocab_size"], steps=sft_steps, batch=batch)
+    task.train_reward_model(reward, vocab_size=SHAPES[preset]["vocab_size"], steps=rm_steps, batch=batch)
     tokenizer = tiny_tokenizer(SHAPES[preset]["vocab_size"])
     for name, model in (("actor", actor), ("reward", reward)):
         tmp = paths[name].with_name(f"{paths[name].name}.tmp{os.getpid()}")
@@ -114,39 +118,43 @@ def prepared_checkpoints(preset: str) -> dict[str, Path]:
     return paths
 
 
+def role_paths(config: ModelConfig) -> dict[str, Path | str]:
+    """Checkpoint folder of each role (preparing the tiny presets at first use)."""
+    if config.preset == "hf":
+        return {"actor": config.actor, "reward": config.reward, "critic": config.critic or config.reward,
+                "reference": config.reference or config.actor}  # fmt: skip
+    paths = prepared_checkpoints(config.preset)
+    return {"actor": paths["actor"], "reward": paths["reward"], "critic": paths["reward"], "reference": paths["actor"]}
+
+
+def load_role(config: ModelConfig, role: str, device: torch.device | None = None) -> torch.nn.Module:
+    """One role's model from its folder: causal LM (actor, reference) or 1-label classifier (critic, reward)."""
+    device = device or resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    cls = AutoModelForCausalLM if role in ("actor", "reference") else AutoModelForSequenceClassification
+    model = cls.from_pretrained(role_paths(config)[role], dtype=dtype, attn_implementation="sdpa").to(device)
+    model.train(False)
+    model.requires_grad_(role in ("actor", "critic"))
+    return model
+
+
 def load_roles(config: ModelConfig) -> Roles:
     """Load the four roles onto the configured device and dtype."""
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
     if config.threads:
         torch.set_num_threads(config.threads)
-    if config.preset == "hf":
-        paths = {"actor": config.actor, "reward": config.reward}
-        critic_path, reference_path = config.critic or config.reward, config.reference or config.actor
-    else:
-        paths = prepared_checkpoints(config.preset)
-        critic_path, reference_path = paths["reward"], paths["actor"]
-
-    def load(cls, path, trainable: bool):
-        model = cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
-        model.train(False)
-        model.requires_grad_(trainable)
-        return model
-
-    actor = load(AutoModelForCausalLM, paths["actor"], True)
+    models = {role: load_role(config, role, device) for role in ("actor", "reference", "critic", "reward")}
+    actor = models["actor"]
     pad_id = actor.config.pad_token_id if actor.config.pad_token_id is not None else actor.config.eos_token_id
     eos_id = actor.config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     return Roles(
-        actor=actor,
-        reference=load(AutoModelForCausalLM, reference_path, False),
-        critic=load(AutoModelForSequenceClassification, critic_path, True),
-        reward=load(AutoModelForSequenceClassification, paths["reward"], False),
+        **models,
         pad_id=int(pad_id),
         eos_id=int(eos_id),
         vocab_size=actor.config.vocab_size,
         device=device,
-        dtype=dtype,
+        dtype=resolve_dtype(config.dtype, device),
     )
 
 

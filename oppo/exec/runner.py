@@ -16,7 +16,7 @@ from oppo.exec.config import ExecConfig
 from oppo.exec.generation import ChunkedDecoder
 from oppo.exec.models import Roles
 from oppo.exec.ppo import gae, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
-from oppo.exec.scoring import StreamingScorer, score_once
+from oppo.exec.scoring import LocalScorer, score_once
 from oppo.exec.timing import Recorder
 from oppo.lengths import LengthTrace
 from oppo.scheduler import Scheduler, StepOutcome
@@ -47,21 +47,18 @@ class StepMetrics:
 
 
 class Executor:
-    def __init__(self, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None):
+    def __init__(self, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None,
+                 scorers: dict | None = None):  # fmt: skip
+        """``scorers``: a handle per scorer role (local or remote, same methods); default: all local."""
         self.config, self.roles, self.rec, self.lengths = config, roles, recorder, lengths
         self.scheduler = Scheduler(config.schedule)
         self.data: dict[int, SeqData] = {}
-        self.device = "cpu0" if roles.device.type == "cpu" else f"cuda:{roles.device.index or 0}"
+        self.device = device_name(roles.device)
         self.actor_opt = torch.optim.Adam(roles.actor.parameters(), lr=config.ppo.lr)
         self.critic_opt = torch.optim.Adam(roles.critic.parameters(), lr=config.ppo.critic_lr)
+        self.scorers = scorers if scorers is not None else local_scorers(config, roles, recorder)
         streamed = config.schedule.streamed_scorers if config.schedule.streaming else ()
-        self.scorers = {
-            role: StreamingScorer(self._model(role), SCORER_KINDS[role], role != "critic", roles.pad_id)
-            for role in streamed
-        }  # the critic changes every step: its cache is not kept across steps
-
-    def _model(self, role: str) -> torch.nn.Module:
-        return getattr(self.roles, role)
+        self.streamed = {role: handle for role, handle in self.scorers.items() if role in streamed}
 
     def _seed(self, *parts: int) -> int:
         return (self.config.seed * 1_000_003 + sum(p * 7919**i for i, p in enumerate(parts, 1))) % 2**62
@@ -74,10 +71,12 @@ class Executor:
         for seq_id in plan.new:
             self.data[seq_id] = self._new_sequence(seq_id)
         contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
-        # 2. streamed scorers take every sequence in flight (carried ones keep a frozen scorer's cache)
-        for role, scorer in self.scorers.items():
-            with rec.op(plan.step, self.device, role, "prefill", batch=len(contexts)) as info:
-                info["tokens"] = scorer.begin(contexts)
+        # 2. scorers get this step's critic; streamed ones take every sequence in flight (carried ones keep a
+        #    frozen scorer's cache)
+        if "critic" in self.scorers:
+            self.scorers["critic"].sync_weights(plan.step, self.roles.critic)
+        for scorer in self.streamed.values():
+            scorer.begin(plan.step, contexts)
         # 3. generation in rounds; each round's tokens are streamed to the scorers
         self._generate(plan)
         # 4. score the trained sequences
@@ -88,7 +87,9 @@ class Executor:
         # 6. close the step
         outcome = sched.close_step(rec.now(), scores["mean_reward"])
         for scorer in self.scorers.values():
-            scorer.end(carried=list(outcome.carried))
+            scorer.end(list(outcome.carried))
+            for row in scorer.collect():
+                rec.add(row)
         for t in outcome.trained:
             if t.finished:
                 del self.data[t.seq_id]
@@ -127,26 +128,21 @@ class Executor:
             new = {rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
             for seq_id, tokens in new.items():
                 self.data[seq_id].response.extend(tokens)
-            for role, scorer in self.scorers.items():
-                with rec.op(plan.step, self.device, role, "prefill", batch=len(new)) as info:
-                    info["tokens"] = scorer.feed(new)
+            for scorer in self.streamed.values():
+                scorer.feed(plan.step, new)  # a remote scorer prefills while the next round decodes
             sched.report_round(rec.now(), n, {rows[r]: k for r, k in finished.items()})
 
     def _score(self, step: int, trained) -> dict:
-        """Old log-probs (current policy), reference log-probs, values and scores of the trained sequences."""
+        """Old log-probs (current policy), reference log-probs, values and scores of the trained sequences.
+        Scorer roles are asked first, so remote ones work while the actor recomputes its log-probs here."""
         seqs = [(t.seq_id, self.data[t.seq_id].tokens, len(self.data[t.seq_id].prompt)) for t in trained]
         ids = [t.seq_id for t in trained]
-        out = {}
-        for role in ("actor", "reference", "critic", "reward"):
-            kind = SCORER_KINDS.get(role, "logprob")
-            if role == "reward" and self.config.task.reward_kind == "rule":
-                continue
-            with self.rec.op(step, self.device, role, "score", batch=len(seqs)) as info:
-                if role in self.scorers:
-                    out[role] = self.scorers[role].outputs(ids)  # streamed: only the head is left to apply
-                else:
-                    out[role] = score_once(self._model(role), kind, seqs, self.roles.pad_id)
-                    info["tokens"] = sum(len(s[1]) for s in seqs)
+        pending = {}
+        for role, scorer in self.scorers.items():
+            pending[role] = scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)
+        with self.rec.op(step, self.device, "actor", "score", batch=len(seqs), tokens=sum(len(s[1]) for s in seqs)):
+            out = {"actor": score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id)}
+        out |= {role: [t.to(self.roles.device) for t in p.get()] for role, p in pending.items()}
         rule = task.rule_score([self.data[i].response for i in ids])
         score = torch.stack(out["reward"]).float().cpu() if "reward" in out else rule
         finished = torch.tensor([t.finished for t in trained])
@@ -196,6 +192,22 @@ class Executor:
                     _step(self.critic_opt, v_loss, roles.critic, cfg.max_grad_norm)
                 losses.append((p_loss.item(), v_loss.item()))
         return tuple(float(x) for x in np.mean(losses, axis=0))
+
+
+def device_name(device: torch.device) -> str:
+    return "cpu0" if device.type == "cpu" else f"cuda:{device.index or 0}"
+
+
+def local_scorers(config: ExecConfig, roles: Roles, recorder: Recorder) -> dict:
+    """Scorer roles in this process: reference, critic, and the reward model unless the reward is a rule."""
+    names = ["reference", "critic"] + (["reward"] if config.task.reward_kind == "learned" else [])
+    device = device_name(roles.device)
+    return {
+        role: LocalScorer(
+            role, getattr(roles, role), SCORER_KINDS[role], role != "critic", roles.pad_id, recorder, device
+        )
+        for role in names
+    }  # the critic changes every step: its cache is not kept across steps
 
 
 def _step(optimizer, loss: torch.Tensor, model: torch.nn.Module, max_norm: float) -> None:

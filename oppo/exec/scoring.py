@@ -163,3 +163,50 @@ def score_once(model, kind: str, seqs: list[tuple[int, list[int], int]], pad_id:
     outputs = scorer.outputs([s for s, _, _ in seqs])
     scorer.end([])
     return outputs
+
+
+@dataclass(frozen=True)
+class Done:
+    """A result already computed (the local counterpart of a remote future)."""
+
+    value: object
+
+    def get(self):
+        return self.value
+
+
+class LocalScorer:
+    """A scorer role in this process, timed on the shared recorder. The same methods as a remote role
+    (:class:`oppo.exec.placement.RemoteScorer`), so the training loop does not know where a role runs."""
+
+    def __init__(self, role: str, model, kind: str, keep_cache: bool, pad_id: int, recorder, device: str):
+        self.role, self.model, self.kind, self.pad_id = role, model, kind, pad_id
+        self.rec, self.device = recorder, device
+        self.streamer = StreamingScorer(model, kind, keep_cache, pad_id)
+
+    def begin(self, step: int, seqs) -> None:
+        with self.rec.op(step, self.device, self.role, "prefill", batch=len(seqs)) as info:
+            info["tokens"] = self.streamer.begin(seqs)
+
+    def feed(self, step: int, new_tokens: dict[int, list[int]]) -> None:
+        with self.rec.op(step, self.device, self.role, "prefill", batch=len(new_tokens)) as info:
+            info["tokens"] = self.streamer.feed(new_tokens)
+
+    def outputs(self, step: int, seq_ids: list[int]) -> Done:
+        with self.rec.op(step, self.device, self.role, "score", batch=len(seq_ids)):
+            return Done(self.streamer.outputs(seq_ids))
+
+    def score(self, step: int, seqs) -> Done:
+        tokens = sum(len(s[1]) for s in seqs)
+        with self.rec.op(step, self.device, self.role, "score", batch=len(seqs), tokens=tokens):
+            return Done(score_once(self.model, self.kind, seqs, self.pad_id))
+
+    def end(self, carried: list[int]) -> None:
+        self.streamer.end(carried)
+
+    def sync_weights(self, step: int, model) -> None:
+        """Nothing to do: a local role shares the trained module."""
+
+    def collect(self) -> list:
+        """Trace rows recorded elsewhere (none: local rows go straight to the recorder)."""
+        return []

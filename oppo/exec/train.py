@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--placement", default="colocated", help="colocated (one process) or disaggregated (Ray)")
     parser.add_argument("--ray-address", help="disaggregated: join this Ray cluster instead of starting one")
+    parser.add_argument("--remote-roles", default="reward", help="disaggregated: roles in their own Ray actor "
+                        "(comma-separated among reward, reference, critic)")  # fmt: skip
     parser.add_argument("--lengths", help="force response lengths from this trace (EOS at the traced length)")
     parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
     for cls, skip in ((ModelConfig, ()), (PPOConfig, ()), (TaskConfig, ()), (ScheduleConfig, ("policy",))):
@@ -56,10 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     from oppo.lengths import load_lengths
 
     lengths = load_lengths(args.lengths, model=args.lengths_model) if args.lengths else None
-    return train(config, Path(args.out), lengths, ray_address=args.ray_address)
+    remote = tuple(r for r in args.remote_roles.split(",") if r)
+    unknown = set(remote) - {"reward", "reference", "critic"}
+    if unknown:
+        raise ValueError(f"unknown remote role(s) {sorted(unknown)}; choose among reward, reference, critic")
+    return train(config, Path(args.out), lengths, ray_address=args.ray_address, remote_roles=remote)
 
 
-def train(config: ExecConfig, out: Path, lengths=None, ray_address: str | None = None) -> int:
+def train(config: ExecConfig, out: Path, lengths=None, ray_address=None, remote_roles=("reward",)) -> int:
     """Run ``config.steps`` steps, writing records to ``out`` as it goes (kept on Ctrl-C)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -76,11 +82,11 @@ def train(config: ExecConfig, out: Path, lengths=None, ray_address: str | None =
     roles = load_roles(config.model)
     recorder = Recorder()
     if config.placement == "disaggregated":
-        from oppo.exec.placement import DisaggregatedExecutor
+        from oppo.exec.placement import DisaggregatedExecutor, WorkerDied
 
-        executor = DisaggregatedExecutor(config, roles, recorder, lengths, ray_address)
+        executor = DisaggregatedExecutor(config, roles, recorder, lengths, ray_address, remote_roles)
     else:
-        executor = Executor(config, roles, recorder, lengths)
+        executor, WorkerDied = Executor(config, roles, recorder, lengths), ()
     log = RunLog(out, config, lengths)
     code = 0
     try:
@@ -95,6 +101,9 @@ def train(config: ExecConfig, out: Path, lengths=None, ray_address: str | None =
     except KeyboardInterrupt:
         print(f"interrupted after {len(log.steps)} steps: records so far kept in {out}", file=sys.stderr)
         code = 130
+    except WorkerDied as err:
+        print(f"error: {err}; records of {len(log.steps)} steps kept in {out}", file=sys.stderr)
+        code = 1
     finally:
         if hasattr(executor, "close"):
             executor.close()

@@ -1,0 +1,77 @@
+"""Step time of the executor's policies on one preset, with traced response lengths forced, in one run.
+
+    python benchmarks/exec_policies.py --preset tiny-cpu --steps 30
+    python benchmarks/exec_policies.py --preset small-cpu --steps 8 --batch 8
+
+Prints per policy: mean / p50 step time, ratio to sync, tokens decoded per second, the per-phase breakdown and
+the deferral histogram. Records of each run go to --out/<policy>.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from oppo.config import POLICIES
+from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+from oppo.exec.train import train
+from oppo.lengths import load_lengths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="tiny-cpu")
+    parser.add_argument("--policies", default="sync,inter,oppo")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=384)
+    parser.add_argument("--chunk", default="64", help="chunk size of streamed policies (or auto)")
+    parser.add_argument("--lengths", default="traces/alpaca_eval_lengths.csv.gz")
+    parser.add_argument("--lengths-model", default="alpaca-7b", help="AlpacaEval model whose lengths to replay")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/bench-exec")
+    args = parser.parse_args()
+    lengths = load_lengths(args.lengths, model=args.lengths_model)
+    summaries = {}
+    for policy in args.policies.split(","):
+        assert policy in POLICIES, policy
+        schedule = default_schedule(
+            policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens, chunk=args.chunk,
+            check_tokens=8, delta_init=args.batch // 4, delta_max=args.batch // 4, window_tokens=args.max_new_tokens // 4,
+        )  # fmt: skip
+        model = ModelConfig(preset=args.preset, threads=args.threads)
+        config = ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed)
+        out = Path(args.out) / f"{args.preset}-{policy}"
+        train(config, out, lengths)
+        summaries[policy] = json.loads((out / "summary.json").read_text())
+    report(summaries, args)
+
+
+def report(summaries: dict, args) -> None:
+    base = summaries.get("sync", next(iter(summaries.values())))["mean_step_s"]
+    print(f"\npreset {args.preset}, B={args.batch}, lengths {args.lengths_model} (cap {args.max_new_tokens}), "
+          f"{args.steps} steps each")  # fmt: skip
+    print(f"{'policy':<7} {'mean_s':>8} {'p50_s':>8} {'vs sync':>8} {'tok/s':>8} {'deferrals':>10}  deferral hist")
+    for policy, s in summaries.items():
+        tokens = s.get("decoded_tokens_per_s") or _tokens_per_s(Path(args.out) / f"{args.preset}-{policy}")
+        hist = ", ".join(f"{k}: {v:.0%}" for k, v in s["deferral_hist"].items())
+        print(f"{policy:<7} {s['mean_step_s']:>8.3f} {s['p50_step_s']:>8.3f} {base / s['mean_step_s']:>7.2f}x "
+              f"{tokens:>8.0f} {s['mean_deferrals']:>10.2f}  {hist}")  # fmt: skip
+    print("\nseconds per step by role/phase:")
+    keys = sorted({k for s in summaries.values() for k in s["phase_s_per_step"]})
+    print(f"{'':<22}" + "".join(f"{p:>9}" for p in summaries))
+    for key in keys:
+        print(f"{key:<22}" + "".join(f"{s['phase_s_per_step'].get(key, 0):>9.3f}" for s in summaries.values()))
+
+
+def _tokens_per_s(run: Path) -> float:
+    import csv
+
+    rows = list(csv.DictReader(open(run / "trace.csv")))
+    decoded = sum(int(r["num_tokens"]) for r in rows if r["phase"] == "decode")
+    steps = list(csv.DictReader(open(run / "steps.csv")))
+    return decoded / sum(float(r["step_s"]) for r in steps)
+
+
+if __name__ == "__main__":
+    main()

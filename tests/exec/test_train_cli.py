@@ -1,0 +1,79 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from oppo.exec.models import prepared_checkpoints
+
+
+def train(*args, **kwargs):
+    cmd = [sys.executable, "-m", "oppo.exec.train", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_smoke_run_writes_contract_files(tmp_path):
+    out = tmp_path / "run"
+    res = train("--preset", "tiny-cpu", "--mode", "oppo", "--steps", "4", "--batch", "4", "--seed", "1",
+                "--out", str(out), "--lengths", "traces/hh_rlhf_harmless_lengths.csv.gz")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy"] == "oppo" and summary["steps"] == 4 and summary["batch"] == 4
+    assert set(summary["utilization"]) == {"cpu0"}
+    for name in ("steps.csv", "trace.csv", "sequences.csv", "metrics.csv", "config.json", "curves.png"):
+        assert (out / name).stat().st_size > 0
+    phases = {line.split(",")[3] for line in (out / "trace.csv").read_text().splitlines()[1:]}
+    assert {"decode", "prefill", "score", "train_actor", "train_critic"} <= phases
+
+
+def test_hf_preset_loads_local_folders(tmp_path):
+    paths = prepared_checkpoints("tiny-cpu")
+    res = train("--preset", "hf", "--actor", str(paths["actor"]), "--reward", str(paths["reward"]),
+                "--mode", "sync", "--steps", "2", "--batch", "2", "--out", str(tmp_path / "hf"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--preset", "hf", "--actor", "nowhere", "--reward", "nowhere"), "checkpoint folder not found"),
+        (("--batch", "0"), "batch must be > 0"),
+        (("--chunk", "0"), "chunk must be > 0"),
+        (("--mode", "fast"), "unknown policy"),
+        (("--lengths", "missing.csv"), "not found"),
+    ],
+)
+def test_bad_input_exit_2_one_line(tmp_path, extra, message):
+    res = train("--steps", "2", "--out", str(tmp_path / "o"), *extra)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_lengths_file(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("response_tokens\n12\n-4\n")
+    res = train("--steps", "2", "--out", str(tmp_path / "o"), "--lengths", str(bad))
+    assert res.returncode == 2 and "non-negative" in res.stderr
+
+
+def test_ctrl_c_keeps_records(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "oppo.exec.train", "--steps", "100000", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "steps.csv").exists():  # written every 10 steps
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] >= 10
+    rows = (out / "steps.csv").read_text().splitlines()
+    assert len(rows) == summary["steps"] + 1
+    assert os.path.exists(out / "trace.csv")
