@@ -134,17 +134,7 @@ def _jsonable(value: Any) -> Any:
 
 def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     """Length of the union of [start, end) intervals (overlapping operations on a device count once)."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
+    return sum(end - start for start, end in _union(list(intervals)))
 
 
 def device_count(device: str) -> int:
@@ -174,6 +164,33 @@ def phase_breakdown(trace: Sequence[TraceRow], steps: int) -> dict[str, float]:
     for (_, role, phase, _), seconds in longest.items():
         totals[f"{role}/{phase}"] += seconds
     return {k: v / max(steps, 1) for k, v in sorted(totals.items())}
+
+
+def hidden_fraction(
+    trace: Sequence[TraceRow],
+    hidden: tuple[str, str] = ("reward", "prefill"),
+    under: tuple[str, str] = ("actor", "decode"),
+) -> float:
+    """Share of the time of ``hidden`` (role, phase) operations that overlaps ``under`` operations, e.g. the
+    reward model's prefill hidden under the actor's decode. 0 when there is no ``hidden`` work."""
+    busy_under = _union([(r.start_s, r.end_s) for r in trace if (r.role, r.phase) == under])
+    total = overlapped = 0.0
+    for row in trace:
+        if (row.role, row.phase) != hidden:
+            continue
+        total += row.end_s - row.start_s
+        overlapped += sum(max(0.0, min(row.end_s, e) - max(row.start_s, s)) for s, e in busy_under)
+    return overlapped / total if total > 0 else 0.0
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
 
 
 def deferral_histogram(trained: Sequence[TrainedSeq]) -> dict[int, float]:

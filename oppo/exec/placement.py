@@ -28,59 +28,64 @@ class WorkerDied(RuntimeError):
 
 @ray.remote
 class ScorerWorker:
-    """One scorer role on its own device. Times its work on the driver's wall clock (``t0``)."""
+    """Scorer roles on one device (one core or one GPU). Times its work on the driver's wall clock (``t0``)."""
 
-    def __init__(self, model_config, role: str, t0: float, device_label: str, threads: int) -> None:
+    def __init__(self, model_config, roles: list[str], t0: float, device_label: str, threads: int) -> None:
         from oppo.exec.models import load_role, resolve_device
 
         torch.set_num_threads(threads)
         gpu_ids = ray.get_gpu_ids()
         device = torch.device("cuda", 0) if gpu_ids else resolve_device("cpu")
-        self.model = load_role(model_config, role, device)
-        self.model.requires_grad_(False)
-        self.role, self.t0 = role, t0
+        self.models = {role: load_role(model_config, role, device).requires_grad_(False) for role in roles}
+        self.t0 = t0
         self.label = f"cuda:{int(gpu_ids[0])}" if gpu_ids else device_label
-        self.pad_id = self.model.config.pad_token_id or 0
-        self.streamer = StreamingScorer(self.model, SCORER_KINDS[role], role != "critic", self.pad_id)
+        self.pad_id = next(iter(self.models.values())).config.pad_token_id or 0
+        self.streamers = {
+            role: StreamingScorer(model, SCORER_KINDS[role], role != "critic", self.pad_id)
+            for role, model in self.models.items()
+        }
         self.rows: list[TraceRow] = []
 
-    def _timed(self, step, phase, batch, fn):
+    def ready(self) -> str:
+        return self.label
+
+    def _timed(self, step, role, phase, batch, fn):
         if self.label.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.time() - self.t0
         result, tokens = fn()
         if self.label.startswith("cuda"):
             torch.cuda.synchronize()
-        self.rows.append(TraceRow(step, self.label, self.role, phase, start, time.time() - self.t0, batch, tokens, 0))
+        self.rows.append(TraceRow(step, self.label, role, phase, start, time.time() - self.t0, batch, tokens, 0))
         return result
 
-    def ready(self) -> str:
-        return self.label
+    def begin(self, role, step, seqs):
+        return self._timed(step, role, "prefill", len(seqs), lambda: (None, self.streamers[role].begin(seqs)))
 
-    def begin(self, step, seqs):
-        return self._timed(step, "prefill", len(seqs), lambda: (None, self.streamer.begin(seqs)))
+    def feed(self, role, step, new_tokens):
+        fn = lambda: (None, self.streamers[role].feed(new_tokens))  # noqa: E731
+        return self._timed(step, role, "prefill", len(new_tokens), fn)
 
-    def feed(self, step, new_tokens):
-        return self._timed(step, "prefill", len(new_tokens), lambda: (None, self.streamer.feed(new_tokens)))
+    def outputs(self, role, step, seq_ids):
+        fn = lambda: ([t.cpu() for t in self.streamers[role].outputs(seq_ids)], 0)  # noqa: E731
+        return self._timed(step, role, "score", len(seq_ids), fn)
 
-    def outputs(self, step, seq_ids):
-        fn = lambda: ([t.cpu() for t in self.streamer.outputs(seq_ids)], 0)  # noqa: E731
-        return self._timed(step, "score", len(seq_ids), fn)
+    def score(self, role, step, seqs):
+        def fn():
+            out = score_once(self.models[role], SCORER_KINDS[role], seqs, self.pad_id)
+            return [t.cpu() for t in out], sum(len(s[1]) for s in seqs)
 
-    def score(self, step, seqs):
-        kind = SCORER_KINDS[self.role]
-        fn = lambda: ([t.cpu() for t in score_once(self.model, kind, seqs, self.pad_id)], sum(len(s[1]) for s in seqs))  # noqa: E731
-        return self._timed(step, "score", len(seqs), fn)
+        return self._timed(step, role, "score", len(seqs), fn)
 
-    def end(self, carried):
-        self.streamer.end(carried)
+    def end(self, role, carried):
+        self.streamers[role].end(carried)
 
-    def load_weights(self, step, state):
+    def load_weights(self, role, step, state):
         def load():
-            self.model.load_state_dict(state)
+            self.models[role].load_state_dict(state)
             return None, 0
 
-        return self._timed(step, "sync", 1, load)
+        return self._timed(step, role, "sync", 1, load)
 
     def collect(self):
         rows, self.rows = self.rows, []
@@ -105,36 +110,37 @@ def _get(ref, role: str):
 
 
 class RemoteScorer:
-    """The driver-side handle of a :class:`ScorerWorker`: the methods of a local scorer role."""
+    """The driver-side handle of one role of a :class:`ScorerWorker`: the methods of a local scorer role.
+    Calls from the driver to one worker run in the order they were made."""
 
-    def __init__(self, role: str, worker) -> None:
-        self.role, self.worker = role, worker
+    def __init__(self, role: str, worker, collects: bool) -> None:
+        self.role, self.worker, self.collects = role, worker, collects  # one handle per worker collects rows
         self._sent: list = []  # fire-and-forget calls, checked at the step end
 
     def begin(self, step, seqs) -> None:
-        self._sent.append(self.worker.begin.remote(step, seqs))
+        self._sent.append(self.worker.begin.remote(self.role, step, seqs))
 
     def feed(self, step, new_tokens) -> None:
-        self._sent.append(self.worker.feed.remote(step, new_tokens))
+        self._sent.append(self.worker.feed.remote(self.role, step, new_tokens))
 
     def outputs(self, step, seq_ids) -> Pending:
-        return Pending(self.worker.outputs.remote(step, seq_ids), self.role)
+        return Pending(self.worker.outputs.remote(self.role, step, seq_ids), self.role)
 
     def score(self, step, seqs) -> Pending:
-        return Pending(self.worker.score.remote(step, seqs), self.role)
+        return Pending(self.worker.score.remote(self.role, step, seqs), self.role)
 
     def end(self, carried) -> None:
-        self._sent.append(self.worker.end.remote(carried))
+        self._sent.append(self.worker.end.remote(self.role, carried))
         sent, self._sent = self._sent, []
         for ref in sent:
             _get(ref, self.role)
 
     def sync_weights(self, step, model) -> None:
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        self._sent.append(self.worker.load_weights.remote(step, state))
+        self._sent.append(self.worker.load_weights.remote(self.role, step, state))
 
     def collect(self) -> list[TraceRow]:
-        return _get(self.worker.collect.remote(), self.role)
+        return _get(self.worker.collect.remote(), self.role) if self.collects else []
 
 
 class DisaggregatedExecutor(Executor):
@@ -142,6 +148,7 @@ class DisaggregatedExecutor(Executor):
 
     def __init__(self, config: ExecConfig, roles: Roles, recorder, lengths=None, ray_address=None,
                  remote_roles: tuple[str, ...] = ("reward",)):  # fmt: skip
+        """``remote_roles``: one entry per worker device; "reward+reference" puts two roles on one device."""
         on_gpu = roles.device.type == "cuda"
         if not ray.is_initialized():
             env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
@@ -152,10 +159,12 @@ class DisaggregatedExecutor(Executor):
         torch.set_num_threads(1) if not on_gpu else None  # one core for the driver: its own "device"
         scorers = local_scorers(config, roles, recorder)
         wall_t0 = time.time() - recorder.now()  # the recorder's zero on the wall clock
-        for k, role in enumerate(r for r in remote_roles if r in scorers):
+        groups = [[r for r in entry.split("+") if r in scorers] for entry in remote_roles]
+        for k, group in enumerate(g for g in groups if g):
             options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
-            worker = ScorerWorker.options(**options).remote(config.model, role, wall_t0, f"cpu{k + 1}", 1)
-            scorers[role] = RemoteScorer(role, worker)
+            worker = ScorerWorker.options(**options).remote(config.model, group, wall_t0, f"cpu{k + 1}", 1)
+            for i, role in enumerate(group):
+                scorers[role] = RemoteScorer(role, worker, collects=i == 0)
         for scorer in scorers.values():  # models loaded before the first step's clock starts
             if isinstance(scorer, RemoteScorer):
                 _get(scorer.worker.ready.remote(), scorer.role)
@@ -164,7 +173,7 @@ class DisaggregatedExecutor(Executor):
 
     def close(self) -> None:
         for scorer in self.scorers.values():
-            if isinstance(scorer, RemoteScorer):
+            if isinstance(scorer, RemoteScorer) and scorer.collects:
                 ray.kill(scorer.worker)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()

@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--placement", default="colocated", help="colocated (one process) or disaggregated (Ray)")
     parser.add_argument("--ray-address", help="disaggregated: join this Ray cluster instead of starting one")
-    parser.add_argument("--remote-roles", default="reward", help="disaggregated: roles in their own Ray actor "
-                        "(comma-separated among reward, reference, critic)")  # fmt: skip
+    parser.add_argument("--remote-roles", default="reward", help="disaggregated: scorer roles in Ray actors, one "
+                        "device per comma-separated entry; '+' shares a device, e.g. reward+reference,critic")  # fmt: skip
     parser.add_argument("--lengths", help="force response lengths from this trace (EOS at the traced length)")
     parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
     for cls, skip in ((ModelConfig, ()), (PPOConfig, ()), (TaskConfig, ()), (ScheduleConfig, ("policy",))):
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lengths = load_lengths(args.lengths, model=args.lengths_model) if args.lengths else None
     remote = tuple(r for r in args.remote_roles.split(",") if r)
-    unknown = set(remote) - {"reward", "reference", "critic"}
+    unknown = {role for entry in remote for role in entry.split("+")} - {"reward", "reference", "critic"}
     if unknown:
         raise ValueError(f"unknown remote role(s) {sorted(unknown)}; choose among reward, reference, critic")
     return train(config, Path(args.out), lengths, ray_address=args.ray_address, remote_roles=remote)
