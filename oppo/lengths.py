@@ -18,10 +18,15 @@ class LengthTrace:
     name: str
     response_tokens: np.ndarray  # (N,) int64, >= 0
     prompt_tokens: np.ndarray | None  # (N,) int64 or None
+    ordered: bool = False  # replay rows in order (the i-th admitted sequence gets row i), not sampled
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """``n`` rows drawn with replacement: (response lengths, prompt lengths or None)."""
-        idx = rng.integers(0, len(self.response_tokens), size=n)
+    def sample(self, rng: np.random.Generator, n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        """``n`` rows: drawn with replacement, or rows ``start .. start+n`` (cycling) of an ordered trace.
+        Returns (response lengths, prompt lengths or None)."""
+        if self.ordered:
+            idx = (start + np.arange(n)) % len(self.response_tokens)
+        else:
+            idx = rng.integers(0, len(self.response_tokens), size=n)
         prompts = None if self.prompt_tokens is None else self.prompt_tokens[idx]
         return self.response_tokens[idx], prompts
 

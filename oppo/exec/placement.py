@@ -49,22 +49,25 @@ class ScorerWorker:
     def ready(self) -> str:
         return self.label
 
-    def _timed(self, step, role, phase, batch, fn):
+    def _timed(self, step, role, phase, batch, fn, context=0):
         if self.label.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.time() - self.t0
         result, tokens = fn()
         if self.label.startswith("cuda"):
             torch.cuda.synchronize()
-        self.rows.append(TraceRow(step, self.label, role, phase, start, time.time() - self.t0, batch, tokens, 0))
+        end = time.time() - self.t0
+        self.rows.append(TraceRow(step, self.label, role, phase, start, end, batch, tokens, context))
         return result
 
     def begin(self, role, step, seqs):
-        return self._timed(step, role, "prefill", len(seqs), lambda: (None, self.streamers[role].begin(seqs)))
+        streamer = self.streamers[role]
+        return self._timed(step, role, "prefill", len(seqs), lambda: (None, streamer.begin(seqs)))
 
     def feed(self, role, step, new_tokens):
-        fn = lambda: (None, self.streamers[role].feed(new_tokens))  # noqa: E731
-        return self._timed(step, role, "prefill", len(new_tokens), fn)
+        streamer = self.streamers[role]
+        fn = lambda: (None, streamer.feed(new_tokens))  # noqa: E731
+        return self._timed(step, role, "prefill", len(new_tokens), fn, context=streamer.cached_tokens)
 
     def outputs(self, role, step, seq_ids):
         fn = lambda: ([t.cpu() for t in self.streamers[role].outputs(seq_ids)], 0)  # noqa: E731

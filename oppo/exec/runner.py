@@ -61,7 +61,7 @@ class Executor:
         self.streamed = {role: handle for role, handle in self.scorers.items() if role in streamed}
 
     def _seed(self, *parts: int) -> int:
-        return (self.config.seed * 1_000_003 + sum(p * 7919**i for i, p in enumerate(parts, 1))) % 2**62
+        return derived_seed(self.config.seed, *parts)
 
     # -- one step ---------------------------------------------------------------------------------------
     def step(self) -> tuple[StepOutcome, StepMetrics]:
@@ -100,9 +100,8 @@ class Executor:
         g = torch.Generator().manual_seed(self._seed(1, seq_id))
         prompt = task.random_prompts(g, 1, self.config.task.prompt_tokens, self.roles.vocab_size)[0]
         forced = None
-        if self.lengths is not None:  # EOS at the traced length (the EOS token counts as a response token)
-            traced = self.lengths.sample(np.random.default_rng(self._seed(2, seq_id)), 1)[0][0]
-            forced = int(min(max(traced, 1), self.config.schedule.max_new_tokens))
+        if self.lengths is not None:
+            forced = forced_length(self.lengths, self.config.seed, seq_id, self.config.schedule.max_new_tokens)
         return SeqData(prompt=prompt, forced_length=forced)
 
     def _generate(self, plan) -> None:
@@ -112,7 +111,7 @@ class Executor:
             return
         with rec.op(plan.step, self.device, "actor", "prefill", batch=len(rows)) as info:
             contexts = [self.data[i].tokens for i in rows]
-            info["tokens"] = sum(map(len, contexts))
+            info["tokens"] = len(rows) * max(map(len, contexts))  # left-padded: every row computes the width
             decoder = ChunkedDecoder(
                 self.roles.actor, contexts, [plan.budgets[i] for i in rows], self.roles.eos_id, self.roles.pad_id,
                 torch.Generator(self.roles.device).manual_seed(self._seed(3, plan.step)),
@@ -122,9 +121,12 @@ class Executor:
         while not sched.generation_done:
             n = sched.next_round_tokens()
             with rec.op(plan.step, self.device, "actor", "decode") as info:
-                info["batch"], info["context"] = int(decoder.running.sum()), int(decoder.position.sum())
+                # every row of the batch is computed each iteration, stopped ones too (as in HF generate):
+                # tokens processed = iterations x rows; context = cached positions of all rows at the start
+                info["batch"], info["context"] = len(rows), decoder.width * len(rows) + decoder.iterations * len(rows)
+                before = decoder.iterations
                 finished, chunk = decoder.decode(n)
-                info["tokens"] = sum(map(len, chunk))
+                info["tokens"] = (decoder.iterations - before) * len(rows)
             new = {rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
             for seq_id, tokens in new.items():
                 self.data[seq_id].response.extend(tokens)
@@ -192,6 +194,17 @@ class Executor:
                     _step(self.critic_opt, v_loss, roles.critic, cfg.max_grad_norm)
                 losses.append((p_loss.item(), v_loss.item()))
         return tuple(float(x) for x in np.mean(losses, axis=0))
+
+
+def derived_seed(seed: int, *parts: int) -> int:
+    """A seed for one purpose (``parts``) of a run, independent of how many draws other purposes made."""
+    return (seed * 1_000_003 + sum(p * 7919**i for i, p in enumerate(parts, 1))) % 2**62
+
+
+def forced_length(lengths: LengthTrace, seed: int, seq_id: int, cap: int) -> int:
+    """The traced response length forced on sequence ``seq_id`` (EOS included), within [1, cap]."""
+    traced = lengths.sample(np.random.default_rng(derived_seed(seed, 2, seq_id)), 1)[0][0]
+    return int(min(max(traced, 1), cap))
 
 
 def device_name(device: torch.device) -> str:

@@ -64,6 +64,11 @@ class StreamingScorer:
         """Prefill a chunk: ``new_tokens`` per sequence of the batch (missing = none). Returns tokens fed."""
         return self._forward([new_tokens.get(s, []) for s in self.batch])
 
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens cached for the sequences of this step's batch."""
+        return sum(len(self.rows[s].tokens) for s in self.batch)
+
     def end(self, carried: list[int]) -> None:
         """Close the step: keep the compacted KV cache of ``carried`` sequences, forget the others."""
         layers = self.cache.layers if self.batch else []
@@ -187,9 +192,11 @@ class LocalScorer:
     def begin(self, step: int, seqs) -> None:
         with self.rec.op(step, self.device, self.role, "prefill", batch=len(seqs)) as info:
             info["tokens"] = self.streamer.begin(seqs)
+            info["context"] = self.streamer.cached_tokens - info["tokens"]
 
     def feed(self, step: int, new_tokens: dict[int, list[int]]) -> None:
         with self.rec.op(step, self.device, self.role, "prefill", batch=len(new_tokens)) as info:
+            info["context"] = self.streamer.cached_tokens
             info["tokens"] = self.streamer.feed(new_tokens)
 
     def outputs(self, step: int, seq_ids: list[int]) -> Done:

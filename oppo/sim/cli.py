@@ -18,9 +18,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from oppo.cli import run_cli
-from oppo.config import POLICIES, ScheduleConfig, add_config_args, to_dict
+from oppo.config import POLICIES, ScheduleConfig, add_config_args
 from oppo.lengths import load_lengths
-from oppo.records import phase_breakdown, summarize, write_run
+from oppo.records import write_run
+from oppo.sim.experiments import compare_rows, summary_of, sweep
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.setups import PRESETS, load_setup
 
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
     sweep.add_argument("--out", required=True, help="directory for sweep.csv and sweep.png")
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
+    cal = sub.add_parser("calibrate", help="fit a cost profile to an executor run's trace.csv")
+    cal.add_argument("--trace", required=True, help="trace.csv of an oppo.exec run")
+    cal.add_argument("--out", required=True, help="profile JSON to write (e.g. traces/profiles/tiny-cpu.json)")
     return parser
 
 
@@ -75,31 +79,13 @@ def _simulate(config: SimConfig, trace, label: str) -> tuple[SimResult, float]:
     return result, time.perf_counter() - start
 
 
-def _summary(config: SimConfig, result: SimResult, wall_s: float, trace) -> dict:
-    cfg = {"schedule": to_dict(config.schedule), "setup": to_dict(config.setup), "steps": config.steps}
-    cfg["seed"], cfg["lengths"] = config.seed, trace.name if trace is not None else "lognormal"
-    summary = summarize(config.schedule.policy, result.steps, result.trace, result.trained, cfg, wall_s)
-    summary["time_to_reward_s"] = time_to_reward(result.steps, config.setup.reward_threshold)
-    summary["phase_s_per_step"] = phase_breakdown(result.trace, len(result.steps))
-    summary["note"] = "simulated; mean_reward comes from a reward-progress model (oppo.sim.workload.RewardCurve)"
-    return summary
-
-
-def time_to_reward(steps, threshold: float, window: int = 5) -> float | None:
-    """Simulated seconds until the mean reward over ``window`` steps first reaches ``threshold``."""
-    for i in range(window - 1, len(steps)):
-        if sum(s.mean_reward for s in steps[i - window + 1 : i + 1]) / window >= threshold:
-            return steps[i].end_s - steps[0].start_s
-    return None
-
-
 def cmd_run(args: argparse.Namespace) -> None:
     from oppo import plots
 
     trace = _trace(args)
     (config,) = _configs(args, [args.policy or "oppo"])
     result, wall_s = _simulate(config, trace, config.schedule.policy)
-    summary = _summary(config, result, wall_s, trace)
+    summary = summary_of(config, result, wall_s, trace)
     write_run(args.out, result.steps, result.trace, result.trained, summary)
     chosen = [int(s) for s in args.timeline_steps.split(",") if s]
     plots.timeline(
@@ -114,13 +100,11 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def compare_policies(configs: list[SimConfig], trace) -> list[dict]:
-    """Simulate each config; return their summaries (library entry point of ``compare``)."""
+    """Simulate each config (with a progress bar); return their summaries."""
     summaries = []
     for config in configs:
         result, wall_s = _simulate(config, trace, config.schedule.policy)
-        summary = _summary(config, result, wall_s, trace)
-        summary["_steps"] = result.steps
-        summaries.append(summary)
+        summaries.append(summary_of(config, result, wall_s, trace) | {"_steps": result.steps})
     return summaries
 
 
@@ -131,7 +115,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     trace = _trace(args)
     summaries = compare_policies(_configs(args, policies), trace)
-    rows = comparison_rows(summaries)
+    rows = compare_rows(summaries)
     print(format_table(rows))
     if args.out:
         from oppo import plots
@@ -142,27 +126,6 @@ def cmd_compare(args: argparse.Namespace) -> None:
         plots.utilization_bars({s["policy"]: s["utilization"] for s in summaries}, out / "utilization.png")
         plots.step_breakdown({s["policy"]: s["phase_s_per_step"] for s in summaries}, out / "breakdown.png")
         plots.reward_curves({s["policy"]: s["_steps"] for s in summaries}, out / "rewards.png")
-
-
-def comparison_rows(summaries: list[dict]) -> list[dict]:
-    base = next((s for s in summaries if s["policy"] == "sync"), summaries[0])
-    rows = []
-    for s in summaries:
-        ttr, base_ttr = s["time_to_reward_s"], base["time_to_reward_s"]
-        rows.append(
-            {
-                "policy": s["policy"],
-                "mean_step_s": round(s["mean_step_s"], 3),
-                "p99_step_s": round(s["p99_step_s"], 3),
-                "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
-                "mean_util": round(s["mean_utilization"], 3),
-                "mean_deferrals": round(s["mean_deferrals"], 3),
-                "final_reward": round(s["final_reward"], 3),
-                "time_to_reward_s": None if ttr is None else round(ttr, 1),
-                "ttr_speedup": round(base_ttr / ttr, 3) if ttr and base_ttr else None,
-            }
-        )
-    return rows
 
 
 def format_table(rows: list[dict]) -> str:
@@ -188,27 +151,14 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         raise ValueError("sweep needs exactly one of --chunks or --deltas")
     knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
     values = [int(v) for v in text.split(",") if v]
-    args.policy = args.policy or ("intra" if knob == "chunk" else "inter")
-    trace = _trace(args)
-    rows = []
-    for value in values:
-        setattr(args, knob, str(value))
-        (config,) = _configs(args, [args.policy])
-        result, wall_s = _simulate(config, trace, f"{knob}={value}")
-        s = _summary(config, result, wall_s, trace)
-        rows.append(
-            {
-                knob: value,
-                "policy": args.policy,
-                "mean_step_s": round(s["mean_step_s"], 3),
-                "mean_util": round(s["mean_utilization"], 3),
-                "final_reward": round(s["final_reward"], 3),
-            }
-        )
+    policy = args.policy or ("intra" if knob == "chunk" else "inter")
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(ScheduleConfig)}
+    overrides = {k: v for k, v in given.items() if v is not None and k not in ("policy", knob)}
+    rows = sweep(load_setup(args.setup), knob, values, policy, args.steps, args.seed, _trace(args), **overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "sweep.csv", rows)
-    plots.sweep_plot(values, [r["mean_step_s"] for r in rows], f"{knob} ({args.policy})", out / "sweep.png")
+    plots.sweep_plot(values, [r["mean_step_s"] for r in rows], f"{knob} ({policy})", out / "sweep.png")
     print(format_table(rows))
 
 
@@ -224,7 +174,31 @@ def cmd_fit_gpus(args: argparse.Namespace) -> None:
         )
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "fit-gpus": cmd_fit_gpus}
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from oppo.records import TraceRow, read_rows
+    from oppo.sim.calibrate import fit_trace, save_profile
+
+    if not Path(args.trace).is_file():
+        raise FileNotFoundError(f"trace not found: {args.trace}")
+    fits = fit_trace(read_rows(args.trace, TraceRow))
+    if not fits:
+        raise ValueError(f"{args.trace}: no operations to fit")
+    save_profile(fits, args.out, source=str(args.trace))
+    print("role       phase          rows   c0            c1            c2            median_err")
+    for role, phases in fits.items():
+        for phase, f in phases.items():
+            c = "  ".join(f"{x:12.4g}" for x in f.coefficients)
+            print(f"{role:<10} {phase:<13} {f.rows:5d}  {c}  {f.median_abs_err:9.1%}")
+    print(f"-> {args.out}")
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "compare": cmd_compare,
+    "sweep": cmd_sweep,
+    "fit-gpus": cmd_fit_gpus,
+    "calibrate": cmd_calibrate,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,11 +27,14 @@ PROFILE_DIR = Path(__file__).resolve().parents[2] / "traces" / "profiles"
 
 
 class CostModel(Protocol):
-    """Seconds of one operation of one role on its device group. Arrays broadcast (decode is vectorised)."""
+    """Seconds of one operation of one role on its device group. Arrays broadcast (decode is vectorised).
+    ``attended``: (query, key) pairs of the pass (see :func:`pass_attended`)."""
 
     def decode_s(self, batch: np.ndarray, context_tokens: np.ndarray) -> np.ndarray: ...
 
     def prefill_s(self, tokens: float, attended: float) -> float: ...
+
+    def score_s(self, tokens: float, attended: float) -> float: ...
 
     def train_s(self, tokens: float, attended: float) -> float: ...
 
@@ -94,6 +97,10 @@ class RooflineCost:
         roofline_s = max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
         return roofline_s + self._pass_overhead_s
 
+    def score_s(self, tokens: float, attended: float) -> float:
+        """A scoring forward pass costs what a prefill of the same tokens costs."""
+        return self.prefill_s(tokens, attended)
+
     def train_s(self, tokens: float, attended: float) -> float:
         """Forward + backward (3x forward FLOPs) and one optimizer step."""
         if tokens <= 0:
@@ -107,6 +114,13 @@ class RooflineCost:
 
     def sync_s(self) -> float:
         return self.model.weight_bytes / self.link_bytes_per_s if self.engine.needs_weight_sync else 0.0
+
+
+def pass_attended(tokens: float, context: float, batch: float) -> float:
+    """(query, key) pairs of a causal pass of ``tokens`` new tokens over ``batch`` equal rows that already
+    cache ``context`` tokens in all: N * (C/B + N/(2B))."""
+    b = max(batch, 1)
+    return tokens * (context / b + tokens / (2 * b))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ class Engine:
     ``forward_efficiency``: multiplies achieved FLOP/s of the framework's scoring forward passes (prefill).
     ``weight_gather_bytes_per_s``: ZeRO-3-sharded models all-gather their weights for every forward pass, decode
     iterations included (0 = weights resident).
+    ``compacts_batch``: finished sequences leave the decode batch (continuous batching); without it (HF
+    ``generate``, our executor) every row is computed until the last one stops, and batches are left-padded.
     ``needs_weight_sync``: the engine holds its own weight copy (vLLM), so trained weights are pushed each step.
     """
 
@@ -104,6 +106,7 @@ class Engine:
     forward_efficiency: float
     needs_weight_sync: bool
     weight_gather_bytes_per_s: float = 0.0
+    compacts_batch: bool = False
 
 
 ENGINES = {
@@ -113,7 +116,7 @@ ENGINES = {
         # no CUDA graphs (~25 ms host time per decode iteration [assumed]), weights all-gathered per forward.
         # weight_gather_bytes_per_s is FITTED to the paper's TRL 7B step time on 8 x H200 (~6 min per step).
         Engine("hf", 0.025, 0.6, 1.0, needs_weight_sync=False, weight_gather_bytes_per_s=50e9),
-        Engine("vllm", 0.003, 0.9, 1.0, needs_weight_sync=True),
+        Engine("vllm", 0.003, 0.9, 1.0, needs_weight_sync=True, compacts_batch=True),
         Engine("torch-cpu", 0.0, 1.0, 1.0, needs_weight_sync=False),
     )
 }

@@ -17,7 +17,7 @@ import simpy
 from oppo.config import ScheduleConfig
 from oppo.records import StepRecord, TraceRow, TrainedSeq, device_count
 from oppo.scheduler import Scheduler
-from oppo.sim.costs import CostModel
+from oppo.sim.costs import CostModel, pass_attended
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
 
@@ -43,9 +43,9 @@ class SimResult:
     trained: list[TrainedSeq] = field(default_factory=list)
 
 
-def attended_pairs(new: np.ndarray, cached: np.ndarray) -> float:
-    """(query, key) pairs when each row prefills ``new`` tokens after ``cached`` ones (causal)."""
-    return float(np.sum(new * cached + new * (new + 1) / 2))
+def _chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, float]:
+    """A streamed chunk: (rows, new tokens, cached tokens, attended pairs)."""
+    return batch, tokens, context, pass_attended(tokens, context, batch)
 
 
 class Device:
@@ -128,6 +128,7 @@ class Trainer:
         ]
         self.fused = [r for r in streamed if self.device[r] is actor]  # share the actor's device (colocated)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
+        self.engine = setup.engine_spec
         self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
         self.prompt: dict[int, int] = {}
         self.process = env.process(self.training())
@@ -142,13 +143,17 @@ class Trainer:
         response, prompt = self.sampler.sample(plan.step, len(plan.new))
         self.response.update(zip(plan.new, response.tolist()))
         self.prompt.update(zip(plan.new, prompt.tolist()))
-        # 1. the actor re-prefills resumed prefixes: its KV cache went stale when the weights changed
-        if plan.resumed:
-            cached = np.array([self.prompt[i] + plan.prefix_tokens[i] for i in plan.resumed])
-            yield from self._prefill("actor", "prefill", plan.step, cached, np.zeros_like(cached))
+        # 1. the actor prefills every context it decodes: new prompts, and resumed prefixes (their KV cache went
+        #    stale when the weights changed)
+        running = [i for i in plan.active if i in plan.budgets]
+        if running:
+            contexts = np.array([self.prompt[i] + plan.prefix_tokens[i] for i in running])
+            if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
+                contexts = np.full_like(contexts, contexts.max())
+            yield from self._pass("actor", "prefill", plan.step, contexts)
         # 2. generation in rounds; streamed scorers prefill each round's tokens while the next is decoded
         new_prompts = np.array([self.prompt[i] for i in plan.new])
-        pending = (len(new_prompts), int(new_prompts.sum()), 0, attended_pairs(new_prompts, 0 * new_prompts))
+        pending = _chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
             scorer.submit(plan.step, *pending)
         yield from self._generate(plan, pending)
@@ -171,6 +176,8 @@ class Trainer:
         decoded = np.array([plan.prefix_tokens[i] for i in plan.active])
         budget = np.array([plan.budgets.get(i, 0) for i in plan.active])
         running = np.array([i in plan.budgets for i in plan.active])
+        self._decode_rows = int(running.sum())  # rows in the (non-compacting) decode batch
+        self._decode_width = int((prompt + decoded)[running].max()) if running.any() else 0
         step_tokens = 0
         while not sched.generation_done:
             n = sched.next_round_tokens()
@@ -179,14 +186,14 @@ class Trainer:
             k = np.minimum(np.minimum(n, left), rest)  # tokens each running sequence decodes this round
             ends = rest <= np.minimum(n, left)  # EOS inside this round
             context = prompt[idx] + decoded[idx]
-            busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members)) + self.handoff_s
+            busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members), step_tokens) + self.handoff_s
             seconds = float(busy_s.max())
             with actor.resource.request() as request:
                 yield request
                 seconds = self._co_run_fused(plan.step, seconds, pending)
                 actor.record(plan.step, "actor", "decode", env.now, seconds, len(idx), k.sum(), context.sum(), busy_s)
                 yield env.timeout(seconds)
-            pending = (len(idx), int(k.sum()), int(context.sum()), attended_pairs(k, context))
+            pending = _chunk(len(idx), int(k.sum()), int(context.sum()))
             if plan.streaming:
                 for scorer in self.scorers:
                     scorer.submit(plan.step, *pending)
@@ -197,16 +204,20 @@ class Trainer:
         if self.fused and plan.streaming:  # the last chunk is prefilled alone
             yield from self._fused_prefill(plan.step, pending)
 
-    def _decode_s(self, k: np.ndarray, context: np.ndarray, n: int, gpu: np.ndarray) -> np.ndarray:
+    def _decode_s(self, k: np.ndarray, context: np.ndarray, n: int, gpu: np.ndarray, offset: int) -> np.ndarray:
         """Busy seconds of each actor GPU in a round where row i decodes k[i] tokens from context[i] on GPU
         gpu[i]. The batch shrinks as rows finish: integrated per token position (vectorised, not one event
         per token); a GPU is busy until its own last row stops (data-parallel generation)."""
         t = np.arange(1, n + 1)
         stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
-        batch = len(k) - stopped
-        ctx_done = np.cumsum(np.bincount(k, weights=context, minlength=n + 1))[:n]
-        ctx = context.sum() - ctx_done + (t - 1) * batch
-        per_token = np.where(batch > 0, self.costs["actor"].decode_s(np.maximum(batch, 1), ctx), 0.0)
+        live = len(k) - stopped
+        if self.engine.compacts_batch:  # finished rows leave the batch
+            batch = live
+            ctx = context.sum() - np.cumsum(np.bincount(k, weights=context, minlength=n + 1))[:n] + (t - 1) * batch
+        else:  # every row of the left-padded batch is computed until the last one stops
+            batch = np.full(n, self._decode_rows)
+            ctx = batch * (self._decode_width + offset + t - 1)
+        per_token = np.where(live > 0, self.costs["actor"].decode_s(np.maximum(batch, 1), ctx), 0.0)
         elapsed = np.concatenate([[0.0], np.cumsum(per_token)])  # seconds until position t
         last = np.zeros(len(self.device["actor"].members), dtype=np.int64)
         np.maximum.at(last, gpu, k)
@@ -230,9 +241,13 @@ class Trainer:
             seconds = self.costs[role].prefill_s(tokens, attended)
             yield from self.device[role].run(step, role, "prefill", seconds, batch, tokens, context)
 
-    def _prefill(self, role: str, phase: str, step: int, new: np.ndarray, cached: np.ndarray):
-        seconds = self.costs[role].prefill_s(float(new.sum()), attended_pairs(new, cached))
-        yield from self.device[role].run(step, role, phase, seconds, len(new), new.sum(), cached.sum())
+    def _pass(self, role: str, phase: str, step: int, lengths: np.ndarray):
+        """A full forward pass over sequences of the given lengths (nothing cached)."""
+        tokens = float(lengths.sum())
+        attended = pass_attended(tokens, 0.0, len(lengths))
+        cost = self.costs[role]
+        seconds = cost.prefill_s(tokens, attended) if phase == "prefill" else cost.score_s(tokens, attended)
+        yield from self.device[role].run(step, role, phase, seconds, len(lengths), tokens, 0)
 
     def _score(self, step: int, trained):
         """Full forward passes for the scorers that were not streamed, plus the actor's log-probs under the
@@ -250,17 +265,19 @@ class Trainer:
         yield simpy.AllOf(self.env, jobs)
 
     def _run_passes(self, step: int, work):
-        for role, new in work:
-            if len(new):
-                yield from self._prefill(role, "score", step, new, np.zeros_like(new))
+        for role, lengths in work:
+            if len(lengths):
+                yield from self._pass(role, "score", step, lengths)
 
     def _train(self, step: int, trained):
+        """``ppo_epochs`` x ``minibatches`` passes of the actor then the critic, as the executor runs them."""
         setup = self.config.setup
         full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
-        tokens, attended = float(full.sum()), attended_pairs(full, 0 * full)
-        for role, phase in (("actor", "train_actor"), ("critic", "train_critic")):
-            seconds = setup.ppo_epochs * self.costs[role].train_s(tokens, attended)
-            yield from self.device[role].run(step, role, phase, seconds, len(full), tokens, 0)
+        rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
+        for _ in range(setup.ppo_epochs * setup.minibatches):
+            for role, phase in (("actor", "train_actor"), ("critic", "train_critic")):
+                seconds = self.costs[role].train_s(tokens, pass_attended(tokens, 0.0, rows))
+                yield from self.device[role].run(step, role, phase, seconds, round(rows), tokens, 0)
         sync_s = self.costs["actor"].sync_s()
         if sync_s > 0:
             yield from self.device["actor"].run(step, "actor", "sync", sync_s, 0, 0, 0)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from oppo.config import ScheduleConfig
-from oppo.sim.costs import CostModel, Efficiency, RooflineCost, gpu_efficiencies
+from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
 from oppo.sim.hardware import ENGINES, GPUS, MODELS, lookup
 from oppo.sim.workload import LengthModel, RewardCurve
 
@@ -73,6 +73,7 @@ class Setup:
     engine: str = "hf"  # generation engine: hf (TRL's generate) or vllm
     cost: str = "fitted"  # fitted (GPU profiles) or analytic (datasheet x default efficiencies)
     ppo_epochs: int = 4  # passes over the batch per step (TRL's default num_ppo_epochs)
+    minibatches: int = 1  # optimizer steps per epoch
     reward_threshold: float = 4.0  # time-to-reward target reported in summaries
     chunk_candidates: tuple[int, ...] = (128, 256, 512)  # paper 3.1
     window_tokens: int = 256  # T-PPO window
@@ -88,10 +89,10 @@ class Setup:
         if self.reward is not None:
             lookup(MODELS, self.reward, "model")
         lookup(ENGINES, self.engine, "engine")
-        if self.cost not in ("fitted", "analytic"):
-            raise ValueError(f"unknown cost {self.cost!r}; choose fitted or analytic")
-        if self.batch <= 0 or self.max_new_tokens <= 0 or self.ppo_epochs <= 0:
-            raise ValueError("setup needs batch, max_new_tokens and ppo_epochs > 0")
+        if self.cost not in ("fitted", "analytic") and not self.cost.endswith(".json"):
+            raise ValueError(f"unknown cost {self.cost!r}; choose fitted, analytic or a calibrated .json profile")
+        if min(self.batch, self.max_new_tokens, self.ppo_epochs, self.minibatches) <= 0:
+            raise ValueError("setup needs batch, max_new_tokens, ppo_epochs and minibatches > 0")
         if self.placement.kind == "disaggregated" and self.reward and self.placement.reward_gpus < 1:
             raise ValueError("a disaggregated reward model needs reward_gpus >= 1")
 
@@ -118,8 +119,22 @@ class Setup:
         roles = {"actor": actor, "critic": actor, "reference": actor}
         return {**roles, "reward": reward} if self.reward else roles
 
+    @property
+    def engine_spec(self):
+        return ENGINES[self.engine]
+
     def costs(self) -> dict[str, CostModel]:
-        """A cost model per role on its device group."""
+        """A cost model per role on its device group: roofline (fitted or analytic efficiencies), or a profile
+        calibrated on an executor's records (``cost = "NAME.json"``, looked up in traces/profiles/)."""
+        if self.cost.endswith(".json"):
+            from oppo.sim.calibrate import calibrated_costs
+
+            path = (
+                Path(self.cost)
+                if Path(self.cost).is_absolute() or Path(self.cost).exists()
+                else PROFILE_DIR / self.cost
+            )
+            return calibrated_costs(path, list(self.devices))
         gpu, engine = GPUS[self.gpu], ENGINES[self.engine]
         eff = gpu_efficiencies()[self.gpu].efficiency if self.cost == "fitted" else Efficiency()
         shapes = {"actor": self.actor, "critic": self.actor, "reference": self.actor, "reward": self.reward}
@@ -175,16 +190,27 @@ def paper_7b_a100_2x4() -> Setup:
     )  # fmt: skip
 
 
-def tiny_cpu() -> Setup:
-    """The executor's ``tiny-cpu`` preset on this machine's cores (one core per role when disaggregated)."""
+def _cpu_preset(name: str) -> Setup:
+    """An executor preset on this machine (one core, colocated, executor defaults), costs calibrated on its own
+    ``sync`` run (``traces/profiles/NAME.json``, made by ``python -m oppo.sim calibrate``)."""
     return Setup(
-        "tiny-cpu", "cpu-core", "tiny-cpu", "tiny-cpu", batch=8, max_new_tokens=48, engine="torch-cpu",
-        chunk_candidates=(4, 8, 16), window_tokens=16, check_tokens=4, ppo_epochs=1,
-        cost="analytic", placement=Placement(actor_gpus=1, reward_gpus=1),
-        contention=Contention(chunk_handoff_s=0.002, colocated_overlap_frac=0.0),
-        lengths=LengthModel(median_tokens=12, sigma=0.6, prompt_tokens=8),
-        reward_curve=RewardCurve(start=-1.0, final=1.0, tau_steps=60.0, noise=0.05), reward_threshold=0.5,
+        name, "cpu-core", name, name, batch=8, max_new_tokens=48, engine="torch-cpu", cost=f"{name}.json",
+        chunk_candidates=(4, 8, 16), window_tokens=16, check_tokens=4, ppo_epochs=2, minibatches=2,
+        placement=Placement(kind="colocated", actor_gpus=1, reward_gpus=0),
+        contention=Contention(chunk_handoff_s=0.0, colocated_overlap_frac=0.0),
+        lengths=LengthModel(median_tokens=13, sigma=0.6, prompt_tokens=8),
+        reward_curve=RewardCurve(start=-3.5, final=5.0, tau_steps=60.0, noise=0.3), reward_threshold=3.0,
     )  # fmt: skip
+
+
+def tiny_cpu() -> Setup:
+    """The executor's ``tiny-cpu`` preset."""
+    return _cpu_preset("tiny-cpu")
+
+
+def small_cpu() -> Setup:
+    """The executor's ``small-cpu`` preset."""
+    return _cpu_preset("small-cpu")
 
 
 PRESETS = {s().name: s for s in (paper_7b_h200, paper_3b_a100, paper_7b_gh200_gsm8k, paper_7b_a100_2x4, tiny_cpu)}

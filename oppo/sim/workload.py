@@ -37,17 +37,19 @@ class LengthSampler:
         self.max_new_tokens = max_new_tokens
         self.rng = rng
         self.trace: LengthTrace | None = trace
+        self.drawn = 0  # sequences drawn so far (position in an ordered trace)
 
     def sample(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         m = self.model
         if self.trace is not None:
-            response, prompt = self.trace.sample(self.rng, n)
+            response, prompt = self.trace.sample(self.rng, n, start=self.drawn)
             response = response.astype(float)
         else:
             response, prompt = m.median_tokens * np.exp(m.sigma * self.rng.standard_normal(n)), None
         response = response * max(0.0, 1.0 + m.drift_per_1k_steps * step / 1000)
         # at least one token (the EOS); at most the cap
         response = np.clip(np.rint(response), 1, self.max_new_tokens).astype(np.int64)
+        self.drawn += n
         if prompt is None:
             prompt = np.full(n, m.prompt_tokens, dtype=np.int64)
         return response, np.maximum(prompt, 1)

@@ -14,8 +14,9 @@ from oppo.sim.setups import Placement
 GOLDEN = Path(__file__).with_name("golden_summary.json")
 
 
-def small(policy="oppo", setup="tiny-cpu", steps=12, **overrides):
+def small(policy="oppo", setup="tiny-cpu", steps=12, placement=None, **overrides):
     s = load_setup(setup)
+    s = dataclasses.replace(s, placement=placement) if placement else s
     return SimConfig(s.schedule(policy=policy, **overrides), s, steps=steps, seed=3)
 
 
@@ -33,6 +34,8 @@ class ConstantCost:
     def prefill_s(self, tokens, attended):
         return self.p if tokens > 0 else 0.0
 
+    score_s = prefill_s
+
     def train_s(self, tokens, attended):
         return self.t
 
@@ -41,7 +44,8 @@ class ConstantCost:
 
 
 def test_sync_step_equals_hand_computed_phases():
-    setup = load_setup("tiny-cpu")
+    setup = dataclasses.replace(load_setup("tiny-cpu"), placement=Placement("disaggregated", 1, 1), ppo_epochs=1,
+                                minibatches=1)  # fmt: skip
     config = SimConfig(setup.schedule(policy="sync", batch=2), setup, steps=3)
     trace = LengthTrace("two", np.array([3, 5]), np.array([4, 4]))
     costs = {role: ConstantCost() for role in setup.devices}
@@ -51,15 +55,16 @@ def test_sync_step_equals_hand_computed_phases():
         by_step[t.step].append(t.response_tokens)
     for record in result.steps:
         longest = max(by_step[record.step])
-        # decode: one iteration per token of the longest; score: actor, reference, critic passes in turn on the
-        # actor core while the reward core scores in parallel; train: actor then critic (ppo_epochs = 1)
-        expected = longest * 1.0 + 3 * 0.5 + 2 * 2.0
+        # prefill of the prompts; decode: one iteration per token of the longest; score: actor, reference,
+        # critic passes in turn on the actor core while the reward core scores in parallel; train: actor then
+        # critic (one epoch, one minibatch)
+        expected = 0.5 + longest * 1.0 + 3 * 0.5 + 2 * 2.0
         assert record.step_s == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("policy", ["sync", "intra", "inter", "oppo", "tppo"])
 def test_time_monotone_and_devices_not_double_booked(policy):
-    result = simulate(small(policy))
+    result = simulate(small(policy, placement=Placement("disaggregated", 1, 1)))
     ends = [s.end_s for s in result.steps]
     assert all(b > a for a, b in zip(ends, ends[1:]))
     assert all(s.start_s == p.end_s for p, s in zip(result.steps, result.steps[1:]))
@@ -73,9 +78,9 @@ def test_time_monotone_and_devices_not_double_booked(policy):
 
 
 def test_colocated_streaming_overlaps_on_one_device():
-    setup = load_setup("tiny-cpu")
+    setup = load_setup("paper-7b-h200")
     setup = dataclasses.replace(setup, placement=Placement(kind="colocated", actor_gpus=2, reward_gpus=0))
-    result = simulate(SimConfig(setup.schedule(policy="intra", chunk="4"), setup, steps=3))
+    result = simulate(SimConfig(setup.schedule(policy="intra", chunk="64", batch=8), setup, steps=3))
     assert {r.device for r in result.trace} == {"gpu0", "gpu1"}
     prefill = [r for r in result.trace if r.role == "reward" and r.phase == "prefill"]
     decode = [r for r in result.trace if r.phase == "decode" and r.device == prefill[0].device]

@@ -1,0 +1,94 @@
+"""Develop in simulation, validate on hardware: predict executor runs with the simulator and measure the error.
+
+Protocol (:func:`fidelity`): run the executor for several policies with forced lengths; calibrate the simulator's
+cost profile on the ``sync`` run only; simulate every policy with the same schedule, the same per-sequence
+lengths (replayed in admission order) and the same seed; compare step times step by step. Fixed chunk size and
+fixed Δ keep the scheduling decisions of both backends identical (they depend only on lengths then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from oppo.exec.config import ExecConfig
+from oppo.exec.runner import forced_length
+from oppo.lengths import LengthTrace
+from oppo.records import StepRecord, TraceRow, read_rows
+
+
+def sim_setup_for(config: ExecConfig, profile: str | Path):
+    """The simulator setup that mirrors an executor config on this machine, costs from ``profile``."""
+    from oppo.sim.setups import Contention, LengthModel, Placement, Setup
+
+    colocated = config.placement == "colocated"
+    placement = Placement("colocated", 1, 0) if colocated else Placement("disaggregated", 1, 1)
+    preset = config.model.preset if config.model.preset != "hf" else "tiny-cpu"
+    return Setup(
+        name=f"{preset}-calibrated", gpu="cpu-core", actor=preset,
+        reward=preset if config.task.reward_kind == "learned" else None,
+        batch=config.schedule.batch, max_new_tokens=config.schedule.max_new_tokens, engine="torch-cpu",
+        cost=str(profile), ppo_epochs=config.ppo.epochs, minibatches=config.ppo.minibatches, placement=placement,
+        contention=Contention(chunk_handoff_s=0.0, colocated_overlap_frac=0.0),
+        lengths=LengthModel(prompt_tokens=config.task.prompt_tokens),
+    )  # fmt: skip
+
+
+def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTrace:
+    """The forced lengths of the executor's first ``n`` sequences, in admission order."""
+    cap = config.schedule.max_new_tokens
+    forced = np.array([forced_length(lengths, config.seed, i, cap) for i in range(n)])
+    return LengthTrace(f"{lengths.name}-replay", forced, None, ordered=True)
+
+
+def predict(run_dir: Path, profile: Path, lengths: LengthTrace) -> list[StepRecord]:
+    """Simulate the run recorded in ``run_dir`` (its config.json) with the cost ``profile``."""
+    from oppo.config import ScheduleConfig
+    from oppo.exec.config import ModelConfig, PPOConfig, TaskConfig
+    from oppo.sim import SimConfig, simulate
+
+    raw = json.loads((run_dir / "config.json").read_text())
+    sections = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, "task": TaskConfig}
+    kwargs = {k: _build(cls, raw[k]) for k, cls in sections.items()}
+    config = ExecConfig(**kwargs, steps=raw["steps"], seed=raw["seed"], placement=raw["placement"])
+    setup = sim_setup_for(config, profile)
+    replay = replay_lengths(config, lengths, config.schedule.batch * (config.steps + 2) + 64)
+    return simulate(SimConfig(config.schedule, setup, config.steps, config.seed), replay).steps
+
+
+def _build(cls, values: dict):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in fields})
+
+
+def step_errors(measured: list[StepRecord], predicted: list[StepRecord], skip: int = 1) -> np.ndarray:
+    """|predicted - measured| / measured per step, skipping the first ``skip`` (warm-up) steps."""
+    m = np.array([s.step_s for s in measured[skip:]])
+    p = np.array([s.step_s for s in predicted[skip : len(measured)]])
+    return np.abs(p - m) / m
+
+
+def fidelity(runs: dict[str, Path], lengths: LengthTrace, profile_out: Path) -> dict[str, dict[str, float]]:
+    """Calibrate on ``runs["sync"]``, predict every run; per policy: median step error, measured and predicted
+    mean step time (steps 1..) and their speedup over sync."""
+    from oppo.sim.calibrate import fit_trace, save_profile
+
+    save_profile(fit_trace(read_rows(runs["sync"] / "trace.csv", TraceRow)), profile_out, str(runs["sync"]))
+    report = {}
+    for policy, run in runs.items():
+        measured = read_rows(run / "steps.csv", StepRecord)
+        predicted = predict(run, profile_out, lengths)
+        err = step_errors(measured, predicted)
+        report[policy] = {
+            "median_step_err": float(np.median(err)),
+            "measured_step_s": float(np.mean([s.step_s for s in measured[1:]])),
+            "predicted_step_s": float(np.mean([s.step_s for s in predicted[1 : len(measured)]])),
+        }
+    base_m, base_p = report["sync"]["measured_step_s"], report["sync"]["predicted_step_s"]
+    for r in report.values():
+        r["measured_speedup"], r["predicted_speedup"] = base_m / r["measured_step_s"], base_p / r["predicted_step_s"]
+        r["speedup_err"] = abs(r["predicted_speedup"] - r["measured_speedup"]) / r["measured_speedup"]
+    return report

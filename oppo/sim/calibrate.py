@@ -1,0 +1,125 @@
+"""A cost model fitted to an executor's records (``trace.csv``): per role and phase, least squares on the
+simulator's own features. ``python -m oppo.sim calibrate --trace RUN/trace.csv --out traces/profiles/NAME.json``.
+
+Prefill and score rows of a role are one forward-pass fit (``forward``): the same computation, and together they
+span short (prompt) and long (whole sequence) passes. Features (all linear in the coefficients):
+- decode round of ``it`` iterations over ``B`` rows from summed context ``C``: ``it``, ``it*B``,
+  ``it*C/B + it*(it-1)/2 * B`` — per iteration: c0 + c1*batch + c2*context;
+- prefill / score / train pass of ``N`` tokens over ``B`` rows with ``C`` cached tokens: 1, ``N``, attended
+  (query, key) pairs ``N*(C/B + N/(2B))``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from oppo.records import TraceRow
+from oppo.sim.costs import pass_attended
+
+FAMILY = {"decode": "decode", "prefill": "forward", "score": "forward", "train_actor": "train_actor",
+          "train_critic": "train_critic", "sync": "sync"}  # fmt: skip
+
+
+def _features(row: TraceRow) -> list[float]:
+    if row.phase == "sync":
+        return [1.0, 0.0, 0.0]
+    if row.phase == "decode":
+        b = max(row.batch_size, 1)
+        it = row.num_tokens / b
+        return [it, it * b, it * row.context_tokens + it * (it - 1) / 2 * b]
+    return [1.0, float(row.num_tokens), pass_attended(row.num_tokens, row.context_tokens, row.batch_size)]
+
+
+@dataclass(frozen=True)
+class Fit:
+    coefficients: tuple[float, float, float]
+    rows: int
+    median_abs_err: float  # relative, on the rows it was fitted on
+
+
+def fit_trace(trace: Sequence[TraceRow]) -> dict[str, dict[str, Fit]]:
+    """{role: {phase: Fit}} by non-negative least squares (relative error) on each (role, phase)'s rows."""
+    groups: dict[tuple[str, str], list[TraceRow]] = defaultdict(list)
+    for row in trace:
+        if row.end_s > row.start_s and row.phase in FAMILY and (row.num_tokens > 0 or row.phase == "sync"):
+            groups[(row.role, FAMILY[row.phase])].append(row)
+    fits: dict[str, dict[str, Fit]] = defaultdict(dict)
+    for (role, phase), rows in sorted(groups.items()):
+        x = np.array([_features(r) for r in rows])
+        y = np.array([r.end_s - r.start_s for r in rows])
+        coef = _nonnegative_lstsq(x / y[:, None], np.ones_like(y))
+        err = np.abs(x @ coef - y) / y
+        fits[role][phase] = Fit(tuple(float(c) for c in coef), len(rows), float(np.median(err)))
+    return dict(fits)
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0 (active set by dropping the negative ones; 3 unknowns at most)."""
+    active = list(range(a.shape[1]))
+    while True:
+        coef = np.zeros(a.shape[1])
+        if active:
+            sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+            coef[active] = sol
+        negative = [i for i in active if coef[i] < 0]
+        if not negative:
+            return coef
+        active.remove(min(negative, key=lambda i: coef[i]))
+
+
+def save_profile(fits: dict[str, dict[str, Fit]], path: str | Path, source: str) -> None:
+    data = {"source": source, "features": __doc__.split("Features")[1].strip(), "roles": {
+        role: {phase: {"coefficients": f.coefficients, "rows": f.rows, "median_abs_err": f.median_abs_err}
+               for phase, f in phases.items()} for role, phases in fits.items()}}  # fmt: skip
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_profile(path: str | Path) -> dict[str, dict[str, tuple[float, float, float]]]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"cost profile not found: {path}")
+    try:
+        roles = json.loads(path.read_text())["roles"]
+        return {r: {p: tuple(v["coefficients"]) for p, v in phases.items()} for r, phases in roles.items()}
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a cost profile ({err})") from None
+
+
+@dataclass(frozen=True)
+class CalibratedCost:
+    """The simulator's cost protocol from fitted coefficients of one role (see module doc for features)."""
+
+    phases: dict  # phase -> (c0, c1, c2)
+
+    def decode_s(self, batch, context_tokens):
+        c0, c1, c2 = self.phases.get("decode", (0.0, 0.0, 0.0))
+        return c0 + c1 * np.asarray(batch, dtype=float) + c2 * np.asarray(context_tokens, dtype=float)
+
+    def _pass(self, phase: str, tokens: float, attended: float) -> float:
+        c0, c1, c2 = self.phases.get(phase, (0.0, 0.0, 0.0))
+        return c0 + c1 * tokens + c2 * attended if tokens > 0 else 0.0
+
+    def prefill_s(self, tokens: float, attended: float) -> float:
+        return self._pass("forward", tokens, attended)
+
+    def score_s(self, tokens: float, attended: float) -> float:
+        return self._pass("forward", tokens, attended)
+
+    def train_s(self, tokens: float, attended: float) -> float:
+        phase = "train_actor" if "train_actor" in self.phases else "train_critic"
+        return self._pass(phase, tokens, attended)
+
+    def sync_s(self) -> float:
+        return self.phases["sync"][0] if "sync" in self.phases else 0.0
+
+
+def calibrated_costs(path: str | Path, roles: Sequence[str]) -> dict[str, CalibratedCost]:
+    profile = load_profile(path)
+    return {role: CalibratedCost(profile.get(role, {})) for role in roles}
