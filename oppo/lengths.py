@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+TRACE_DIR = Path(__file__).resolve().parents[1] / "traces"  # the project's committed traces
+
 
 @dataclass(frozen=True)
 class LengthTrace:

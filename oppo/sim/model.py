@@ -190,8 +190,9 @@ class Trainer:
             seconds = float(busy_s.max())
             with actor.resource.request() as request:
                 yield request
-                seconds = self._co_run_fused(plan.step, seconds, pending)
+                total = self._co_run_fused(plan.step, seconds, pending)
                 actor.record(plan.step, "actor", "decode", env.now, seconds, len(idx), k.sum(), context.sum(), busy_s)
+                seconds = total
                 yield env.timeout(seconds)
             pending = _chunk(len(idx), int(k.sum()), int(context.sum()))
             if plan.streaming:
@@ -229,11 +230,14 @@ class Trainer:
             return decode_s
         batch, tokens, context, attended = pending
         prefill_s = sum(self.costs[r].prefill_s(tokens, attended) for r in self.fused)
+        hidden = self.config.setup.contention.colocated_overlap_frac * min(decode_s, prefill_s)
+        total = decode_s + prefill_s - hidden
+        start = self.env.now + total - prefill_s  # the prefills end with the round, the hidden part under decode
         for role in self.fused:
             seconds = self.costs[role].prefill_s(tokens, attended)
-            self.device[role].record(step, role, "prefill", self.env.now, seconds, batch, tokens, context)
-        hidden = self.config.setup.contention.colocated_overlap_frac * min(decode_s, prefill_s)
-        return decode_s + prefill_s - hidden
+            self.device[role].record(step, role, "prefill", start, seconds, batch, tokens, context)
+            start += seconds
+        return total
 
     def _fused_prefill(self, step: int, pending):
         batch, tokens, context, attended = pending
