@@ -5,9 +5,14 @@ A backend drives a step like this (the clock ``now`` is the backend's, in second
     plan = scheduler.plan_step(now)              # who is in flight, budgets, chunk size, Δ
     while not scheduler.generation_done:
         n = scheduler.next_round_tokens()        # decode n tokens for every running sequence
-        ...                                      # (streamed policies: hand those n tokens to the scorers)
         scheduler.report_round(now, n, finished) # finished: {seq_id: tokens it decoded this round, EOS included}
+        if scheduler.stream_now:                 # streamed policies: a chunk is complete, hand it to the scorers
+            ...
+    trained = scheduler.select()                 # score and train these
     outcome = scheduler.close_step(now, mean_reward)   # trained sequences, carried ones, the step record
+
+Over-commit checks for B finished every ``check_tokens`` while streaming goes by ``chunk`` tokens, so a large
+chunk does not delay the end of generation: rounds stop at whichever boundary comes first.
 
 Sequences that reach their budget stop without being reported: at ``max_new_tokens`` they count as finished
 (truncated); at the T-PPO window they pause and continue next step.
@@ -38,7 +43,7 @@ class StepPlan:
     ready: tuple[int, ...]  # carried finished: nothing left to generate
     prefix_tokens: Mapping[int, int]  # response tokens already generated, per active id
     budgets: Mapping[int, int]  # tokens each unfinished sequence may decode this step
-    round_tokens: int  # tokens per round: chunk size when streaming, check interval when over-committing
+    round_tokens: int  # tokens per round at most: the check interval when over-committing, else the chunk
     streaming: bool
     chunk: int  # streamed chunk size in tokens, 0 when not streaming
     delta: int  # Δ: prompts over-committed beyond B this step
@@ -88,7 +93,7 @@ class Scheduler:
             prefix_tokens={i: s.generated_tokens for i, s in seqs.items()},
             budgets=budgets,
             # only over-commit needs mid-generation checks; otherwise a round runs until every budget is spent
-            round_tokens=chunk if cfg.streaming else cfg.check_tokens if cfg.overcommit else cfg.max_new_tokens,
+            round_tokens=cfg.check_tokens if cfg.overcommit else chunk if cfg.streaming else cfg.max_new_tokens,
             streaming=cfg.streaming,
             chunk=chunk,
             delta=self.delta.value,
@@ -104,6 +109,8 @@ class Scheduler:
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         self._finished = len(plan.ready)
         self._selection: tuple[TrainedSeq, ...] | None = None
+        self._since_stream = 0  # tokens decoded since the last streamed chunk
+        self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
         self._starved_waiting = {i for i in plan.budgets if self._starved(i)}
 
     # -- generation -------------------------------------------------------------------------------------
@@ -123,7 +130,8 @@ class Scheduler:
             self._by_budget.pop()
         if not self._by_budget:
             return 0
-        return min(plan.round_tokens, plan.budgets[self._by_budget[-1]] - self._step_tokens)
+        n = min(plan.round_tokens, plan.budgets[self._by_budget[-1]] - self._step_tokens)
+        return min(n, plan.chunk - self._since_stream) if plan.streaming else n
 
     def report_round(self, now: float, tokens: int, finished: Mapping[int, int]) -> bool:
         """Record a round: running sequences decoded ``tokens`` each (fewer if their budget ended), except
@@ -141,13 +149,18 @@ class Scheduler:
         for seq_id, used in sorted(finished.items(), key=lambda item: (item[1], item[0])):
             self._stop(seq_id, self._step_tokens + used, finished=True)
         self._step_tokens += tokens
+        self._since_stream += tokens
         order = self._by_budget
         while order and plan.budgets[order[0]] <= self._step_tokens:
             seq_id = order.popleft()
             if seq_id in self._running:  # budget spent: capped (finished) or paused at the T-PPO window
                 capped = plan.prefix_tokens[seq_id] + plan.budgets[seq_id] >= self.buffer.max_new_tokens
                 self._stop(seq_id, plan.budgets[seq_id], finished=capped)
-        return self.generation_done
+        done = self.generation_done
+        self.stream_now = plan.streaming and (self._since_stream >= plan.chunk or done)
+        if self.stream_now:
+            self._since_stream = 0
+        return done
 
     def _stop(self, seq_id: int, step_tokens: int, finished: bool) -> None:
         seq = self.buffer.seqs[seq_id]

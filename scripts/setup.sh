@@ -8,5 +8,5 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "${OPPO_TORCH:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e ".[test,ray,notebooks]"
+.venv/bin/python -m pip install -q -e ".[test,ray,notebooks,baseline]"
 echo "oppo installed in .venv"

@@ -103,3 +103,26 @@ def test_protocol_errors():
         s.report_round(0.0, 1, {7: 1})
     with pytest.raises(ValueError, match="finished after"):
         s.report_round(0.0, 2, {0: 3})
+
+
+def test_overcommit_checks_between_chunk_boundaries():
+    """oppo: B finished is checked every check_tokens; a chunk streams every chunk tokens, and at the end."""
+    cfg = ScheduleConfig(policy="oppo", batch=2, delta="1", chunk="8", check_tokens=2, max_new_tokens=40)
+    s = Scheduler(cfg)
+    s.plan_step(0.0)
+    streamed, rounds = [], 0
+    lengths = {0: 3, 1: 11, 2: 30}
+    decoded = dict.fromkeys(lengths, 0)
+    while not s.generation_done:
+        n = s.next_round_tokens()
+        finished = {}
+        for i in s.running():
+            if lengths[i] - decoded[i] <= n:
+                finished[i] = lengths[i] - decoded[i]
+            decoded[i] += min(n, lengths[i] - decoded[i])
+        s.report_round(0.0, n, finished)
+        rounds += 1
+        streamed.append(s.stream_now)
+    # 0 ends at 3, 1 at 11: B=2 reached in the round ending at token 12, not at the chunk boundary 16
+    assert rounds == 6
+    assert streamed == [False, False, False, True, False, True]  # chunk at 8, then the partial chunk at the end

@@ -118,6 +118,7 @@ class Executor:
                 self.config.ppo.temperature, [self.data[i].forced_length for i in rows],
                 [len(self.data[i].response) for i in rows],
             )  # fmt: skip
+        unstreamed: dict[int, list[int]] = {}  # tokens decoded since the last streamed chunk
         while not sched.generation_done:
             n = sched.next_round_tokens()
             with rec.op(plan.step, self.device, "actor", "decode") as info:
@@ -130,9 +131,12 @@ class Executor:
             new = {rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
             for seq_id, tokens in new.items():
                 self.data[seq_id].response.extend(tokens)
-            for scorer in self.streamed.values():
-                scorer.feed(plan.step, new)  # a remote scorer prefills while the next round decodes
+                unstreamed.setdefault(seq_id, []).extend(tokens)
             sched.report_round(rec.now(), n, {rows[r]: k for r, k in finished.items()})
+            if sched.stream_now:
+                for scorer in self.streamed.values():
+                    scorer.feed(plan.step, unstreamed)  # a remote scorer prefills while the next rounds decode
+                unstreamed = {}
 
     def _score(self, step: int, trained) -> dict:
         """Old log-probs (current policy), reference log-probs, values and scores of the trained sequences.

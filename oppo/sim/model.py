@@ -48,6 +48,14 @@ def _chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, float]
     return batch, tokens, context, pass_attended(tokens, context, batch)
 
 
+def _merge(chunk, batch: int, tokens: int, context: int):
+    """Add a round's tokens to the chunk being accumulated for the scorers."""
+    if chunk is None:
+        return _chunk(batch, tokens, context)
+    rows, total, first_context, _ = chunk
+    return _chunk(max(rows, batch), total + tokens, first_context)
+
+
 class Device:
     """A data-parallel GPU group ("gpu0-6") running one operation at a time, in lockstep. Every operation
     becomes one :class:`TraceRow` per member GPU ("gpu0", ..., "gpu6"), so utilisation is per GPU."""
@@ -178,7 +186,7 @@ class Trainer:
         running = np.array([i in plan.budgets for i in plan.active])
         self._decode_rows = int(running.sum())  # rows in the (non-compacting) decode batch
         self._decode_width = int((prompt + decoded)[running].max()) if running.any() else 0
-        step_tokens = 0
+        step_tokens, chunk, fused = 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
         while not sched.generation_done:
             n = sched.next_round_tokens()
             idx = np.flatnonzero(running)
@@ -186,24 +194,31 @@ class Trainer:
             k = np.minimum(np.minimum(n, left), rest)  # tokens each running sequence decodes this round
             ends = rest <= np.minimum(n, left)  # EOS inside this round
             context = prompt[idx] + decoded[idx]
-            busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members), step_tokens) + self.handoff_s
+            busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members), step_tokens)
             seconds = float(busy_s.max())
             with actor.resource.request() as request:
                 yield request
-                total = self._co_run_fused(plan.step, seconds, pending)
+                total = self._co_run_fused(plan.step, seconds, fused)
                 actor.record(plan.step, "actor", "decode", env.now, seconds, len(idx), k.sum(), context.sum(), busy_s)
-                seconds = total
-                yield env.timeout(seconds)
-            pending = _chunk(len(idx), int(k.sum()), int(context.sum()))
-            if plan.streaming:
-                for scorer in self.scorers:
-                    scorer.submit(plan.step, *pending)
+                yield env.timeout(total)
+            fused = None
+            chunk = _merge(chunk, len(idx), int(k.sum()), int(context.sum()))
             decoded[idx] += k
             running[idx[ends | (k >= left)]] = False
             sched.report_round(env.now, n, dict(zip(ids[idx[ends]].tolist(), k[ends].tolist())))
             step_tokens += n
-        if self.fused and plan.streaming:  # the last chunk is prefilled alone
-            yield from self._fused_prefill(plan.step, pending)
+            if sched.stream_now:
+                yield from self._stream(plan.step, chunk)
+                fused, chunk = (chunk if self.fused else None), None
+        if fused is not None:  # the last chunk is prefilled alone
+            yield from self._fused_prefill(plan.step, fused)
+
+    def _stream(self, step: int, chunk):
+        """Hand a complete chunk to the scorers; the actor stalls ``chunk_handoff_s`` to do it."""
+        if self.handoff_s > 0:
+            yield from self.device["actor"].run(step, "actor", "other", self.handoff_s, chunk[0], chunk[1], 0)
+        for scorer in self.scorers:
+            scorer.submit(step, *chunk)
 
     def _decode_s(self, k: np.ndarray, context: np.ndarray, n: int, gpu: np.ndarray, offset: int) -> np.ndarray:
         """Busy seconds of each actor GPU in a round where row i decodes k[i] tokens from context[i] on GPU
@@ -226,7 +241,7 @@ class Trainer:
 
     def _co_run_fused(self, step: int, decode_s: float, pending) -> float:
         """Colocated streaming: the previous chunk's prefill shares the device with this round's decode."""
-        if not self.fused:
+        if not self.fused or pending is None:
             return decode_s
         batch, tokens, context, attended = pending
         prefill_s = sum(self.costs[r].prefill_s(tokens, attended) for r in self.fused)

@@ -168,7 +168,7 @@ def paper_3b_a100() -> Setup:
     """Stack-Exchange, Qwen2.5-3B-Instruct, 8 x A100-80GB (7 + 1)."""
     return Setup(
         "paper-3b-a100", "a100", "qwen2.5-3b", "qwen2.5-3b", batch=112, max_new_tokens=1024, reward_threshold=5.0,
-        reward_curve=RewardCurve(final=5.6, tau_steps=600.0),
+        reward_curve=RewardCurve(final=5.6, tau_steps=400.0),
     )  # fmt: skip
 
 

@@ -1,0 +1,29 @@
+"""TRL's PPOTrainer (the paper's baseline) and oppo.exec run on the same setup."""
+
+import pytest
+
+pytest.importorskip("trl")
+
+from oppo.exec.config import ExecConfig, ModelConfig, default_schedule  # noqa: E402
+from oppo.exec.models import load_roles  # noqa: E402
+from oppo.exec.runner import Executor  # noqa: E402
+from oppo.exec.timing import Recorder  # noqa: E402
+from oppo.exec.trl_baseline import run_trl  # noqa: E402
+from oppo.lengths import LengthTrace  # noqa: E402
+
+
+def test_two_trl_steps_and_two_oppo_steps():
+    import numpy as np
+
+    lengths = LengthTrace("fixed", np.array([5, 9, 30]), None)
+    config = ExecConfig(schedule=default_schedule(policy="sync", batch=4, max_new_tokens=32),
+                        model=ModelConfig(preset="tiny-cpu"), steps=2)  # fmt: skip
+    trl_steps = run_trl(config, lengths)
+    assert len(trl_steps) == 2
+    assert all(s.step_s > 0 and np.isfinite(s.mean_reward) for s in trl_steps)
+    assert all(s.response_tokens in range(4 * 5, 4 * 30 + 1) for s in trl_steps)  # forced lengths: 5, 9 or 30 each
+    executor = Executor(config, load_roles(config.model), Recorder(), lengths)
+    for _ in range(2):
+        outcome, metrics = executor.step()
+        assert len(outcome.trained) == 4 and np.isfinite(metrics.mean_reward)
+        assert {t.response_tokens for t in outcome.trained} <= {5, 9, 30}
