@@ -4,7 +4,8 @@
     python benchmarks/exec_policies.py --preset small-cpu --steps 8 --batch 8
 
 Prints per policy: mean / p50 step time, ratio to sync, tokens decoded per second, the per-phase breakdown and
-the deferral histogram. Records of each run go to --out/<policy>.
+the deferral histogram. tok/s counts the response tokens of the trained sequences per second. Records of each
+run go to --out/<preset>-<policy>.
 """
 
 import argparse
@@ -65,12 +66,11 @@ def report(summaries: dict, args) -> None:
 
 
 def _tokens_per_s(run: Path) -> float:
+    """Response tokens of the trained sequences per second of step time."""
     import csv
 
-    rows = list(csv.DictReader(open(run / "trace.csv")))
-    decoded = sum(int(r["num_tokens"]) for r in rows if r["phase"] == "decode")
-    steps = list(csv.DictReader(open(run / "steps.csv")))
-    return decoded / sum(float(r["step_s"]) for r in steps)
+    trained = sum(int(r["response_tokens"]) for r in csv.DictReader(open(run / "sequences.csv")))
+    return trained / sum(float(r["step_s"]) for r in csv.DictReader(open(run / "steps.csv")))
 
 
 if __name__ == "__main__":

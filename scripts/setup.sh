@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "${OPPO_TORCH:-torch==2.13.0}"
+# shellcheck disable=SC2086  # OPPO_TORCH may carry pip options (an index URL)
+.venv/bin/python -m pip install -q ${OPPO_TORCH:-torch==2.13.0}
 .venv/bin/python -m pip install -q -e ".[test,ray,notebooks,baseline]"
 echo "oppo installed in .venv"
