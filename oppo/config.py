@@ -37,7 +37,7 @@ class ScheduleConfig:
     chunk_candidates: tuple[int, ...] = opt((32, 64, 128), "chunk sizes tried by exploration (paper: 128,256,512)")
     explore_period_steps: int = opt(50, "exploration restarts every this many steps (paper: 50)")
     explore_trials: int = opt(1, "steps each candidate chunk is tried for during exploration")
-    check_tokens: int = opt(16, "tokens between checks for B finished when over-committing without streaming")
+    check_tokens: int = opt(16, "over-commit checks for B finished sequences every this many tokens")
     streamed_scorers: tuple[str, ...] = opt(("reward",), f"scorers fed chunk by chunk: subset of {SCORERS}")
     delta: str = opt("auto", "over-commit Δ in prompts, or 'auto' for the --delta-controller")
     delta_controller: str = opt("slope", "Δ controller when --delta auto: slope (paper Eq. 4) or alg1 (Alg. 1)")
@@ -53,9 +53,9 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("delta_controller", self.delta_controller, DELTA_CONTROLLERS)
-        for name in ("batch", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens"):
-            _check_positive(name, getattr(self, name))
-        for name in ("delta_window", "delta_inc", "delta_dec", "window_tokens"):
+        positive = ("batch", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens",
+                    "delta_window", "delta_inc", "delta_dec", "window_tokens")  # fmt: skip
+        for name in positive:
             _check_positive(name, getattr(self, name))
         if self.max_deferrals < 1 or self.delta_min < 0:
             raise ValueError("max_deferrals must be >= 1 and delta_min >= 0")

@@ -159,7 +159,8 @@ class DisaggregatedExecutor(Executor):
                      include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                      runtime_env={"env_vars": env} if env else None)  # fmt: skip
         self._owns_ray = ray_address is None
-        torch.set_num_threads(1) if not on_gpu else None  # one core for the driver: its own "device"
+        if not on_gpu:
+            torch.set_num_threads(1)  # one core for the driver: its own "device"
         scorers = local_scorers(config, roles, recorder)
         wall_t0 = time.time() - recorder.now()  # the recorder's zero on the wall clock
         groups = [[r for r in entry.split("+") if r in scorers] for entry in remote_roles]

@@ -77,7 +77,7 @@ class Executor:
             self.scorers["critic"].sync_weights(plan.step, self.roles.critic)
         for scorer in self.streamed.values():
             scorer.begin(plan.step, contexts)
-        # 3. generation in rounds; each round's tokens are streamed to the scorers
+        # 3. generation in rounds; every complete chunk is streamed to the scorers
         self._generate(plan)
         # 4. score the trained sequences
         trained = sched.select()

@@ -100,6 +100,8 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
     from oppo.exec.models import role_paths
 
     torch.manual_seed(config.seed)
+    if config.model.threads:  # the same CPU budget as oppo.exec
+        torch.set_num_threads(config.model.threads)
     paths = role_paths(config.model)
     tokenizer = AutoTokenizer.from_pretrained(paths["actor"])
     load = lambda cls, p: cls.from_pretrained(p, dtype=torch.float32, attn_implementation="sdpa")  # noqa: E731
