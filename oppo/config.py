@@ -140,10 +140,15 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str,
             group.add_argument(flag, dest=f.name, type=_parser_for(kind), default=None, help=help_text, metavar="X")
 
 
+def given_options(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of ``cls`` the user set on the command line (options left out parse to None)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+            if f.name not in skip and getattr(args, f.name, None) is not None}  # fmt: skip
+
+
 def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
     """Build ``cls`` from parsed args: only the options the user gave override the defaults."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None}
-    return cls(**{**given, **overrides})
+    return cls(**{**given_options(cls, args), **overrides})
 
 
 def _show(value: Any) -> str:

@@ -10,7 +10,6 @@ receives the trained weights at every step start (recorded as ``sync``). Ray app
 from __future__ import annotations
 
 import os
-import time
 
 import ray
 import torch
@@ -19,6 +18,7 @@ from oppo.exec.config import ExecConfig
 from oppo.exec.models import Roles
 from oppo.exec.runner import SCORER_KINDS, Executor, device_name, local_scorers
 from oppo.exec.scoring import StreamingScorer, score_once
+from oppo.exec.timing import Recorder
 from oppo.records import TraceRow
 
 
@@ -37,61 +37,44 @@ class ScorerWorker:
         gpu_ids = ray.get_gpu_ids()
         device = torch.device("cuda", 0) if gpu_ids else resolve_device("cpu")
         self.models = {role: load_role(model_config, role, device).requires_grad_(False) for role in roles}
-        self.t0 = t0
         self.label = f"cuda:{int(gpu_ids[0])}" if gpu_ids else device_label
+        self.rec = Recorder(t0)  # the driver's clock zero: one time axis for every process
         self.pad_id = next(iter(self.models.values())).config.pad_token_id or 0
         self.streamers = {
             role: StreamingScorer(model, SCORER_KINDS[role], role != "critic", self.pad_id)
             for role, model in self.models.items()
         }
-        self.rows: list[TraceRow] = []
 
     def ready(self) -> str:
         return self.label
 
-    def _timed(self, step, role, phase, batch, fn, context=0):
-        if self.label.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.time() - self.t0
-        result, tokens = fn()
-        if self.label.startswith("cuda"):
-            torch.cuda.synchronize()
-        end = time.time() - self.t0
-        self.rows.append(TraceRow(step, self.label, role, phase, start, end, batch, tokens, context))
-        return result
-
     def begin(self, role, step, seqs):
-        streamer = self.streamers[role]
-        return self._timed(step, role, "prefill", len(seqs), lambda: (None, streamer.begin(seqs)))
+        with self.rec.op(step, self.label, role, "prefill", batch=len(seqs)) as info:
+            info["tokens"] = self.streamers[role].begin(seqs)
 
     def feed(self, role, step, new_tokens):
         streamer = self.streamers[role]
-        fn = lambda: (None, streamer.feed(new_tokens))  # noqa: E731
-        return self._timed(step, role, "prefill", len(new_tokens), fn, context=streamer.cached_tokens)
+        with self.rec.op(step, self.label, role, "prefill", len(new_tokens), context=streamer.cached_tokens) as info:
+            info["tokens"] = streamer.feed(new_tokens)
 
     def outputs(self, role, step, seq_ids):
-        fn = lambda: ([t.cpu() for t in self.streamers[role].outputs(seq_ids)], 0)  # noqa: E731
-        return self._timed(step, role, "score", len(seq_ids), fn)
+        with self.rec.op(step, self.label, role, "score", batch=len(seq_ids)):
+            return [t.cpu() for t in self.streamers[role].outputs(seq_ids)]
 
     def score(self, role, step, seqs):
-        def fn():
-            out = score_once(self.models[role], SCORER_KINDS[role], seqs, self.pad_id)
-            return [t.cpu() for t in out], sum(len(s[1]) for s in seqs)
-
-        return self._timed(step, role, "score", len(seqs), fn)
+        tokens = sum(len(s[1]) for s in seqs)
+        with self.rec.op(step, self.label, role, "score", batch=len(seqs), tokens=tokens):
+            return [t.cpu() for t in score_once(self.models[role], SCORER_KINDS[role], seqs, self.pad_id)]
 
     def end(self, role, carried):
         self.streamers[role].end(carried)
 
     def load_weights(self, role, step, state):
-        def load():
+        with self.rec.op(step, self.label, role, "sync", batch=1):
             self.models[role].load_state_dict(state)
-            return None, 0
-
-        return self._timed(step, role, "sync", 1, load)
 
     def collect(self):
-        rows, self.rows = self.rows, []
+        rows, self.rec.rows = self.rec.rows, []
         return rows
 
 
@@ -162,7 +145,7 @@ class DisaggregatedExecutor(Executor):
         if not on_gpu:
             torch.set_num_threads(1)  # one core for the driver: its own "device"
         scorers = local_scorers(config, roles, recorder)
-        wall_t0 = time.time() - recorder.now()  # the recorder's zero on the wall clock
+        wall_t0 = recorder.t0  # the recorder's zero on the wall clock
         groups = [[r for r in entry.split("+") if r in scorers] for entry in remote_roles]
         for k, group in enumerate(g for g in groups if g):
             options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}

@@ -11,16 +11,17 @@ from oppo.records import TraceRow
 
 
 class Recorder:
-    """Times operations on a wall clock that starts at construction; synchronises CUDA at the boundaries so
+    """Times operations in seconds since ``t0`` on the wall clock (default: construction), so that workers in
+    other processes given the same ``t0`` record on the same time axis. Synchronises CUDA at the boundaries so
     that asynchronous kernels are counted in the operation that launched them."""
 
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
+    def __init__(self, t0: float | None = None) -> None:
+        self.t0 = time.time() if t0 is None else t0
         self.rows: list[TraceRow] = []
 
     def now(self) -> float:
         """Seconds since the run started."""
-        return time.perf_counter() - self.t0
+        return time.time() - self.t0
 
     @contextmanager
     def op(self, step: int, device: str, role: str, phase: str, batch: int = 0, tokens: int = 0, context: int = 0):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from oppo.cli import run_cli
-from oppo.config import ScheduleConfig, add_config_args, config_from_args, to_dict
+from oppo.config import ScheduleConfig, add_config_args, config_from_args, given_options, to_dict
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule
 
 
@@ -39,8 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from(args: argparse.Namespace) -> ExecConfig:
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ScheduleConfig) if f.name != "policy"}
-    schedule = default_schedule(policy=args.mode, **{k: v for k, v in given.items() if v is not None})
+    schedule = default_schedule(policy=args.mode, **given_options(ScheduleConfig, args, skip=("policy",)))
     return ExecConfig(
         schedule=schedule,
         model=config_from_args(ModelConfig, args),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from oppo.cli import run_cli
-from oppo.config import POLICIES, ScheduleConfig, add_config_args
+from oppo.config import POLICIES, ScheduleConfig, add_config_args, given_options
 from oppo.lengths import load_lengths
 from oppo.records import write_run
 from oppo.sim.experiments import compare_rows, summary_of, sweep
@@ -63,8 +62,7 @@ def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
 
 def _configs(args: argparse.Namespace, policies: list[str]) -> list[SimConfig]:
     setup = load_setup(args.setup)
-    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(ScheduleConfig)}
-    overrides = {k: v for k, v in given.items() if v is not None and k != "policy"}
+    overrides = given_options(ScheduleConfig, args, skip=("policy",))
     return [SimConfig(setup.schedule(policy=p, **overrides), setup, args.steps, args.seed) for p in policies]
 
 
@@ -152,8 +150,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
     values = [int(v) for v in text.split(",") if v]
     policy = args.policy or ("intra" if knob == "chunk" else "inter")
-    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(ScheduleConfig)}
-    overrides = {k: v for k, v in given.items() if v is not None and k not in ("policy", knob)}
+    overrides = given_options(ScheduleConfig, args, skip=("policy", knob))
     rows = sweep(load_setup(args.setup), knob, values, policy, args.steps, args.seed, _trace(args), **overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -115,3 +115,26 @@ def test_golden_summary():
     if not GOLDEN.exists():  # first run writes it; commit the file
         GOLDEN.write_text(json.dumps(got, indent=2) + "\n")
     assert got == json.loads(GOLDEN.read_text())
+
+
+def test_toml_setup_overrides_and_errors(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "paper-3b-a100"\nname = "mine"\n[placement]\nactor_gpus = 6\nreward_gpus = 2\n')
+    setup = load_setup(str(path))
+    assert setup.name == "mine" and setup.actor == "qwen2.5-3b"
+    assert setup.devices["actor"] == "gpu0-5" and setup.devices["reward"] == "gpu6-7"
+    path.write_text('[placement]\nkind = "ring"\n')
+    with pytest.raises(ValueError, match="unknown placement"):
+        load_setup(str(path))
+    path.write_text("speed = 3\n")
+    with pytest.raises(ValueError, match="unknown key 'speed'"):
+        load_setup(str(path))
+
+
+def test_length_drift_shortens_responses():
+    from oppo.sim.workload import LengthModel, LengthSampler
+
+    sampler = LengthSampler(LengthModel(drift_per_1k_steps=-0.5), 4096, np.random.default_rng(0))
+    early = sampler.sample(0, 2000)[0].mean()
+    late = sampler.sample(1000, 2000)[0].mean()
+    assert late == pytest.approx(early * 0.5, rel=0.1)
