@@ -44,19 +44,42 @@ class Fit:
 
 
 def fit_trace(trace: Sequence[TraceRow]) -> dict[str, dict[str, Fit]]:
-    """{role: {phase: Fit}} by non-negative least squares (relative error) on each (role, phase)'s rows."""
+    """{role: {phase: Fit}} by non-negative least squares (relative error) on each (role, phase)'s rows.
+
+    Forward passes are fitted once over every role's rows, then scaled per role: a sync run gives a scorer
+    passes of one size only (whole sequences), which cannot separate its fixed cost from its per-token cost,
+    while the actor's rows (short prompt prefills and whole-sequence scoring) can. This assumes the roles share
+    an architecture up to a factor, as the presets do.
+    """
     groups: dict[tuple[str, str], list[TraceRow]] = defaultdict(list)
     for row in trace:
         if row.end_s > row.start_s and row.phase in FAMILY and (row.num_tokens > 0 or row.phase == "sync"):
             groups[(row.role, FAMILY[row.phase])].append(row)
+    forward = [r for (_, phase), rows in groups.items() if phase == "forward" for r in rows]
+    shared = _fit(forward) if forward else None
     fits: dict[str, dict[str, Fit]] = defaultdict(dict)
     for (role, phase), rows in sorted(groups.items()):
-        x = np.array([_features(r) for r in rows])
-        y = np.array([r.end_s - r.start_s for r in rows])
-        coef = _nonnegative_lstsq(x / y[:, None], np.ones_like(y))
+        coef = _fit(rows) if phase != "forward" else shared * _scale(shared, rows)
+        x, y = _xy(rows)
         err = np.abs(x @ coef - y) / y
         fits[role][phase] = Fit(tuple(float(c) for c in coef), len(rows), float(np.median(err)))
     return dict(fits)
+
+
+def _xy(rows: list[TraceRow]) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([_features(r) for r in rows]), np.array([r.end_s - r.start_s for r in rows])
+
+
+def _fit(rows: list[TraceRow]) -> np.ndarray:
+    x, y = _xy(rows)
+    return _nonnegative_lstsq(x / y[:, None], np.ones_like(y))
+
+
+def _scale(coef: np.ndarray, rows: list[TraceRow]) -> float:
+    """The factor that best fits ``rows`` with the shape ``coef`` (median ratio of measured to predicted)."""
+    x, y = _xy(rows)
+    predicted = x @ coef
+    return float(np.median(y / predicted)) if (predicted > 0).all() else 1.0
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

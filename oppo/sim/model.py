@@ -159,7 +159,7 @@ class Trainer:
             if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
                 contexts = np.full_like(contexts, contexts.max())
             yield from self._pass("actor", "prefill", plan.step, contexts)
-        # 2. generation in rounds; streamed scorers prefill each round's tokens while the next is decoded
+        # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
         new_prompts = np.array([self.prompt[i] for i in plan.new])
         pending = _chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
@@ -173,6 +173,9 @@ class Trainer:
         yield from self._train(plan.step, trained)
         outcome = sched.close_step(env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
+        for t in outcome.trained:
+            if t.finished:  # gone from the buffer: forget its lengths
+                del self.response[t.seq_id], self.prompt[t.seq_id]
         self.result.trained.extend(outcome.trained)
 
     def _generate(self, plan, pending):
