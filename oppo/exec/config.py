@@ -67,13 +67,17 @@ class PPOConfig:
 @dataclass(frozen=True)
 class TaskConfig:
     reward_kind: str = opt("learned", "learned (transformer RM trained on synthetic preferences) or rule")
-    prompt_tokens: int = opt(8, "prompt length in tokens (synthetic prompts)")
+    prompt_tokens: int = opt(8, "prompt length in tokens (synthetic prompts; the cap for --prompts)")
+    prompts: str | None = opt(None, "text file, one prompt per line, tokenized by the actor's tokenizer "
+                              "(default: synthetic prompts)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.reward_kind not in REWARDS:
             raise ValueError(f"unknown reward_kind {self.reward_kind!r}; choose from {', '.join(REWARDS)}")
         if self.prompt_tokens <= 0:
             raise ValueError("prompt_tokens must be > 0")
+        if self.prompts is not None and not Path(self.prompts).is_file():
+            raise ValueError(f"prompts file not found: {self.prompts}")
 
 
 def default_schedule(**overrides) -> ScheduleConfig:

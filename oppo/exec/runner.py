@@ -59,6 +59,7 @@ class Executor:
         self.scorers = scorers if scorers is not None else local_scorers(config, roles, recorder)
         streamed = config.schedule.streamed_scorers if config.schedule.streaming else ()
         self.streamed = {role: handle for role, handle in self.scorers.items() if role in streamed}
+        self.prompts = task.load_prompts(config) if config.task.prompts else None  # token ids per line
 
     def _seed(self, *parts: int) -> int:
         return derived_seed(self.config.seed, *parts)
@@ -97,8 +98,11 @@ class Executor:
                                     response_len=float(np.mean([t.response_tokens for t in trained])))  # fmt: skip
 
     def _new_sequence(self, seq_id: int) -> SeqData:
-        g = torch.Generator().manual_seed(self._seed(1, seq_id))
-        prompt = task.random_prompts(g, 1, self.config.task.prompt_tokens, self.roles.vocab_size)[0]
+        if self.prompts is not None:  # the dataset, cycled in order
+            prompt = self.prompts[seq_id % len(self.prompts)]
+        else:
+            g = torch.Generator().manual_seed(self._seed(1, seq_id))
+            prompt = task.random_prompts(g, 1, self.config.task.prompt_tokens, self.roles.vocab_size)[0]
         forced = None
         if self.lengths is not None:
             forced = forced_length(self.lengths, self.config.seed, seq_id, self.config.schedule.max_new_tokens)

@@ -77,3 +77,13 @@ def test_ctrl_c_keeps_records(tmp_path):
     rows = (out / "steps.csv").read_text().splitlines()
     assert len(rows) == summary["steps"] + 1
     assert os.path.exists(out / "trace.csv")
+
+
+def test_prompts_file(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("t5 t6 t7\n\nt9 t10 t11 t12\n")
+    out = tmp_path / "p"
+    res = train("--mode", "sync", "--steps", "2", "--batch", "2", "--prompts", str(prompts), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    res = train("--steps", "2", "--prompts", str(tmp_path / "none.txt"), "--out", str(tmp_path / "q"))
+    assert res.returncode == 2 and "prompts file not found" in res.stderr
