@@ -124,20 +124,25 @@ def _parse_int(name: str, text: str) -> int:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--field-name`` option per field of ``cls``; defaults come from the dataclass (shown in help)."""
+def add_config_args(
+    parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), shown: dict[str, Any] | None = None
+) -> None:
+    """Add one ``--field-name`` option per field of ``cls``. Options left out parse to None (the config's own
+    default applies); help shows the dataclass default, or ``shown[field]`` where the command uses another."""
     group = parser.add_argument_group(cls.__name__)
     hints = typing.get_type_hints(cls)
+    shown = shown or {}
     for f in dataclasses.fields(cls):
         if f.name in skip or "help" not in f.metadata:
             continue
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {_show(f.default)})"
+        help_text = f"{f.metadata['help']} (default: {_show(shown.get(f.name, f.default))})"
         if kind is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
-            group.add_argument(flag, dest=f.name, type=_parser_for(kind), default=None, help=help_text, metavar="X")
+            metavar = f.name.upper()
+            group.add_argument(flag, dest=f.name, type=_parser_for(kind), default=None, help=help_text, metavar=metavar)
 
 
 def given_options(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -152,7 +157,7 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> A
 
 
 def _show(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
 
 
 def _parser_for(kind: Any):

@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "device per comma-separated entry; '+' shares a device, e.g. reward+reference,critic")  # fmt: skip
     parser.add_argument("--lengths", help="force response lengths from this trace (EOS at the traced length)")
     parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
-    for cls, skip in ((ModelConfig, ()), (PPOConfig, ()), (TaskConfig, ()), (ScheduleConfig, ("policy",))):
-        add_config_args(parser, cls, skip=skip)
+    for cls in (ModelConfig, PPOConfig, TaskConfig):
+        add_config_args(parser, cls)
+    add_config_args(parser, ScheduleConfig, skip=("policy",), shown=to_dict(default_schedule()))
     parser.set_defaults(**{f.name: None for f in dataclasses.fields(ScheduleConfig)})
     return parser
 

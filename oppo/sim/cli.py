@@ -24,7 +24,9 @@ from oppo.sim.experiments import compare_rows, summary_of, sweep
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.setups import PRESETS, load_setup
 
-SCHEDULE_FROM_SETUP = ("batch", "max_new_tokens", "chunk_candidates", "window_tokens", "delta_max", "delta_init")
+# schedule fields whose default comes from the setup (Setup.schedule)
+SCHEDULE_FROM_SETUP = ("batch", "max_new_tokens", "chunk_candidates", "window_tokens", "check_tokens", "delta_max",
+                       "delta_init")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +59,7 @@ def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
     parser.add_argument("--timeline-steps", default="0,1,2", help="steps drawn in timeline.png")
     skip = () if policy else ("policy",)
-    add_config_args(parser, ScheduleConfig, skip=skip)
+    add_config_args(parser, ScheduleConfig, skip=skip, shown=dict.fromkeys(SCHEDULE_FROM_SETUP, "the setup's"))
 
 
 def _configs(args: argparse.Namespace, policies: list[str]) -> list[SimConfig]:
