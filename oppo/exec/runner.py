@@ -164,44 +164,49 @@ class Executor:
 
     # -- PPO update ------------------------------------------------------------------------------------
     def _train(self, step: int, trained, scores: dict) -> tuple[float, float]:
-        cfg, roles, device = self.config.ppo, self.roles, self.roles.device
+        """``epochs`` x ``minibatches`` updates of actor and critic; returns mean (policy loss, value loss)."""
+        cfg, roles = self.config.ppo, self.roles
         batch = _padded_batch(trained, self.data, roles.pad_id, cfg.tppo_drop_tokens, self.config.schedule.truncated)
-        ids, attn, pos, targets, mask = (batch[k].to(device) for k in ("ids", "attn", "pos", "targets", "mask"))
-        dtype = scores["values"][0].dtype
-        pad = lambda rows: _pad_rows(rows, mask.shape[1]).to(device, dtype)  # noqa: E731
-        old_lp, ref_lp, old_values = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), pad(scores["values"])
-        finished = torch.tensor([t.finished for t in trained], device=device)
-        capped = torch.tensor(
-            [t.response_tokens >= self.config.schedule.max_new_tokens for t in trained], device=device
-        )
-        scored = finished | (capped & ~torch.tensor(self.config.schedule.truncated, device=device))
-        mask = mask.to(dtype)
-        rewards = kl_shaped_rewards(scores["score"].to(device, dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
-        bootstrap = ~scored if self.config.schedule.truncated else None  # T-PPO's EGAE
-        adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, bootstrap)
-        adv = masked_whiten(adv, mask)
-        value_mask = mask * finished[:, None] if self.config.schedule.truncated else mask  # T-PPO: finished only
+        batch = {k: v.to(roles.device) for k, v in batch.items()}
+        batch |= self._targets(trained, scores, batch["mask"])
+        ids, attn, pos, targets = batch["ids"], batch["attn"], batch["pos"], batch["targets"]
         g = torch.Generator().manual_seed(self._seed(4, step))
         losses = []
         for _ in range(cfg.epochs):
             for mb in torch.randperm(len(trained), generator=g).chunk(cfg.minibatches):
-                mb = mb.to(device)
-                with self.rec.op(step, self.device, "actor", "train_actor", batch=len(mb), tokens=int(attn[mb].sum())):
-                    logits = roles.actor(input_ids=ids[mb], attention_mask=attn[mb]).logits
-                    logp = _gather_logprobs(logits.to(dtype) / cfg.temperature, pos[mb], targets[mb])
-                    p_loss, _ = policy_loss(logp, old_lp[mb], adv[mb], mask[mb], cfg.clip)
+                mb = mb.to(roles.device)
+                tokens = int(attn[mb].sum())
+                with self.rec.op(step, self.device, "actor", "train_actor", batch=len(mb), tokens=tokens):
+                    logits = roles.actor(input_ids=ids[mb], attention_mask=attn[mb]).logits  # (b, L, V)
+                    logp = _gather_logprobs(logits.to(batch["adv"].dtype) / cfg.temperature, pos[mb], targets[mb])
+                    p_loss, _ = policy_loss(logp, batch["old_lp"][mb], batch["adv"][mb], batch["mask"][mb], cfg.clip)
                     _step(self.actor_opt, p_loss, roles.actor, cfg.max_grad_norm)
-                with self.rec.op(
-                    step, self.device, "critic", "train_critic", batch=len(mb), tokens=int(attn[mb].sum())
-                ):
+                with self.rec.op(step, self.device, "critic", "train_critic", batch=len(mb), tokens=tokens):
                     hidden = roles.critic.base_model(input_ids=ids[mb], attention_mask=attn[mb]).last_hidden_state
-                    values = roles.critic.score(hidden).squeeze(-1).to(dtype).gather(1, pos[mb])
-                    v_loss = cfg.value_coef * value_loss(
-                        values, old_values[mb], returns[mb], value_mask[mb], cfg.value_clip
-                    )
-                    _step(self.critic_opt, v_loss, roles.critic, cfg.max_grad_norm)
-                losses.append((p_loss.item(), v_loss.item()))
+                    values = roles.critic.score(hidden).squeeze(-1).to(batch["adv"].dtype).gather(1, pos[mb])  # (b, T)
+                    v_loss = value_loss(values, batch["old_values"][mb], batch["returns"][mb],
+                                        batch["value_mask"][mb], cfg.value_clip)  # fmt: skip
+                    _step(self.critic_opt, cfg.value_coef * v_loss, roles.critic, cfg.max_grad_norm)
+                losses.append((p_loss.item(), cfg.value_coef * v_loss.item()))
         return tuple(float(x) for x in np.mean(losses, axis=0))
+
+    def _targets(self, trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Old log-probs, advantages (whitened), returns and loss masks, all (B, T) over response positions."""
+        cfg, device, truncated = self.config.ppo, self.roles.device, self.config.schedule.truncated
+        dtype = scores["values"][0].dtype
+        pad = lambda rows: _pad_rows(rows, mask.shape[1]).to(device, dtype)  # noqa: E731
+        old_lp, ref_lp, old_values = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), pad(scores["values"])
+        mask = mask.to(dtype)
+        finished = torch.tensor([t.finished for t in trained], device=device)
+        capped = torch.tensor(
+            [t.response_tokens >= self.config.schedule.max_new_tokens for t in trained], device=device
+        )
+        scored = finished | (capped & (not truncated))  # T-PPO scores a sequence only once it has finished
+        rewards = kl_shaped_rewards(scores["score"].to(device, dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
+        adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~scored if truncated else None)  # EGAE
+        value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
+        return {"old_lp": old_lp, "old_values": old_values, "adv": masked_whiten(adv, mask), "returns": returns,
+                "mask": mask, "value_mask": value_mask}  # fmt: skip
 
 
 def derived_seed(seed: int, *parts: int) -> int:
