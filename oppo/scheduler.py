@@ -11,8 +11,9 @@ A backend drives a step like this (the clock ``now`` is the backend's, in second
     trained = scheduler.select()                 # score and train these
     outcome = scheduler.close_step(now, mean_reward)   # trained sequences, carried ones, the step record
 
-Over-commit checks for B finished every ``check_tokens`` while streaming goes by ``chunk`` tokens, so a large
-chunk does not delay the end of generation: rounds stop at whichever boundary comes first.
+Over-commit checks for B finished every ``check_tokens`` while streaming goes by ``chunk`` tokens: rounds stop at
+whichever boundary comes first, a large chunk does not delay the end of generation, and the chunk size never
+changes which sequences are trained.
 
 Sequences that reach their budget stop without being reported: at ``max_new_tokens`` they count as finished
 (truncated); at the T-PPO window they pause and continue next step.
@@ -130,7 +131,8 @@ class Scheduler:
             self._by_budget.pop()
         if not self._by_budget:
             return 0
-        n = min(plan.round_tokens, plan.budgets[self._by_budget[-1]] - self._step_tokens)
+        to_boundary = plan.round_tokens - self._step_tokens % plan.round_tokens  # rounds end on check boundaries
+        n = min(to_boundary, plan.budgets[self._by_budget[-1]] - self._step_tokens)
         return min(n, plan.chunk - self._since_stream) if plan.streaming else n
 
     def report_round(self, now: float, tokens: int, finished: Mapping[int, int]) -> bool:
@@ -174,11 +176,12 @@ class Scheduler:
 
     @property
     def generation_done(self) -> bool:
-        """Sync-like policies wait for every sequence; over-commit stops at B finished, starved ones included."""
+        """Sync-like policies wait for every sequence; over-commit stops at B finished, starved ones included,
+        checked at multiples of ``check_tokens`` only, so the decision does not depend on the chunk size."""
         plan = self._require_plan()
         if not self._running:
             return True
-        if not self.config.overcommit:
+        if not self.config.overcommit or self._step_tokens % self.config.check_tokens:
             return False
         return self._finished >= plan.target and not self._starved_waiting
 

@@ -117,3 +117,18 @@ def test_exploration_keeps_fastest(candidates, trials, data):
     assert set(mean) == set(candidates)
     assert policy.best == min(candidates, key=lambda c: mean[c])
     assert policy.chunk_for(len(candidates) * trials) == policy.best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 5), st.integers(1, 30), st.integers(1, 8), st.lists(st.integers(1, 80), min_size=150, max_size=150)
+)
+def test_chunk_size_never_changes_what_is_trained(batch, chunk, check, lengths):
+    """oppo (streaming) trains exactly what inter trains: decisions are taken at check_tokens boundaries only."""
+    common = dict(batch=batch, delta=str(min(2, batch)), check_tokens=check, max_new_tokens=60)
+    table = dict(enumerate(lengths))
+    runs = []
+    for policy, extra in (("inter", {}), ("oppo", {"chunk": str(chunk)})):
+        s = Scheduler(ScheduleConfig(policy=policy, **common, **extra))
+        runs.append([[(t.seq_id, t.response_tokens) for t in run_step(s, table)[1].trained] for _ in range(5)])
+    assert runs[0] == runs[1]
