@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from oppo.config import ScheduleConfig
+from oppo.records import device_count
 from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
 from oppo.sim.hardware import ENGINES, GPUS, MODELS, lookup
 from oppo.sim.workload import LengthModel, RewardCurve
@@ -140,18 +141,12 @@ class Setup:
         shapes = {"actor": self.actor, "critic": self.actor, "reference": self.actor, "reward": self.reward}
         out = {}
         for role, device in self.devices.items():
-            out[role] = RooflineCost(MODELS[shapes[role]], gpu, _gpu_count(device), engine, eff)
+            out[role] = RooflineCost(MODELS[shapes[role]], gpu, device_count(device), engine, eff)
         return out
 
 
 def _gpu_range(first: int, end: int) -> str:
     return f"gpu{first}" if end - first == 1 else f"gpu{first}-{end - 1}"
-
-
-def _gpu_count(device: str) -> int:
-    from oppo.records import device_count
-
-    return device_count(device)
 
 
 # ---------------------------------------------------------------------------------------------------------
