@@ -208,7 +208,9 @@ def small_cpu() -> Setup:
     return _cpu_preset("small-cpu")
 
 
-PRESETS = {s().name: s for s in (paper_7b_h200, paper_3b_a100, paper_7b_gh200_gsm8k, paper_7b_a100_2x4, tiny_cpu)}
+PRESETS = {
+    s().name: s for s in (paper_7b_h200, paper_3b_a100, paper_7b_gh200_gsm8k, paper_7b_a100_2x4, tiny_cpu, small_cpu)
+}
 
 
 def load_setup(name_or_file: str) -> Setup:

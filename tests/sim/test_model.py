@@ -138,3 +138,9 @@ def test_length_drift_shortens_responses():
     early = sampler.sample(0, 2000)[0].mean()
     late = sampler.sample(1000, 2000)[0].mean()
     assert late == pytest.approx(early * 0.5, rel=0.1)
+
+
+@pytest.mark.parametrize("name", sorted(__import__("oppo.sim.setups", fromlist=["PRESETS"]).PRESETS))
+def test_every_preset_simulates(name):
+    result = simulate(small("oppo", setup=name, steps=3))
+    assert len(result.steps) == 3 and all(s.step_s > 0 for s in result.steps)
