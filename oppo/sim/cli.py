@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-import time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -20,8 +19,8 @@ from oppo.cli import run_cli
 from oppo.config import POLICIES, ScheduleConfig, add_config_args, given_options
 from oppo.lengths import load_lengths
 from oppo.records import write_run
-from oppo.sim.experiments import compare_rows, summary_of, sweep
-from oppo.sim.model import SimConfig, SimResult, simulate
+from oppo.sim.experiments import Run, compare_rows, run_config, sweep
+from oppo.sim.model import SimConfig
 from oppo.sim.setups import PRESETS, load_setup
 
 # schedule fields whose default comes from the setup (Setup.schedule)
@@ -72,11 +71,10 @@ def _trace(args: argparse.Namespace):
     return load_lengths(args.lengths, model=args.lengths_model) if args.lengths else None
 
 
-def _simulate(config: SimConfig, trace, label: str) -> tuple[SimResult, float]:
-    start = time.perf_counter()
+def _run(config: SimConfig, trace, label: str) -> Run:
+    """Simulate with a progress bar (shown on a terminal only)."""
     with tqdm(total=config.steps, desc=label, unit="step", disable=None, leave=False) as bar:
-        result = simulate(config, trace, progress=lambda _: bar.update())
-    return result, time.perf_counter() - start
+        return run_config(config, trace, progress=lambda _: bar.update())
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -84,8 +82,8 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     trace = _trace(args)
     (config,) = _configs(args, [args.policy or "oppo"])
-    result, wall_s = _simulate(config, trace, config.schedule.policy)
-    summary = summary_of(config, result, wall_s, trace)
+    r = _run(config, trace, config.schedule.policy)
+    result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)
     chosen = [int(s) for s in args.timeline_steps.split(",") if s]
     plots.timeline(
@@ -103,8 +101,8 @@ def compare_policies(configs: list[SimConfig], trace) -> list[dict]:
     """Simulate each config (with a progress bar); return their summaries."""
     summaries = []
     for config in configs:
-        result, wall_s = _simulate(config, trace, config.schedule.policy)
-        summaries.append(summary_of(config, result, wall_s, trace) | {"_steps": result.steps})
+        r = _run(config, trace, config.schedule.policy)
+        summaries.append(r.summary | {"_steps": r.result.steps})
     return summaries
 
 

@@ -26,7 +26,11 @@ class Run:
 def run(setup: Setup, policy: str, steps: int, seed: int = 0, trace: LengthTrace | None = None,
         progress: Callable | None = None, **schedule) -> Run:  # fmt: skip
     """Simulate one policy on ``setup`` (schedule overrides as keyword arguments, e.g. ``chunk="500"``)."""
-    config = SimConfig(setup.schedule(policy=policy, **schedule), setup, steps, seed)
+    return run_config(SimConfig(setup.schedule(policy=policy, **schedule), setup, steps, seed), trace, progress)
+
+
+def run_config(config: SimConfig, trace: LengthTrace | None = None, progress: Callable | None = None) -> Run:
+    """Simulate ``config``; ``progress`` is called with each finished step's record."""
     start = time.perf_counter()
     result = simulate(config, trace, progress=progress)
     return Run(config, result, summary_of(config, result, time.perf_counter() - start, trace))
