@@ -18,13 +18,7 @@ from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
 from oppo.exec.train import train
 from oppo.exec.trl_baseline import run_trl
 from oppo.lengths import load_lengths
-
-
-def time_to(rewards, times, threshold, window=5):
-    for i in range(window - 1, len(rewards)):
-        if np.mean(rewards[i - window + 1 : i + 1]) >= threshold:
-            return float(np.sum(times[: i + 1]))
-    return None
+from oppo.records import time_to_reward
 
 
 def main() -> None:
@@ -58,7 +52,7 @@ def main() -> None:
         tokens = [sum(int(t["response_tokens"]) for t in trace if t["step"] == s["step"]) for s in steps]
         results[policy] = ([float(s["step_s"]) for s in steps], [float(s["mean_reward"]) for s in steps], tokens)
     base = np.mean(results["trl"][0][1:])
-    base_ttr = time_to(results["trl"][1], results["trl"][0], args.threshold)
+    base_ttr = time_to_reward(results["trl"][1], results["trl"][0], args.threshold)
     print(f"\n{args.preset}: B={args.batch}, cap {args.max_new_tokens}, lengths {args.lengths or 'natural'}, "
           f"{args.steps} steps each, threshold {args.threshold}")  # fmt: skip
     print(
@@ -66,7 +60,7 @@ def main() -> None:
     )
     for name, (times, rewards, tokens) in results.items():
         mean = np.mean(times[1:])
-        ttr = time_to(rewards, times, args.threshold)
+        ttr = time_to_reward(rewards, times, args.threshold)
         ratio = f"{base_ttr / ttr:.2f}x" if ttr and base_ttr else "-"
         print(f"{'oppo.exec ' + name if name != 'trl' else 'TRL':<15} {mean:>8.3f} {base / mean:>6.2f}x "
               f"{np.sum(tokens[1:]) / np.sum(times[1:]):>8.0f} {np.mean(rewards[-10:]):>14.3f} "

@@ -56,7 +56,7 @@ class ScheduleConfig:
         positive = ("batch", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens",
                     "delta_window", "delta_inc", "delta_dec", "window_tokens")  # fmt: skip
         for name in positive:
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if self.max_deferrals < 1 or self.delta_min < 0:
             raise ValueError("max_deferrals must be >= 1 and delta_min >= 0")
         if self.delta_min > self.delta_max:
@@ -68,7 +68,7 @@ class ScheduleConfig:
         for scorer in self.streamed_scorers:
             _check_choice("streamed_scorers", scorer, SCORERS)
         if self.chunk != "auto":
-            _check_positive("chunk", _parse_int("chunk", self.chunk))
+            check_positive("chunk", _parse_int("chunk", self.chunk))
         if self.delta != "auto" and _parse_int("delta", self.delta) < 0:
             raise ValueError(f"delta must be >= 0 or 'auto', got {self.delta!r}")
         # Δ <= B keeps the carried finished sequences (<= Δ) trainable in the next step, which is what bounds
@@ -107,7 +107,7 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
 
 
-def _check_positive(name: str, value: int) -> None:
+def check_positive(name: str, value: float) -> None:
     if value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}")
 

@@ -193,6 +193,16 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(s, e) for s, e in merged]
 
 
+def time_to_reward(
+    rewards: Sequence[float], step_seconds: Sequence[float], threshold: float, window: int = 5
+) -> float | None:
+    """Seconds of steps until the mean reward over ``window`` consecutive steps first reaches ``threshold``."""
+    for i in range(window - 1, len(rewards)):
+        if sum(rewards[i - window + 1 : i + 1]) / window >= threshold:
+            return float(sum(step_seconds[: i + 1]))
+    return None
+
+
 def deferral_histogram(trained: Sequence[TrainedSeq]) -> dict[int, float]:
     """Deferral count -> fraction of trained finished sequences (paper Table 2)."""
     counts = Counter(t.deferrals for t in trained if t.finished)

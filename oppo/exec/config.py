@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oppo.config import ScheduleConfig, opt
+from oppo.config import ScheduleConfig, check_positive, opt
 
 PRESETS = ("tiny-cpu", "small-cpu", "hf")
 PLACEMENTS = ("colocated", "disaggregated")
@@ -58,8 +60,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("lr", "critic_lr", "epochs", "minibatches", "temperature", "max_grad_norm"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
+            check_positive(name, getattr(self, name))
         if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
             raise ValueError("gamma and lam must be in [0, 1]")
 
@@ -74,8 +75,7 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if self.reward_kind not in REWARDS:
             raise ValueError(f"unknown reward_kind {self.reward_kind!r}; choose from {', '.join(REWARDS)}")
-        if self.prompt_tokens <= 0:
-            raise ValueError("prompt_tokens must be > 0")
+        check_positive("prompt_tokens", self.prompt_tokens)
         if self.prompts is not None and not Path(self.prompts).is_file():
             raise ValueError(f"prompts file not found: {self.prompts}")
 
@@ -103,7 +103,19 @@ class ExecConfig:
     placement: str = "colocated"
 
     def __post_init__(self) -> None:
-        if self.steps <= 0:
-            raise ValueError(f"steps must be > 0, got {self.steps}")
+        check_positive("steps", self.steps)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
+
+
+def load_config(path: str | Path) -> ExecConfig:
+    """The config a run stored beside its records (``config.json``; extra keys, e.g. ``lengths``, ignored)."""
+    raw = json.loads(Path(path).read_text())
+    sections = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, "task": TaskConfig}
+    kwargs = {name: _from_dict(cls, raw[name]) for name, cls in sections.items()}
+    return ExecConfig(**kwargs, steps=raw["steps"], seed=raw["seed"], placement=raw["placement"])
+
+
+def _from_dict(cls, values: dict):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})

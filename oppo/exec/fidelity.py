@@ -8,13 +8,11 @@ fixed Δ keep the scheduling decisions of both backends identical (they depend o
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 
-from oppo.exec.config import ExecConfig
+from oppo.exec.config import ExecConfig, load_config
 from oppo.exec.runner import forced_length
 from oppo.lengths import LengthTrace
 from oppo.records import StepRecord, TraceRow, read_rows
@@ -46,22 +44,12 @@ def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTr
 
 def predict(run_dir: Path, profile: Path, lengths: LengthTrace) -> list[StepRecord]:
     """Simulate the run recorded in ``run_dir`` (its config.json) with the cost ``profile``."""
-    from oppo.config import ScheduleConfig
-    from oppo.exec.config import ModelConfig, PPOConfig, TaskConfig
     from oppo.sim import SimConfig, simulate
 
-    raw = json.loads((run_dir / "config.json").read_text())
-    sections = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, "task": TaskConfig}
-    kwargs = {k: _build(cls, raw[k]) for k, cls in sections.items()}
-    config = ExecConfig(**kwargs, steps=raw["steps"], seed=raw["seed"], placement=raw["placement"])
+    config = load_config(run_dir / "config.json")
     setup = sim_setup_for(config, profile)
     replay = replay_lengths(config, lengths, config.schedule.batch * (config.steps + 2) + 64)
     return simulate(SimConfig(config.schedule, setup, config.steps, config.seed), replay).steps
-
-
-def _build(cls, values: dict):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in fields})
 
 
 def step_errors(measured: list[StepRecord], predicted: list[StepRecord], skip: int = 1) -> np.ndarray:

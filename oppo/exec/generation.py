@@ -68,8 +68,9 @@ class ChunkedDecoder:
             live = self.running.clone()
             token = torch.where(live, token, torch.full_like(token, self.pad_id))
             self.decoded += live.long()
+            tokens = token.tolist()  # one device->host copy per iteration
             for row in live.nonzero().flatten().tolist():
-                t = int(token[row])
+                t = tokens[row]
                 self.new_tokens[row].append(t)
                 chunk[row].append(t)
                 if t == self.eos_id:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from oppo import records
 from oppo.config import to_dict
 from oppo.lengths import LengthTrace
 from oppo.records import StepRecord, phase_breakdown, summarize
@@ -48,10 +49,7 @@ def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: Lengt
 
 def time_to_reward(steps: list[StepRecord], threshold: float, window: int = 5) -> float | None:
     """Simulated seconds until the mean reward over ``window`` steps first reaches ``threshold``."""
-    for i in range(window - 1, len(steps)):
-        if sum(s.mean_reward for s in steps[i - window + 1 : i + 1]) / window >= threshold:
-            return steps[i].end_s - steps[0].start_s
-    return None
+    return records.time_to_reward([s.mean_reward for s in steps], [s.step_s for s in steps], threshold, window)
 
 
 def compare_rows(summaries: list[dict]) -> list[dict]:

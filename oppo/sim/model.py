@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from oppo.config import ScheduleConfig
+from oppo.config import ScheduleConfig, check_positive
 from oppo.records import StepRecord, TraceRow, TrainedSeq, device_count
 from oppo.scheduler import Scheduler
 from oppo.sim.costs import CostModel, pass_attended
@@ -32,8 +32,7 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.steps <= 0:
-            raise ValueError(f"steps must be > 0, got {self.steps}")
+        check_positive("steps", self.steps)
 
 
 @dataclass

@@ -70,3 +70,13 @@ def test_same_seed_same_records():
     _, b = run("oppo", steps=3, dtype="float32")
     assert [dataclasses.astuple(m) for _, m in a] == [dataclasses.astuple(m) for _, m in b]
     assert [o.trained for o, _ in a] == [o.trained for o, _ in b]
+
+
+def test_stored_config_roundtrips(tmp_path):
+    from oppo.config import to_dict
+    from oppo.exec.config import load_config
+    from oppo.records import write_json
+
+    config = ExecConfig(schedule=default_schedule(policy="oppo", chunk_candidates=(2, 4)), steps=3, seed=9)
+    write_json(tmp_path / "config.json", to_dict(config) | {"lengths": None})
+    assert load_config(tmp_path / "config.json") == config
