@@ -12,8 +12,8 @@ import argparse
 from pathlib import Path
 
 from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
-from oppo.exec.fidelity import fidelity
 from oppo.exec.train import train
+from oppo.fidelity import fidelity
 from oppo.lengths import load_lengths
 from oppo.sim.costs import gpu_efficiencies
 

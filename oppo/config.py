@@ -102,6 +102,18 @@ class ScheduleConfig:
         return None if self.delta == "auto" else int(self.delta)
 
 
+def schedule_from(defaults: dict[str, Any], **overrides: Any) -> ScheduleConfig:
+    """A schedule from a backend's or setup's ``defaults`` with ``overrides`` on top. Default Δ bounds follow a
+    smaller batch (``delta_max <= batch``, ``delta_init <= delta_max``); bounds given in ``overrides`` are kept
+    as given, so a contradiction still fails validation."""
+    defaults = dict(defaults)
+    batch = overrides.get("batch", defaults.get("batch", ScheduleConfig.batch))
+    delta_max = min(defaults.get("delta_max", ScheduleConfig.delta_max), batch)
+    defaults["delta_max"] = delta_max
+    defaults["delta_init"] = min(defaults.get("delta_init", ScheduleConfig.delta_init), delta_max)
+    return ScheduleConfig(**{**defaults, **overrides})
+
+
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")

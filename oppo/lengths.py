@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-TRACE_DIR = Path(__file__).resolve().parents[1] / "traces"  # the project's committed traces
+from oppo.data import TRACES, data_dir, trace_path
+
+TRACE_DIR = data_dir()  # the traces shipped with the package
 
 
 @dataclass(frozen=True)
@@ -34,13 +36,14 @@ class LengthTrace:
 
 
 def load_lengths(path: str | Path, model: str | None = None) -> LengthTrace:
-    """Load a length trace; ``model`` keeps only rows of that ``model`` column value (AlpacaEval has 225).
+    """Load a length trace: a CSV file, or a bundled trace by name (``alpaca_eval``, ``gsm8k``,
+    ``hh_rlhf_harmless``); ``model`` keeps only rows of that ``model`` column value (AlpacaEval has 225).
 
     Raises ``ValueError`` naming the file and the problem: missing column, empty, non-numeric or negative.
     """
-    path = Path(path)
+    path = trace_path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"lengths file not found: {path}")
+        raise FileNotFoundError(f"lengths file not found: {path} (bundled traces: {', '.join(TRACES)})")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", newline="") as fh:

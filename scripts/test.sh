@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Lint, format check and the default (fast, CPU) test run.
+# Lint, format check, import-direction contracts and the default (fast, CPU) test run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/lint-imports --no-cache
 .venv/bin/python -m pytest -q "$@"

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oppo.config import ScheduleConfig, check_positive, opt
+from oppo.config import ScheduleConfig, check_positive, opt, schedule_from
 
 PRESETS = ("tiny-cpu", "small-cpu", "hf")
 PLACEMENTS = ("colocated", "disaggregated")
@@ -84,10 +84,7 @@ def default_schedule(**overrides) -> ScheduleConfig:
     """The executor's default schedule: tiny models, short responses, small chunks."""
     defaults = dict(batch=8, max_new_tokens=48, chunk_candidates=(4, 8, 16), explore_period_steps=30,
                     check_tokens=4, delta_init=2, delta_max=4, delta_window=3, window_tokens=16)  # fmt: skip
-    batch = overrides.get("batch", defaults["batch"])  # a smaller B keeps the default Δ bounds within it
-    defaults["delta_max"] = min(defaults["delta_max"], batch)
-    defaults["delta_init"] = min(defaults["delta_init"], defaults["delta_max"])
-    return ScheduleConfig(**{**defaults, **overrides})
+    return schedule_from(defaults, **overrides)
 
 
 @dataclass(frozen=True)

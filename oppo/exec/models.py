@@ -1,8 +1,7 @@
 """Models of the four roles, loaded through ``from_pretrained(path)`` from Hugging Face checkpoint folders.
 
-Presets ``tiny-cpu`` and ``small-cpu`` build Llama-architecture models from a config, prepare them (SFT warm-up
-of the actor, reward model trained on synthetic preferences: see :mod:`oppo.exec.task`), save them with
-``save_pretrained`` into a cache folder, then load them like any checkpoint. Preset ``hf`` loads local folders.
+Presets ``tiny-cpu`` and ``small-cpu`` are checkpoints prepared at first use (:mod:`oppo.exec.tiny`); preset
+``hf`` loads local folders.
 
 Roles: actor (causal LM, trained), reference (frozen copy of the actor), critic (sequence-classification model
 with one label whose score head is applied at every position, trained) and reward (same class, head applied at
@@ -11,37 +10,14 @@ the last real token, frozen).
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaForSequenceClassification,
-    PreTrainedTokenizerFast,
-)
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from oppo.exec.config import ModelConfig
-
-PAD, EOS, BOS = 0, 1, 2  # special token ids of the tiny vocabularies
-CACHE_VERSION = "v1"
-
-SHAPES = {
-    # ~30k parameters: a default run finishes in a few minutes on 2 cores
-    "tiny-cpu": dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2),
-    # ~25M parameters
-    "small-cpu": dict(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=4),
-}  # fmt: skip
-
-
-PREP_STEPS = {"tiny-cpu": (300, 400, 32), "small-cpu": (60, 80, 16)}  # SFT steps, RM steps, batch
+from oppo.exec.tiny import prepared_checkpoints
 
 
 @dataclass
@@ -72,52 +48,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("OPPO_CACHE", Path.home() / ".cache" / "oppo"))
-
-
-def llama_config(preset: str, num_labels: int | None = None) -> LlamaConfig:
-    extra = {"num_labels": num_labels} if num_labels else {}
-    return LlamaConfig(
-        **SHAPES[preset], max_position_embeddings=4096, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
-        tie_word_embeddings=False, attn_implementation="sdpa", **extra,
-    )  # fmt: skip
-
-
-def tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over ``<pad> </s> <s> t3 t4 ...`` so the tiny checkpoints are complete folders."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<pad>": PAD, "</s>": EOS, "<s>": BOS} | {f"t{i}": i for i in range(3, vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>")
-
-
-def prepared_checkpoints(preset: str) -> dict[str, Path]:
-    """Folders of the preset's actor and reward model, built and prepared at first use (deterministic)."""
-    from oppo.exec import task
-
-    root = cache_dir() / f"{preset}-{CACHE_VERSION}"
-    paths = {"actor": root / "actor", "reward": root / "reward"}
-    if all((p / "config.json").exists() for p in paths.values()):
-        return paths
-    torch.manual_seed(0)
-    actor = LlamaForCausalLM(llama_config(preset))
-    reward = LlamaForSequenceClassification(llama_config(preset, num_labels=1))
-    sft_steps, rm_steps, batch = PREP_STEPS[preset]
-    task.sft_warmup(actor, vocab_size=SHAPES[preset]["vocab_size"], steps=sft_steps, batch=batch)
-    task.train_reward_model(reward, vocab_size=SHAPES[preset]["vocab_size"], steps=rm_steps, batch=batch)
-    tokenizer = tiny_tokenizer(SHAPES[preset]["vocab_size"])
-    for name, model in (("actor", actor), ("reward", reward)):
-        tmp = paths[name].with_name(f"{paths[name].name}.tmp{os.getpid()}")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(paths[name], ignore_errors=True)  # a partial folder from an interrupted build
-        os.replace(tmp, paths[name])
-    return paths
-
-
 def role_paths(config: ModelConfig) -> dict[str, Path | str]:
     """Checkpoint folder of each role (preparing the tiny presets at first use)."""
     if config.preset == "hf":
@@ -145,17 +75,26 @@ def load_roles(config: ModelConfig) -> Roles:
         torch.set_num_threads(config.threads)
     models = {role: load_role(config, role, device) for role in ("actor", "reference", "critic", "reward")}
     actor = models["actor"]
-    pad_id = actor.config.pad_token_id if actor.config.pad_token_id is not None else actor.config.eos_token_id
-    eos_id = actor.config.eos_token_id
-    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     return Roles(
         **models,
-        pad_id=int(pad_id),
-        eos_id=int(eos_id),
+        pad_id=pad_id_of(actor),
+        eos_id=eos_id_of(actor),
         vocab_size=actor.config.vocab_size,
         device=device,
         dtype=resolve_dtype(config.dtype, device),
     )
+
+
+def eos_id_of(model: torch.nn.Module) -> int:
+    eos_id = model.config.eos_token_id
+    return int(eos_id[0] if isinstance(eos_id, list) else eos_id)
+
+
+def pad_id_of(model: torch.nn.Module) -> int:
+    """The padding id (the EOS id where the checkpoint names none). Padded positions are always masked out, so
+    any id is correct; one rule keeps every process padding alike."""
+    pad_id = model.config.pad_token_id
+    return int(pad_id) if pad_id is not None else eos_id_of(model)
 
 
 def backbone(model: torch.nn.Module) -> torch.nn.Module:
@@ -166,3 +105,17 @@ def backbone(model: torch.nn.Module) -> torch.nn.Module:
 def score_head(model: torch.nn.Module) -> torch.nn.Module:
     """The head applied to hidden states: lm_head for causal LMs, score for sequence classification."""
     return model.lm_head if hasattr(model, "lm_head") else model.score
+
+
+def load_prompts(config) -> list[list[int]]:
+    """Token ids of each non-empty line of ``config.task.prompts`` (actor's tokenizer, no special tokens),
+    keeping the last ``prompt_tokens`` tokens of a long prompt."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(role_paths(config.model)["actor"])
+    lines = [line.strip() for line in Path(config.task.prompts).read_text().splitlines() if line.strip()]
+    prompts = [tokenizer(line, add_special_tokens=False)["input_ids"][-config.task.prompt_tokens :] for line in lines]
+    prompts = [p for p in prompts if p]
+    if not prompts:
+        raise ValueError(f"{config.task.prompts}: no prompt with any token")
+    return prompts

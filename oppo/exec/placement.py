@@ -10,14 +10,15 @@ receives the trained weights at every step start (recorded as ``sync``). Ray app
 from __future__ import annotations
 
 import os
+import sys
 
 import ray
 import torch
 
 from oppo.exec.config import ExecConfig
 from oppo.exec.models import Roles
-from oppo.exec.runner import SCORER_KINDS, Executor, device_name, local_scorers
-from oppo.exec.scoring import StreamingScorer, score_once
+from oppo.exec.runner import Executor, device_name, local_scorers
+from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
 from oppo.records import TraceRow
 
@@ -28,50 +29,45 @@ class WorkerDied(RuntimeError):
 
 @ray.remote
 class ScorerWorker:
-    """Scorer roles on one device (one core or one GPU). Times its work on the driver's wall clock (``t0``)."""
+    """Scorer roles on one device (one core or one GPU): a :class:`LocalScorer` per role, timed on the driver's
+    clock (``t0``), so local and remote roles run the same code and record the same rows."""
 
-    def __init__(self, model_config, roles: list[str], t0: float, device_label: str, threads: int) -> None:
+    def __init__(self, model_config, roles: list[str], pad_id: int, t0: float, device_label: str, threads: int):
         from oppo.exec.models import load_role, resolve_device
 
         torch.set_num_threads(threads)
         gpu_ids = ray.get_gpu_ids()
         device = torch.device("cuda", 0) if gpu_ids else resolve_device("cpu")
-        self.models = {role: load_role(model_config, role, device).requires_grad_(False) for role in roles}
         self.label = f"cuda:{int(gpu_ids[0])}" if gpu_ids else device_label
         self.rec = Recorder(t0)  # the driver's clock zero: one time axis for every process
-        self.pad_id = next(iter(self.models.values())).config.pad_token_id or 0
-        self.streamers = {
-            role: StreamingScorer(model, SCORER_KINDS[role], role != "critic", self.pad_id)
-            for role, model in self.models.items()
-        }
+        self.scorers = {
+            role: LocalScorer.for_role(role, load_role(model_config, role, device).requires_grad_(False), pad_id,
+                                       self.rec, self.label)
+            for role in roles
+        }  # fmt: skip
 
-    def ready(self) -> str:
-        return self.label
+    def ready(self) -> tuple[str, int]:
+        """The device label and the worker's process id (shown to the user, used to stop it)."""
+        return self.label, os.getpid()
 
     def begin(self, role, step, seqs):
-        with self.rec.op(step, self.label, role, "prefill", batch=len(seqs)) as info:
-            info["tokens"] = self.streamers[role].begin(seqs)
+        self.scorers[role].begin(step, seqs)
 
     def feed(self, role, step, new_tokens):
-        streamer = self.streamers[role]
-        with self.rec.op(step, self.label, role, "prefill", len(new_tokens), context=streamer.cached_tokens) as info:
-            info["tokens"] = streamer.feed(new_tokens)
+        self.scorers[role].feed(step, new_tokens)
 
     def outputs(self, role, step, seq_ids):
-        with self.rec.op(step, self.label, role, "score", batch=len(seq_ids)):
-            return [t.cpu() for t in self.streamers[role].outputs(seq_ids)]
+        return [t.cpu() for t in self.scorers[role].outputs(step, seq_ids).get()]
 
     def score(self, role, step, seqs):
-        tokens = sum(len(s[1]) for s in seqs)
-        with self.rec.op(step, self.label, role, "score", batch=len(seqs), tokens=tokens):
-            return [t.cpu() for t in score_once(self.models[role], SCORER_KINDS[role], seqs, self.pad_id)]
+        return [t.cpu() for t in self.scorers[role].score(step, seqs).get()]
 
     def end(self, role, carried):
-        self.streamers[role].end(carried)
+        self.scorers[role].end(carried)
 
     def load_weights(self, role, step, state):
         with self.rec.op(step, self.label, role, "sync", batch=1):
-            self.models[role].load_state_dict(state)
+            self.scorers[role].model.load_state_dict(state)
 
     def collect(self):
         rows, self.rec.rows = self.rec.rows, []
@@ -149,12 +145,15 @@ class DisaggregatedExecutor(Executor):
         groups = [[r for r in entry.split("+") if r in scorers] for entry in remote_roles]
         for k, group in enumerate(g for g in groups if g):
             options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
-            worker = ScorerWorker.options(**options).remote(config.model, group, wall_t0, f"cpu{k + 1}", 1)
+            worker = ScorerWorker.options(**options).remote(config.model, group, roles.pad_id, wall_t0,
+                                                            f"cpu{k + 1}", 1)  # fmt: skip
             for i, role in enumerate(group):
                 scorers[role] = RemoteScorer(role, worker, collects=i == 0)
-        for scorer in scorers.values():  # models loaded before the first step's clock starts
-            if isinstance(scorer, RemoteScorer):
-                _get(scorer.worker.ready.remote(), scorer.role)
+        for role, scorer in scorers.items():  # models loaded before the first step's clock starts
+            if isinstance(scorer, RemoteScorer) and scorer.collects:
+                label, pid = _get(scorer.worker.ready.remote(), role)
+                roles_there = "+".join(r for r, s in scorers.items() if getattr(s, "worker", None) is scorer.worker)
+                print(f"placement: {roles_there} on {label} (worker pid {pid})", file=sys.stderr)
         super().__init__(config, roles, recorder, lengths, scorers)
         self.device = device_name(roles.device)
 

@@ -14,14 +14,12 @@ import torch
 from oppo.exec import task
 from oppo.exec.config import ExecConfig
 from oppo.exec.generation import ChunkedDecoder
-from oppo.exec.models import Roles
+from oppo.exec.models import Roles, load_prompts
 from oppo.exec.ppo import gae, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
 from oppo.exec.scoring import LocalScorer, score_once
 from oppo.exec.timing import Recorder
 from oppo.lengths import LengthTrace
 from oppo.scheduler import Scheduler, StepOutcome
-
-SCORER_KINDS = {"reward": "reward", "reference": "logprob", "critic": "value"}
 
 
 @dataclass
@@ -59,7 +57,7 @@ class Executor:
         self.scorers = scorers if scorers is not None else local_scorers(config, roles, recorder)
         streamed = config.schedule.streamed_scorers if config.schedule.streaming else ()
         self.streamed = {role: handle for role, handle in self.scorers.items() if role in streamed}
-        self.prompts = task.load_prompts(config) if config.task.prompts else None  # token ids per line
+        self.prompts = load_prompts(config) if config.task.prompts else None  # token ids per line
 
     def _seed(self, *parts: int) -> int:
         return derived_seed(self.config.seed, *parts)
@@ -228,12 +226,7 @@ def local_scorers(config: ExecConfig, roles: Roles, recorder: Recorder) -> dict:
     """Scorer roles in this process: reference, critic, and the reward model unless the reward is a rule."""
     names = ["reference", "critic"] + (["reward"] if config.task.reward_kind == "learned" else [])
     device = device_name(roles.device)
-    return {
-        role: LocalScorer(
-            role, getattr(roles, role), SCORER_KINDS[role], role != "critic", roles.pad_id, recorder, device
-        )
-        for role in names
-    }  # the critic changes every step: its cache is not kept across steps
+    return {role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, device) for role in names}
 
 
 def _step(optimizer, loss: torch.Tensor, model: torch.nn.Module, max_norm: float) -> None:

@@ -180,9 +180,19 @@ class Done:
         return self.value
 
 
+ROLE_KINDS = {"reward": "reward", "reference": "logprob", "critic": "value"}  # what each scorer role computes
+
+
 class LocalScorer:
-    """A scorer role in this process, timed on the shared recorder. The same methods as a remote role
-    (:class:`oppo.exec.placement.RemoteScorer`), so the training loop does not know where a role runs."""
+    """A scorer role in this process, timed on a recorder. The same methods as a remote role
+    (:class:`oppo.exec.placement.RemoteScorer`, which wraps one of these in its worker), so the training loop
+    does not know where a role runs."""
+
+    @classmethod
+    def for_role(cls, role: str, model, pad_id: int, recorder, device: str) -> LocalScorer:
+        """Frozen roles (reward, reference) keep carried sequences' caches across steps; the critic changes
+        every step and re-prefills."""
+        return cls(role, model, ROLE_KINDS[role], role != "critic", pad_id, recorder, device)
 
     def __init__(self, role: str, model, kind: str, keep_cache: bool, pad_id: int, recorder, device: str):
         self.role, self.model, self.kind, self.pad_id = role, model, kind, pad_id

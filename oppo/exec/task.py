@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from oppo.exec.models import EOS, PAD
-
-FIRST_CONTENT = 3
+PAD, EOS, BOS = 0, 1, 2  # special token ids of the task's vocabulary
+FIRST_CONTENT = 3  # ids from here on are content tokens
 
 
 def is_target(tokens: torch.Tensor) -> torch.Tensor:
@@ -26,24 +25,6 @@ def rule_score(responses: list[list[int]]) -> torch.Tensor:
         content = torch.tensor([t for t in tokens if t >= FIRST_CONTENT], dtype=torch.long)
         scores.append(is_target(content).float().mean().item() if len(content) else 0.0)
     return torch.tensor(scores)
-
-
-def load_prompts(config) -> list[list[int]]:
-    """Token ids of each non-empty line of ``config.task.prompts`` (actor's tokenizer, no special tokens),
-    keeping the last ``prompt_tokens`` tokens of a long prompt."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    from oppo.exec.models import role_paths
-
-    tokenizer = AutoTokenizer.from_pretrained(role_paths(config.model)["actor"])
-    lines = [line.strip() for line in Path(config.task.prompts).read_text().splitlines() if line.strip()]
-    prompts = [tokenizer(line, add_special_tokens=False)["input_ids"][-config.task.prompt_tokens :] for line in lines]
-    prompts = [p for p in prompts if p]
-    if not prompts:
-        raise ValueError(f"{config.task.prompts}: no prompt with any token")
-    return prompts
 
 
 def random_prompts(generator: torch.Generator, n: int, length: int, vocab_size: int) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """A cost model fitted to an executor's records (``trace.csv``): per role and phase, least squares on the
-simulator's own features. ``python -m oppo.sim calibrate --trace RUN/trace.csv --out traces/profiles/NAME.json``.
+simulator's own features. ``python -m oppo.sim calibrate --trace RUN/trace.csv --out oppo/data/profiles/NAME.json``.
 
 Prefill and score rows of a role are one forward-pass fit (``forward``): the same computation, and together they
 span short (prompt) and long (whole sequence) passes. Features (all linear in the coefficients):

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
     cal = sub.add_parser("calibrate", help="fit a cost profile to an executor run's trace.csv")
     cal.add_argument("--trace", required=True, help="trace.csv of an oppo.exec run")
-    cal.add_argument("--out", required=True, help="profile JSON to write (e.g. traces/profiles/tiny-cpu.json)")
+    cal.add_argument("--out", required=True, help="profile JSON to write (e.g. oppo/data/profiles/tiny-cpu.json)")
     return parser
 
 

@@ -3,7 +3,7 @@
 One implementation, two sources of its efficiency factors:
 - analytic: datasheet bandwidth and FLOP/s times default efficiencies;
 - fitted: efficiencies fitted by least squares to measured operator timings (:func:`fit_roofline`), e.g. the
-  real A100/H100/A40 profiles in ``traces/profiles/`` (:func:`gpu_efficiencies`).
+  real A100/H100/A40 profiles in ``oppo/data/profiles/`` (:func:`gpu_efficiencies`).
 
 The time of a pass is ``max(bytes / achieved_bandwidth, flops / achieved_flops)`` (a roofline): decode is
 bandwidth-bound (weights + KV cache read once per iteration), prefill and training compute-bound. The measured
@@ -21,9 +21,10 @@ from typing import Protocol
 
 import numpy as np
 
+from oppo.data import profile_dir
 from oppo.sim.hardware import GPU, Engine, ModelShape
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "traces" / "profiles"
+PROFILE_DIR = profile_dir()  # shipped with the package (oppo/data/profiles)
 
 
 class CostModel(Protocol):
@@ -187,7 +188,7 @@ def fit_gpu_profile(gpu: GPU, rows: list[dict[str, str]], seed: int = 0) -> Prof
 
 @functools.cache
 def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
-    """Fitted efficiencies per GPU from ``traces/profiles/vidur_layer_ms.csv`` (tensor-parallel degree 1 rows).
+    """Fitted efficiencies per GPU from ``oppo/data/profiles/vidur_layer_ms.csv`` (tensor-parallel degree 1 rows).
     GPUs without a profile
     inherit one: H200 and GH200 from H100 (same compute; the efficiency applies to their own bandwidth, as the
     profile README suggests), A100-40GB from A100."""

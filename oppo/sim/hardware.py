@@ -1,11 +1,15 @@
 """Hardware and model shapes: GPU datasheets, transformer shapes, generation engines.
 
-Datasheet figures (dense bf16, no sparsity) from the vendors' sheets; model shapes from the models' configs.
+Datasheet figures (dense bf16, no sparsity) from the vendors' sheets; model shapes from :mod:`oppo.shapes` (the
+models' own ``config.json`` fields) or from a user's ``config.json``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, load_hf_config
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,13 @@ class ModelShape:
     vocab: int
     bytes_per_param: int = 2  # bf16
 
+    @classmethod
+    def from_hf(cls, name: str, config: dict) -> ModelShape:
+        """The shape of a Hugging Face ``config.json`` (its fields, as in :data:`oppo.shapes.HF_SHAPES`)."""
+        return cls(name, config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
+                   config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"],
+                   BYTES_PER_PARAM[config.get("dtype", "bfloat16")])  # fmt: skip
+
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
@@ -72,18 +83,18 @@ class ModelShape:
         return 2 * self.params * tokens + 4 * self.layers * self.hidden * attended
 
 
-MODELS = {
-    m.name: m
-    for m in (
-        ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064),
-        ModelShape("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936),
-        ModelShape("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936),
-        ModelShape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000),
-        # the executor's presets (float32 on CPU)
-        ModelShape("tiny-cpu", 2, 64, 4, 2, 128, 64, bytes_per_param=4),
-        ModelShape("small-cpu", 4, 512, 8, 4, 1536, 512, bytes_per_param=4),
-    )
-}
+MODELS = {name: ModelShape.from_hf(name, config) for name, config in HF_SHAPES.items()}
+
+
+def model_shape(name_or_config: str) -> ModelShape:
+    """A named shape (:data:`MODELS`) or the shape of a Hugging Face ``config.json`` (file or folder)."""
+    if name_or_config in MODELS:
+        return MODELS[name_or_config]
+    if not name_or_config.endswith(".json") and not Path(name_or_config).is_dir():
+        raise ValueError(
+            f"unknown model {name_or_config!r}; choose from {', '.join(sorted(MODELS))} or a Hugging Face config.json"
+        )
+    return ModelShape.from_hf(name_or_config, load_hf_config(name_or_config))
 
 
 @dataclass(frozen=True)

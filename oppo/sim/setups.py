@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oppo.config import ScheduleConfig
+from oppo.config import ScheduleConfig, schedule_from
 from oppo.records import device_count
 from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
-from oppo.sim.hardware import ENGINES, GPUS, MODELS, lookup
+from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape
 from oppo.sim.workload import LengthModel, RewardCurve
 
 PLACEMENTS = ("disaggregated", "colocated")
@@ -67,8 +67,8 @@ class Contention:
 class Setup:
     name: str
     gpu: str
-    actor: str  # model shape of actor, critic and reference
-    reward: str | None  # reward model shape; None = rule-based reward (no reward model)
+    actor: str  # model shape of actor, critic and reference: a name in MODELS or a Hugging Face config.json
+    reward: str | None  # reward model shape (same forms); None = rule-based reward (no reward model)
     batch: int  # the paper's B for this setup
     max_new_tokens: int
     engine: str = "hf"  # generation engine: hf (TRL's generate) or vllm
@@ -86,9 +86,9 @@ class Setup:
 
     def __post_init__(self) -> None:
         lookup(GPUS, self.gpu, "gpu")
-        lookup(MODELS, self.actor, "model")
+        model_shape(self.actor)
         if self.reward is not None:
-            lookup(MODELS, self.reward, "model")
+            model_shape(self.reward)
         lookup(ENGINES, self.engine, "engine")
         if self.cost not in ("fitted", "analytic") and not self.cost.endswith(".json"):
             raise ValueError(f"unknown cost {self.cost!r}; choose fitted, analytic or a calibrated .json profile")
@@ -104,11 +104,7 @@ class Setup:
             window_tokens=self.window_tokens, check_tokens=self.check_tokens,
             delta_max=max(1, self.batch // 4), delta_init=max(1, self.batch // 16),
         )  # fmt: skip
-        batch = overrides.get("batch", self.batch)
-        if "batch" in overrides:  # keep Δ bounds consistent with a smaller B unless they are given
-            defaults["delta_max"] = min(defaults["delta_max"], batch)
-            defaults["delta_init"] = min(defaults["delta_init"], defaults["delta_max"])
-        return ScheduleConfig(**{**defaults, **overrides})
+        return schedule_from(defaults, **overrides)
 
     @property
     def devices(self) -> dict[str, str]:
@@ -126,7 +122,7 @@ class Setup:
 
     def costs(self) -> dict[str, CostModel]:
         """A cost model per role on its device group: roofline (fitted or analytic efficiencies), or a profile
-        calibrated on an executor's records (``cost = "NAME.json"``, looked up in traces/profiles/)."""
+        calibrated on an executor's records (``cost = "NAME.json"``, looked up in oppo/data/profiles/)."""
         if self.cost.endswith(".json"):
             from oppo.sim.calibrate import calibrated_costs
 
@@ -141,7 +137,7 @@ class Setup:
         shapes = {"actor": self.actor, "critic": self.actor, "reference": self.actor, "reward": self.reward}
         out = {}
         for role, device in self.devices.items():
-            out[role] = RooflineCost(MODELS[shapes[role]], gpu, device_count(device), engine, eff)
+            out[role] = RooflineCost(model_shape(shapes[role]), gpu, device_count(device), engine, eff)
         return out
 
 
@@ -187,7 +183,7 @@ def paper_7b_a100_2x4() -> Setup:
 
 def _cpu_preset(name: str) -> Setup:
     """An executor preset on this machine (one core, colocated, executor defaults), costs calibrated on its own
-    ``sync`` run (``traces/profiles/NAME.json``, made by ``python -m oppo.sim calibrate``)."""
+    ``sync`` run (``oppo/data/profiles/NAME.json``, made by ``python -m oppo.sim calibrate``)."""
     return Setup(
         name, "cpu-core", name, name, batch=8, max_new_tokens=48, engine="torch-cpu", cost=f"{name}.json",
         chunk_candidates=(4, 8, 16), window_tokens=16, check_tokens=4, ppo_epochs=2, minibatches=2,

@@ -29,15 +29,19 @@ def weights(model):
 
 
 @pytest.mark.parametrize("chunk", ["3", "8"])
-def test_intra_equals_sync_exactly_in_float64(chunk):
+def test_intra_equals_sync_in_float64(chunk):
+    """Same sequences trained; rewards and final weights equal to 1e-12 relative (streamed prefill and one padded
+    forward reduce in different orders, so the last bits may differ)."""
     sync, sync_steps = run("sync")
     intra, intra_steps = run("intra", chunk=chunk, streamed_scorers=("reward", "reference"))
-    assert [m.mean_reward for _, m in sync_steps] == [m.mean_reward for _, m in intra_steps]
     assert [[t.seq_id for t in o.trained] for o, _ in sync_steps] == [
         [t.seq_id for t in o.trained] for o, _ in intra_steps
     ]
-    assert torch.equal(weights(sync.roles.actor), weights(intra.roles.actor))
-    assert torch.equal(weights(sync.roles.critic), weights(intra.roles.critic))
+    assert [m.mean_reward for _, m in intra_steps] == pytest.approx([m.mean_reward for _, m in sync_steps], rel=1e-12)
+    for role in ("actor", "critic"):
+        a, b = weights(getattr(sync.roles, role)), weights(getattr(intra.roles, role))
+        assert a.dtype == b.dtype == torch.float64
+        assert float((a - b).abs().max()) <= 1e-12 * float(a.abs().max()), role
 
 
 def test_intra_close_to_sync_in_float32():

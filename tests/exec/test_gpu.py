@@ -1,5 +1,7 @@
 """GPU path: the same checks on CUDA. Run with ``pytest -m gpu`` on a machine with a GPU; skipped without one."""
 
+import copy
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ def test_streamed_reward_equals_full_on_cuda(tiny_models):
     from tests.exec.test_scoring import sequences, stream
 
     _, reward = tiny_models[torch.float32]
-    reward = reward.to("cuda")
+    reward = copy.deepcopy(reward).to("cuda")  # the session fixture stays on the CPU
     seqs = sequences(0)
     streamed = torch.stack(stream(StreamingScorer(reward, "reward", True, 0), seqs, 7))
     once = torch.stack(score_once(reward, "reward", seqs, 0))

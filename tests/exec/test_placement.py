@@ -1,50 +1,80 @@
-"""Disaggregated placement: a short run with the reward model in a Ray actor equals the colocated run."""
+"""Disaggregated placement: a short run with the reward model in a Ray actor equals the colocated run.
+
+Worker processes are found by the process id the run prints for each worker (``placement: ... (worker pid N)``):
+the tests stop only processes they started themselves."""
 
 import csv
+import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 pytest.importorskip("ray")
 
+TRAIN = [sys.executable, "-m", "oppo.exec.train", "--mode", "intra", "--chunk", "4", "--batch", "4"]
+
 
 def run(tmp_path, placement, *extra):
     out = tmp_path / placement
-    cmd = [sys.executable, "-m", "oppo.exec.train", "--mode", "intra", "--chunk", "4", "--steps", "3",
-           "--batch", "4", "--seed", "5", "--placement", placement, "--out", str(out), *extra]  # fmt: skip
+    cmd = [*TRAIN, "--steps", "3", "--seed", "5", "--placement", placement, "--out", str(out), *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    return out
+    return out, res.stderr
 
 
 def rewards(out):
     return [float(r["mean_reward"]) for r in csv.DictReader(open(out / "steps.csv"))]
 
 
+def worker_pids(stderr: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"\(worker pid (\d+)\)", stderr)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) is not running
+    state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] if os.path.exists(f"/proc/{pid}") else "X"
+    return state not in ("Z", "X")
+
+
 def test_disaggregated_matches_colocated(tmp_path):
-    colocated = run(tmp_path, "colocated")
-    disaggregated = run(tmp_path, "disaggregated")
+    colocated, _ = run(tmp_path, "colocated")
+    disaggregated, stderr = run(tmp_path, "disaggregated")
     assert rewards(disaggregated) == pytest.approx(rewards(colocated), abs=1e-5)
     devices = {(r["device"], r["role"]) for r in csv.DictReader(open(disaggregated / "trace.csv"))}
     assert ("cpu1", "reward") in devices and ("cpu0", "actor") in devices
-    leftover = subprocess.run(["pgrep", "-f", "ray::ScorerWorker"], capture_output=True, text=True)
-    assert leftover.stdout.strip() == ""  # clean shutdown
+    pids = worker_pids(stderr)
+    assert len(pids) == 1, stderr
+    deadline = time.monotonic() + 30  # the worker exits with the run (clean shutdown)
+    while alive(pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pids[0])
 
 
 def test_dead_worker_ends_run_with_records(tmp_path):
-    import json
-    import time
-
-    out = tmp_path / "dies"
-    cmd = [sys.executable, "-m", "oppo.exec.train", "--mode", "intra", "--chunk", "4", "--steps", "100000",
-           "--batch", "4", "--placement", "disaggregated", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and not (out / "steps.csv").exists():
-        time.sleep(0.2)
-    subprocess.run(["pkill", "-9", "-f", "ray::ScorerWorker"])
-    _, err = proc.communicate(timeout=120)
+    out, log = tmp_path / "dies", tmp_path / "stderr.txt"
+    cmd = [*TRAIN, "--steps", "100000", "--placement", "disaggregated", "--out", str(out)]
+    with open(log, "w") as err_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not ((out / "steps.csv").exists() and worker_pids(log.read_text())):
+            time.sleep(0.2)
+        (pid,) = worker_pids(log.read_text())
+        os.kill(pid, signal.SIGKILL)  # the worker this run started, by its id
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = log.read_text()
     assert proc.returncode == 1, err
     assert "reward worker died" in err
     assert json.loads((out / "summary.json").read_text())["steps"] >= 10

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from oppo.exec.models import prepared_checkpoints
+from oppo.exec.tiny import prepared_checkpoints
 
 
 def train(*args, **kwargs):

@@ -1,5 +1,8 @@
 """Develop in simulation, validate on hardware: predict executor runs with the simulator and measure the error.
 
+The one module that joins the two backends (``oppo.sim`` and ``oppo.exec`` never import each other; a lint
+contract in ``pyproject.toml`` enforces it).
+
 Protocol (:func:`fidelity`): run the executor for several policies with forced lengths; calibrate the simulator's
 cost profile on the ``sync`` run only; simulate every policy with the same schedule, the same per-sequence
 lengths (replayed in admission order) and the same seed; compare step times step by step. Fixed chunk size and
@@ -16,18 +19,21 @@ from oppo.exec.config import ExecConfig, load_config
 from oppo.exec.runner import forced_length
 from oppo.lengths import LengthTrace
 from oppo.records import StepRecord, TraceRow, read_rows
+from oppo.sim import SimConfig, simulate
+from oppo.sim.calibrate import fit_trace, save_profile
+from oppo.sim.setups import Contention, LengthModel, Placement, Setup
 
 
-def sim_setup_for(config: ExecConfig, profile: str | Path):
+def sim_setup_for(config: ExecConfig, profile: str | Path) -> Setup:
     """The simulator setup that mirrors an executor config on this machine, costs from ``profile``."""
-    from oppo.sim.setups import Contention, LengthModel, Placement, Setup
-
     colocated = config.placement == "colocated"
     placement = Placement("colocated", 1, 0) if colocated else Placement("disaggregated", 1, 1)
-    preset = config.model.preset if config.model.preset != "hf" else "tiny-cpu"
+    hf = config.model.preset == "hf"  # a checkpoint's own config.json is its shape
+    actor = f"{config.model.actor}/config.json" if hf else config.model.preset
+    reward = f"{config.model.reward}/config.json" if hf else config.model.preset
     return Setup(
-        name=f"{preset}-calibrated", gpu="cpu-core", actor=preset,
-        reward=preset if config.task.reward_kind == "learned" else None,
+        name=f"{config.model.preset}-calibrated", gpu="cpu-core", actor=actor,
+        reward=reward if config.task.reward_kind == "learned" else None,
         batch=config.schedule.batch, max_new_tokens=config.schedule.max_new_tokens, engine="torch-cpu",
         cost=str(profile), ppo_epochs=config.ppo.epochs, minibatches=config.ppo.minibatches, placement=placement,
         contention=Contention(chunk_handoff_s=0.0, colocated_overlap_frac=0.0),
@@ -44,8 +50,6 @@ def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTr
 
 def predict(run_dir: Path, profile: Path, lengths: LengthTrace) -> list[StepRecord]:
     """Simulate the run recorded in ``run_dir`` (its config.json) with the cost ``profile``."""
-    from oppo.sim import SimConfig, simulate
-
     config = load_config(run_dir / "config.json")
     setup = sim_setup_for(config, profile)
     replay = replay_lengths(config, lengths, config.schedule.batch * (config.steps + 2) + 64)
@@ -62,8 +66,6 @@ def step_errors(measured: list[StepRecord], predicted: list[StepRecord], skip: i
 def fidelity(runs: dict[str, Path], lengths: LengthTrace, profile_out: Path) -> dict[str, dict[str, float]]:
     """Calibrate on ``runs["sync"]``, predict every run; per policy: median step error, measured and predicted
     mean step time (steps 1..) and their speedup over sync."""
-    from oppo.sim.calibrate import fit_trace, save_profile
-
     save_profile(fit_trace(read_rows(runs["sync"] / "trace.csv", TraceRow)), profile_out, str(runs["sync"]))
     report = {}
     for policy, run in runs.items():
