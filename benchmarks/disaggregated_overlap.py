@@ -13,9 +13,8 @@ import csv
 import json
 from pathlib import Path
 
-from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule
+from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
-from oppo.lengths import load_lengths
 from oppo.records import TraceRow, hidden_fraction, read_rows
 
 
@@ -32,16 +31,17 @@ def main() -> None:
     parser.add_argument("--lengths-model", default="alpaca-7b")
     parser.add_argument("--out", default="runs/bench-disaggregated")
     args = parser.parse_args()
-    lengths = load_lengths("traces/alpaca_eval_lengths.csv.gz", model=args.lengths_model)
     results = {}
     for policy in args.policies.split(","):
         schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens,
                                     chunk=args.chunk, check_tokens=8, delta_init=2, delta_max=max(2, args.batch // 4),
                                     streamed_scorers=("reward", "reference", "critic"))  # fmt: skip
         config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps,
-                            ppo=PPOConfig(epochs=args.epochs, minibatches=1), placement="disaggregated")  # fmt: skip
+                            ppo=PPOConfig(epochs=args.epochs, minibatches=1), placement="disaggregated",
+                            remote_roles=tuple(args.remote_roles.split(",")),
+                            task=TaskConfig(lengths="alpaca_eval", lengths_model=args.lengths_model))  # fmt: skip
         out = Path(args.out) / f"{args.preset}-{policy}"
-        train(config, out, lengths, remote_roles=tuple(args.remote_roles.split(",")))
+        train(config, out)
         summary = json.loads((out / "summary.json").read_text())
         trace = read_rows(out / "trace.csv", TraceRow)
         steps = list(csv.DictReader(open(out / "steps.csv")))

@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 
 from oppo.config import POLICIES
-from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
-from oppo.lengths import load_lengths
 
 
 def main() -> None:
@@ -26,13 +25,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--chunk", default="64", help="chunk size of streamed policies (or auto)")
-    parser.add_argument("--lengths", default="traces/alpaca_eval_lengths.csv.gz")
+    parser.add_argument("--lengths", default="alpaca_eval")
     parser.add_argument("--lengths-model", default="alpaca-7b", help="AlpacaEval model whose lengths to replay")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench-exec")
     args = parser.parse_args()
-    lengths = load_lengths(args.lengths, model=args.lengths_model)
+    task = TaskConfig(lengths=args.lengths, lengths_model=args.lengths_model)
     summaries = {}
     for policy in args.policies.split(","):
         assert policy in POLICIES, policy
@@ -41,9 +40,9 @@ def main() -> None:
             check_tokens=8, delta_init=args.batch // 4, delta_max=args.batch // 4, window_tokens=args.max_new_tokens // 4,
         )  # fmt: skip
         model = ModelConfig(preset=args.preset, threads=args.threads)
-        config = ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed)
+        config = ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed, task=task)
         out = Path(args.out) / f"{args.preset}-{policy}"
-        train(config, out, lengths)
+        train(config, out)
         summaries[policy] = json.loads((out / "summary.json").read_text())
     report(summaries, args)
 

@@ -11,7 +11,7 @@ error of the GPU profile fits.
 import argparse
 from pathlib import Path
 
-from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
 from oppo.fidelity import fidelity
 from oppo.lengths import load_lengths
@@ -30,14 +30,15 @@ def main() -> None:
     parser.add_argument("--lengths-model", default="alpaca-7b")
     parser.add_argument("--out", default="runs/fidelity")
     args = parser.parse_args()
-    lengths = load_lengths("traces/alpaca_eval_lengths.csv.gz", model=args.lengths_model)
+    task = TaskConfig(lengths="alpaca_eval", lengths_model=args.lengths_model)
+    lengths = load_lengths(task.lengths, model=task.lengths_model)
     runs = {}
     for policy in args.policies.split(","):
         schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens,
                                     chunk=args.chunk, delta=args.delta, check_tokens=8)  # fmt: skip
-        config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps)
+        config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps, task=task)
         runs[policy] = Path(args.out) / f"{args.preset}-{policy}"
-        train(config, runs[policy], lengths)
+        train(config, runs[policy])
     report = fidelity(runs, lengths, Path(args.out) / f"{args.preset}-profile.json")
     print(f"\n{args.preset}: calibrated on sync only; B={args.batch}, {args.lengths_model} lengths cap "
           f"{args.max_new_tokens}, chunk {args.chunk}, delta {args.delta}, steps 1..{args.steps - 1}")  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from oppo.config import sources_of
 from oppo.data import TRACES, data_dir, trace_path
 
 TRACE_DIR = data_dir()  # the traces shipped with the package
@@ -23,6 +24,14 @@ class LengthTrace:
     response_tokens: np.ndarray  # (N,) int64, >= 0
     prompt_tokens: np.ndarray | None  # (N,) int64 or None
     ordered: bool = False  # replay rows in order (the i-th admitted sequence gets row i), not sampled
+    path: str | None = None  # the file or bundled name it was loaded from (None: built in memory)
+    model: str | None = None  # the 'model' column value it was filtered to
+
+    def source(self) -> dict:
+        """What a run's config stores to load this trace again: path, model filter, content digest."""
+        if self.path is None:
+            return {"lengths": None, "lengths_model": None, "sources": {}}
+        return {"lengths": self.path, "lengths_model": self.model, "sources": sources_of({"lengths": self.path})}
 
     def sample(self, rng: np.random.Generator, n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
         """``n`` rows: drawn with replacement, or rows ``start .. start+n`` (cycling) of an ordered trace.
@@ -59,7 +68,9 @@ def load_lengths(path: str | Path, model: str | None = None) -> LengthTrace:
             raise ValueError(f"{path}: no rows with model={model!r}")
     response = _column(path, rows, "response_tokens")
     prompt = _column(path, rows, "prompt_tokens") if "prompt_tokens" in rows[0] else None
-    return LengthTrace(name=path.name.split(".")[0], response_tokens=response, prompt_tokens=prompt)
+    bundled = path.resolve().parent == data_dir().resolve()
+    stored = path.name if bundled else str(path.resolve())  # a bundled trace resolves from any directory
+    return LengthTrace(path.name.split(".")[0], response, prompt, path=stored, model=model)
 
 
 def _column(path: Path, rows: list[dict[str, str]], name: str) -> np.ndarray:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oppo.config import ScheduleConfig, check_positive, opt, schedule_from
+from oppo.config import (
+    ScheduleConfig,
+    check_positive,
+    check_sources,
+    config_from_dict,
+    load_stored_config,
+    opt,
+    schedule_from,
+)
 
 PRESETS = ("tiny-cpu", "small-cpu", "hf")
+REMOTE_ROLES = ("reward", "reference", "critic")
 PLACEMENTS = ("colocated", "disaggregated")
 REWARDS = ("learned", "rule")
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
@@ -71,6 +78,9 @@ class TaskConfig:
     prompt_tokens: int = opt(8, "prompt length in tokens (synthetic prompts; the cap for --prompts)")
     prompts: str | None = opt(None, "text file, one prompt per line, tokenized by the actor's tokenizer "
                               "(default: synthetic prompts)")  # fmt: skip
+    lengths: str | None = opt(None, "force response lengths from this trace (EOS at the traced length): a CSV "
+                              "file or a bundled trace (alpaca_eval, gsm8k, hh_rlhf_harmless)")  # fmt: skip
+    lengths_model: str | None = opt(None, "keep only trace rows whose 'model' column equals this")
 
     def __post_init__(self) -> None:
         if self.reward_kind not in REWARDS:
@@ -78,6 +88,8 @@ class TaskConfig:
         check_positive("prompt_tokens", self.prompt_tokens)
         if self.prompts is not None and not Path(self.prompts).is_file():
             raise ValueError(f"prompts file not found: {self.prompts}")
+        if self.lengths_model is not None and self.lengths is None:
+            raise ValueError("--lengths-model needs --lengths")
 
 
 def default_schedule(**overrides) -> ScheduleConfig:
@@ -95,24 +107,37 @@ class ExecConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
-    steps: int = 200
-    seed: int = 0
-    placement: str = "colocated"
+    steps: int = opt(200, "PPO steps")
+    seed: int = opt(0, "seed of prompts, sampling and minibatches")
+    placement: str = opt("colocated", "colocated (one process) or disaggregated (scorer roles in Ray workers)")
+    remote_roles: tuple[str, ...] = opt(("reward",), "disaggregated: scorer roles in Ray workers, one device per "
+                                        "comma-separated entry; '+' shares a device, e.g. reward+reference,critic")  # fmt: skip
+    ray_address: str | None = opt(None, "disaggregated: join this Ray cluster instead of starting one")
 
     def __post_init__(self) -> None:
         check_positive("steps", self.steps)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
+        unknown = {role for entry in self.remote_roles for role in entry.split("+")} - set(REMOTE_ROLES)
+        if unknown or not self.remote_roles:
+            raise ValueError(f"remote roles {sorted(unknown) or 'empty'}: choose among {', '.join(REMOTE_ROLES)}")
+
+
+SECTIONS = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, "task": TaskConfig}
 
 
 def load_config(path: str | Path) -> ExecConfig:
-    """The config a run stored beside its records (``config.json``; extra keys, e.g. ``lengths``, ignored)."""
-    raw = json.loads(Path(path).read_text())
-    sections = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, "task": TaskConfig}
-    kwargs = {name: _from_dict(cls, raw[name]) for name, cls in sections.items()}
-    return ExecConfig(**kwargs, steps=raw["steps"], seed=raw["seed"], placement=raw["placement"])
+    """The config a run stored beside its records (``config.json``), checked to describe the same inputs: a
+    lengths or prompts file whose content changed since the run is an error (``sources`` digests)."""
+    raw = load_stored_config(path)
+    kwargs = {name: config_from_dict(cls, raw.get(name, {}), f"{path}: [{name}]") for name, cls in SECTIONS.items()}
+    top = {k: v for k, v in raw.items() if k not in SECTIONS and k != "sources"}
+    config = config_from_dict(ExecConfig, top, str(path), **kwargs)
+    check_sources(raw.get("sources", {}), input_files(config), str(path))
+    return config
 
 
-def _from_dict(cls, values: dict):
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
+def input_files(config: ExecConfig) -> dict[str, str]:
+    """The files a run reads besides its models, by setting name (their digests are stored with the config)."""
+    files = {"lengths": config.task.lengths, "prompts": config.task.prompts}
+    return {name: path for name, path in files.items() if path is not None}

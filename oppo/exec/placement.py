@@ -128,9 +128,10 @@ class RemoteScorer:
 class DisaggregatedExecutor(Executor):
     """The executor with ``remote_roles`` in Ray actors; the loop itself is :class:`Executor`'s."""
 
-    def __init__(self, config: ExecConfig, roles: Roles, recorder, lengths=None, ray_address=None,
-                 remote_roles: tuple[str, ...] = ("reward",)):  # fmt: skip
-        """``remote_roles``: one entry per worker device; "reward+reference" puts two roles on one device."""
+    def __init__(self, config: ExecConfig, roles: Roles, recorder, lengths=None):
+        """``config.remote_roles``: one entry per worker device; "reward+reference" puts two roles on one device;
+        ``config.ray_address``: an existing cluster to join (default: start a local one)."""
+        ray_address, remote_roles = config.ray_address, config.remote_roles
         on_gpu = roles.device.type == "cuda"
         if not ray.is_initialized():
             env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}

@@ -2,6 +2,7 @@
 
     python -m oppo.exec.train --preset tiny-cpu --mode oppo --steps 200 --batch 8 --seed 0 --out runs/exec-oppo
     python -m oppo.exec.train --preset hf --actor ckpt/actor --reward ckpt/rm --mode oppo --out runs/hf
+    python -m oppo.exec.train --config runs/exec-oppo/config.json --out runs/again     # the same run again
 
 Writes summary.json, steps.csv, trace.csv, sequences.csv, metrics.csv, config.json and curves.png to --out.
 """
@@ -16,58 +17,60 @@ import time
 from pathlib import Path
 
 from oppo.cli import run_cli
-from oppo.config import ScheduleConfig, add_config_args, config_from_args, given_options, to_dict
-from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule
+from oppo.config import ScheduleConfig, add_config_args, given_options, schedule_from, to_dict
+from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m oppo.exec.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", default="oppo", help="scheduling policy: sync, intra, inter, oppo, tppo")
-    parser.add_argument("--steps", type=int, default=ExecConfig.steps, help="PPO steps (default: 200)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of prompts, sampling and minibatches")
+    parser.add_argument("--mode", help="scheduling policy: sync, intra, inter, oppo, tppo (default: oppo)")
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--placement", default="colocated", help="colocated (one process) or disaggregated (Ray)")
-    parser.add_argument("--ray-address", help="disaggregated: join this Ray cluster instead of starting one")
-    parser.add_argument("--remote-roles", default="reward", help="disaggregated: scorer roles in Ray actors, one "
-                        "device per comma-separated entry; '+' shares a device, e.g. reward+reference,critic")  # fmt: skip
-    parser.add_argument("--lengths", help="force response lengths from this trace (EOS at the traced length)")
-    parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
+    parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
+    add_config_args(parser, ExecConfig)
     for cls in (ModelConfig, PPOConfig, TaskConfig):
         add_config_args(parser, cls)
     add_config_args(parser, ScheduleConfig, skip=("policy",), shown=to_dict(default_schedule()))
-    parser.set_defaults(**{f.name: None for f in dataclasses.fields(ScheduleConfig)})
     return parser
 
 
 def config_from(args: argparse.Namespace) -> ExecConfig:
-    schedule = default_schedule(policy=args.mode, **given_options(ScheduleConfig, args, skip=("policy",)))
-    return ExecConfig(
-        schedule=schedule,
-        model=config_from_args(ModelConfig, args),
-        ppo=config_from_args(PPOConfig, args),
-        task=config_from_args(TaskConfig, args),
-        steps=args.steps,
-        seed=args.seed,
-        placement=args.placement,
-    )
+    """The defaults, or the stored config of ``--config``, with the options given on the command line on top."""
+    base = load_config(args.config) if args.config else ExecConfig()
+    given = given_options(ScheduleConfig, args, skip=("policy",))
+    if args.mode is not None:
+        given["policy"] = args.mode
+    schedule = schedule_from(to_dict(base.schedule), **given) if args.config else default_schedule(**given)
+    sections = {name: _replace(getattr(base, name), _absolute(given_options(cls, args)))
+                for name, cls in SECTIONS.items() if name != "schedule"}  # fmt: skip
+    return _replace(base, given_options(ExecConfig, args) | sections | {"schedule": schedule})
+
+
+PATH_OPTIONS = ("actor", "reward", "critic", "reference", "prompts", "lengths")
+
+
+def _absolute(options: dict) -> dict:
+    """Paths given relative to the working directory, made absolute so that the stored config re-runs from any
+    directory (a bundled trace name, which is no file here, stays a name)."""
+    return {k: str(Path(v).resolve()) if k in PATH_OPTIONS and Path(v).exists() else v for k, v in options.items()}
+
+
+def _replace(config, changes: dict):
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from(args)  # validates before anything is loaded or written
-    from oppo.lengths import load_lengths
-
-    lengths = load_lengths(args.lengths, model=args.lengths_model) if args.lengths else None
-    remote = tuple(r for r in args.remote_roles.split(",") if r)
-    unknown = {role for entry in remote for role in entry.split("+")} - {"reward", "reference", "critic"}
-    if unknown:
-        raise ValueError(f"unknown remote role(s) {sorted(unknown)}; choose among reward, reference, critic")
-    return train(config, Path(args.out), lengths, ray_address=args.ray_address, remote_roles=remote)
+    return train(config, Path(args.out))
 
 
-def train(config: ExecConfig, out: Path, lengths=None, ray_address=None, remote_roles=("reward",)) -> int:
+def train(config: ExecConfig, out: Path) -> int:
     """Run ``config.steps`` steps, writing records to ``out`` as it goes (kept on Ctrl-C)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from oppo.lengths import load_lengths
+
+    task = config.task
+    lengths = load_lengths(task.lengths, model=task.lengths_model) if task.lengths else None  # bad file: no output
     import torch
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
@@ -84,10 +87,10 @@ def train(config: ExecConfig, out: Path, lengths=None, ray_address=None, remote_
     if config.placement == "disaggregated":
         from oppo.exec.placement import DisaggregatedExecutor, WorkerDied
 
-        executor = DisaggregatedExecutor(config, roles, recorder, lengths, ray_address, remote_roles)
+        executor = DisaggregatedExecutor(config, roles, recorder, lengths)
     else:
         executor, WorkerDied = Executor(config, roles, recorder, lengths), ()
-    log = RunLog(out, config, lengths)
+    log = RunLog(out, config)
     code = 0
     try:
         with tqdm(total=config.steps, desc=config.schedule.policy, unit="step", disable=None) as bar:
@@ -119,13 +122,15 @@ def train(config: ExecConfig, out: Path, lengths=None, ray_address=None, remote_
 class RunLog:
     """Accumulates the run's records and writes the contract files (atomically, so a crash keeps a whole set)."""
 
-    def __init__(self, out: Path, config: ExecConfig, lengths) -> None:
+    def __init__(self, out: Path, config: ExecConfig) -> None:
+        from oppo.config import sources_of
+        from oppo.exec.config import input_files
         from oppo.records import write_json
 
         self.out, self.config = out, config
         self.steps, self.trained, self.metrics = [], [], []
         out.mkdir(parents=True, exist_ok=True)
-        self.config_dict = to_dict(config) | {"lengths": lengths.name if lengths is not None else None}
+        self.config_dict = to_dict(config) | {"sources": sources_of(input_files(config))}
         write_json(out / "config.json", self.config_dict)
 
     def add(self, outcome, metrics) -> None:

@@ -1,6 +1,7 @@
 """``python -m oppo.sim``: run, compare and sweep scheduling policies in simulation.
 
 python -m oppo.sim run --setup paper-7b-h200 --policy oppo --steps 200 --out runs/oppo
+python -m oppo.sim run --config runs/oppo/config.json --out runs/again          # the same run again
 python -m oppo.sim compare --setup paper-7b-h200 --policies sync,intra,inter,oppo --steps 200
 python -m oppo.sim sweep --setup paper-7b-h200 --chunks 100,250,500,1000,3000 --out runs/sweep
 python -m oppo.sim fit-gpus
@@ -16,12 +17,22 @@ from pathlib import Path
 from tqdm import tqdm
 
 from oppo.cli import run_cli
-from oppo.config import POLICIES, ScheduleConfig, add_config_args, given_options
+from oppo.config import (
+    POLICIES,
+    ScheduleConfig,
+    add_config_args,
+    check_sources,
+    config_from_dict,
+    given_options,
+    load_stored_config,
+    schedule_from,
+    to_dict,
+)
 from oppo.lengths import load_lengths
-from oppo.records import write_run
-from oppo.sim.experiments import Run, compare_rows, run_config, sweep
+from oppo.records import write_json, write_run
+from oppo.sim.experiments import Run, compare_rows, run_config, sweep_config
 from oppo.sim.model import SimConfig
-from oppo.sim.setups import PRESETS, load_setup
+from oppo.sim.setups import PRESETS, load_setup, setup_from_dict
 
 # schedule fields whose default comes from the setup (Setup.schedule)
 SCHEDULE_FROM_SETUP = ("batch", "max_new_tokens", "chunk_candidates", "window_tokens", "check_tokens", "delta_max",
@@ -50,25 +61,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEFAULTS = {"setup": "paper-7b-h200", "steps": 100, "seed": 0, "policy": "oppo"}
+
+
 def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
-    parser.add_argument("--setup", default="paper-7b-h200", help=f"preset ({', '.join(PRESETS)}) or a .toml file")
-    parser.add_argument("--steps", type=int, default=100, help="PPO steps to simulate (default: 100)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for lengths and reward noise")
-    parser.add_argument("--lengths", help="response-length trace CSV (plain or .gz; column response_tokens)")
+    parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
+    parser.add_argument("--setup", help=f"preset ({', '.join(PRESETS)}) or a .toml file (default: paper-7b-h200)")
+    parser.add_argument("--steps", type=int, help="PPO steps to simulate (default: 100)")
+    parser.add_argument("--seed", type=int, help="random seed for lengths and reward noise (default: 0)")
+    parser.add_argument("--lengths", help="response-length trace: a CSV file (plain or .gz; column response_tokens) "
+                        "or a bundled trace (alpaca_eval, gsm8k, hh_rlhf_harmless)")  # fmt: skip
     parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
     parser.add_argument("--timeline-steps", default="0,1,2", help="steps drawn in timeline.png")
     skip = () if policy else ("policy",)
     add_config_args(parser, ScheduleConfig, skip=skip, shown=dict.fromkeys(SCHEDULE_FROM_SETUP, "the setup's"))
 
 
-def _configs(args: argparse.Namespace, policies: list[str]) -> list[SimConfig]:
-    setup = load_setup(args.setup)
-    overrides = given_options(ScheduleConfig, args, skip=("policy",))
-    return [SimConfig(setup.schedule(policy=p, **overrides), setup, args.steps, args.seed) for p in policies]
+def _stored(args: argparse.Namespace) -> dict:
+    """The stored config of ``--config`` (empty without one)."""
+    return load_stored_config(args.config) if args.config else {}
+
+
+def _configs(args: argparse.Namespace, policies: list[str | None]) -> list[SimConfig]:
+    """One config per policy (None: the stored run's policy, else the default): options given on the command
+    line over the stored run's settings (``--config``) over the setup's and the simulator's defaults."""
+    stored, where = _stored(args), str(args.config)
+    given = given_options(ScheduleConfig, args, skip=("policy",))
+    steps = _pick(args.steps, stored.get("steps"), DEFAULTS["steps"])
+    seed = _pick(args.seed, stored.get("seed"), DEFAULTS["seed"])
+    if args.setup or not stored:
+        setup = load_setup(args.setup or DEFAULTS["setup"])
+    else:
+        setup = setup_from_dict(stored.get("setup"), f"{where}: [setup]")
+    configs = []
+    for policy in policies:
+        if stored:  # the stored schedule, whole, under the given options
+            base = config_from_dict(ScheduleConfig, stored.get("schedule", {}), f"{where}: [schedule]")
+            schedule = schedule_from(to_dict(base), **given, policy=policy or base.policy)
+        else:
+            schedule = setup.schedule(policy=policy or DEFAULTS["policy"], **given)
+        configs.append(SimConfig(schedule, setup, steps, seed))
+    return configs
+
+
+def _pick(*values):
+    return next(v for v in values if v is not None)
 
 
 def _trace(args: argparse.Namespace):
-    return load_lengths(args.lengths, model=args.lengths_model) if args.lengths else None
+    """The length trace given, or the stored run's (checked unchanged), or None (the setup's length model)."""
+    stored = _stored(args)
+    if args.lengths:
+        return load_lengths(args.lengths, model=args.lengths_model)
+    if stored.get("lengths"):
+        check_sources(stored.get("sources", {}), {"lengths": stored["lengths"]}, str(args.config))
+        return load_lengths(stored["lengths"], model=args.lengths_model or stored.get("lengths_model"))
+    if args.lengths_model:
+        raise ValueError("--lengths-model needs --lengths")
+    return None
 
 
 def _run(config: SimConfig, trace, label: str) -> Run:
@@ -81,10 +131,11 @@ def cmd_run(args: argparse.Namespace) -> None:
     from oppo import plots
 
     trace = _trace(args)
-    (config,) = _configs(args, [args.policy or "oppo"])
+    (config,) = _configs(args, [args.policy])
     r = _run(config, trace, config.schedule.policy)
     result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)
+    write_json(Path(args.out) / "config.json", summary["config"])
     chosen = [int(s) for s in args.timeline_steps.split(",") if s]
     plots.timeline(
         result.trace, Path(args.out) / "timeline.png", chosen, f"{config.setup.name} / {config.schedule.policy}"
@@ -149,13 +200,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         raise ValueError("sweep needs exactly one of --chunks or --deltas")
     knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
     values = [int(v) for v in text.split(",") if v]
-    policy = args.policy or ("intra" if knob == "chunk" else "inter")
-    overrides = given_options(ScheduleConfig, args, skip=("policy", knob))
-    rows = sweep(load_setup(args.setup), knob, values, policy, args.steps, args.seed, _trace(args), **overrides)
+    (base,) = _configs(args, [args.policy or ("intra" if knob == "chunk" else "inter")])
+    rows = sweep_config(base, knob, values, _trace(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "sweep.csv", rows)
-    plots.sweep_plot(values, [r["mean_step_s"] for r in rows], f"{knob} ({policy})", out / "sweep.png")
+    plots.sweep_plot(values, [r["mean_step_s"] for r in rows], f"{knob} ({base.schedule.policy})", out / "sweep.png")
     print(format_table(rows))
 
 

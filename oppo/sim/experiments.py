@@ -5,6 +5,7 @@ Each function simulates and returns plain rows (dicts) or step records; plotting
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,9 +38,17 @@ def run_config(config: SimConfig, trace: LengthTrace | None = None, progress: Ca
     return Run(config, result, summary_of(config, result, time.perf_counter() - start, trace))
 
 
+def config_dict(config: SimConfig, trace: LengthTrace | None) -> dict:
+    """Everything that decides a simulation's records, as its ``config.json`` stores it (``--config`` reads it
+    back): schedule, the whole setup, steps, seed, and the length trace (path, model filter, digest), or None
+    for the setup's own length model."""
+    source = trace.source() if trace is not None else {"lengths": None, "lengths_model": None, "sources": {}}
+    return {"schedule": to_dict(config.schedule), "setup": to_dict(config.setup), "steps": config.steps,
+            "seed": config.seed} | source  # fmt: skip
+
+
 def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: LengthTrace | None) -> dict:
-    cfg = {"schedule": to_dict(config.schedule), "setup": to_dict(config.setup), "steps": config.steps}
-    cfg["seed"], cfg["lengths"] = config.seed, trace.name if trace is not None else "lognormal"
+    cfg = config_dict(config, trace)
     summary = summarize(config.schedule.policy, result.steps, result.trace, result.trained, cfg, wall_s)
     summary["time_to_reward_s"] = time_to_reward(result.steps, config.setup.reward_threshold)
     summary["phase_s_per_step"] = phase_breakdown(result.trace, len(result.steps))
@@ -76,12 +85,18 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
 def sweep(setup: Setup, knob: str, values: Iterable, policy: str, steps: int, seed: int = 0,
           trace: LengthTrace | None = None, **schedule) -> list[dict]:  # fmt: skip
     """Mean step time (and utilisation, reward) for each fixed value of ``knob`` ("chunk" or "delta")."""
+    return sweep_config(SimConfig(setup.schedule(policy=policy, **schedule), setup, steps, seed), knob, values, trace)
+
+
+def sweep_config(base: SimConfig, knob: str, values: Iterable, trace: LengthTrace | None = None) -> list[dict]:
+    """:func:`sweep` from a whole config: ``knob`` set to each value in turn."""
     rows = []
     for value in values:
-        r = run(setup, policy, steps, seed, trace, **{**schedule, knob: str(value)})
-        rows.append({knob: value, "policy": policy, "mean_step_s": round(r.summary["mean_step_s"], 3),
-                     "mean_util": round(r.summary["mean_utilization"], 3),
-                     "final_reward": round(r.summary["final_reward"], 3)})  # fmt: skip
+        config = dataclasses.replace(base, schedule=dataclasses.replace(base.schedule, **{knob: str(value)}))
+        summary = run_config(config, trace).summary
+        rows.append({knob: value, "policy": config.schedule.policy, "mean_step_s": round(summary["mean_step_s"], 3),
+                     "mean_util": round(summary["mean_utilization"], 3),
+                     "final_reward": round(summary["final_reward"], 3)})  # fmt: skip
     return rows
 
 

@@ -228,6 +228,13 @@ def load_setup(name_or_file: str) -> Setup:
     return _override(PRESETS[base](), data, str(path))
 
 
+def setup_from_dict(data: dict[str, Any], where: str) -> Setup:
+    """A setup stored in a run's ``config.json`` (every field written out, so no preset is needed)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: [setup] must be a table")
+    return _override(paper_7b_h200(), data, where)
+
+
 def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(obj)}
     changes = {}
@@ -239,6 +246,8 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: [{key}] must be a table")
             value = _override(current, value, f"{where} [{key}]")
+        elif isinstance(current, tuple) and isinstance(value, list):  # JSON and TOML arrays
+            value = tuple(value)
         changes[key] = value
     try:
         return dataclasses.replace(obj, **changes)

@@ -87,3 +87,21 @@ def test_prompts_file(tmp_path):
     assert res.returncode == 0, res.stderr
     res = train("--steps", "2", "--prompts", str(tmp_path / "none.txt"), "--out", str(tmp_path / "q"))
     assert res.returncode == 2 and "prompts file not found" in res.stderr
+
+
+def test_config_reruns_the_same_run(tmp_path):
+    first, again = tmp_path / "first", tmp_path / "again"
+    res = train("--mode", "oppo", "--steps", "4", "--batch", "4", "--chunk", "4", "--seed", "3", "--lengths",
+                "traces/hh_rlhf_harmless_lengths.csv.gz", "--epochs", "1", "--out", str(first))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    stored = json.loads((first / "config.json").read_text())
+    assert os.path.isabs(stored["task"]["lengths"]) and stored["sources"]["lengths"]["sha256"]
+    assert stored["ppo"]["epochs"] == 1 and stored["remote_roles"] == ["reward"] and stored["placement"] == "colocated"
+    res = train("--config", str(first / "config.json"), "--out", str(again), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    # same seed, same records: everything but the measured times
+    for name in ("metrics.csv", "sequences.csv", "config.json"):
+        assert (again / name).read_bytes() == (first / name).read_bytes(), name
+    res = train("--config", str(first / "config.json"), "--steps", "2", "--mode", "sync", "--out", str(tmp_path / "s"))
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert res.returncode == 0 and summary["steps"] == 2 and summary["policy"] == "sync"

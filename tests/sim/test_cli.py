@@ -71,3 +71,33 @@ def test_help():
     for cmd in ("run", "compare", "sweep"):
         res = sim(cmd, "--help")
         assert res.returncode == 0 and "--setup" in res.stdout
+
+
+def test_config_reruns_the_same_run(tmp_path):
+    first, again, shorter = tmp_path / "first", tmp_path / "again", tmp_path / "shorter"
+    res = sim("run", "--setup", "paper-3b-a100", "--policy", "oppo", "--steps", "12", "--batch", "24", "--seed", "4",
+              "--lengths", ALPACA, "--lengths-model", "alpaca-7b", "--chunk", "256", "--out", str(first))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    stored = json.loads((first / "config.json").read_text())
+    assert stored["lengths_model"] == "alpaca-7b" and stored["sources"]["lengths"]["sha256"]
+    assert stored["setup"]["name"] == "paper-3b-a100" and stored["schedule"]["chunk"] == "256"
+    # from another directory: nothing in the stored config depends on the working directory
+    res = sim("run", "--config", str(first / "config.json"), "--out", str(again), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for name in ("steps.csv", "trace.csv", "sequences.csv", "config.json"):
+        assert (again / name).read_bytes() == (first / name).read_bytes(), name
+    res = sim("run", "--config", str(first), "--steps", "5", "--policy", "sync", "--out", str(shorter))
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((shorter / "summary.json").read_text())
+    assert summary["steps"] == 5 and summary["policy"] == "sync" and summary["batch"] == 24
+
+
+def test_config_with_changed_lengths_file_is_refused(tmp_path):
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("response_tokens\n10\n20\n300\n")
+    res = sim("run", "--setup", "tiny-cpu", "--steps", "3", "--lengths", str(trace), "--out", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr
+    trace.write_text("response_tokens\n10\n20\n301\n")
+    res = sim("run", "--config", str(tmp_path / "a" / "config.json"), "--out", str(tmp_path / "b"))
+    assert res.returncode == 2 and "changed since the run" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
