@@ -5,6 +5,9 @@ Files of a run directory:
 - ``steps.csv``: one :class:`StepRecord` per step;
 - ``sequences.csv``: one :class:`TrainedSeq` per trained sequence (source of the deferral histogram);
 - ``summary.json``: :func:`summarize` of the above plus the config.
+
+The three record types are ``NamedTuple``s: immutable like frozen dataclasses and about four times cheaper to
+create (a 1000-step simulation at B = 512 on 8 GPUs makes ~800k of them).
 """
 
 from __future__ import annotations
@@ -12,21 +15,21 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import operator
 import os
 import re
+import typing
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 PHASES = ("decode", "prefill", "score", "train_actor", "train_critic", "sync", "other")
 
 
-@dataclass(frozen=True)
-class TraceRow:
+class TraceRow(NamedTuple):
     """One operation on one device. Times in seconds from the run's start; tokens are counts, not ids."""
 
     step: int
@@ -40,8 +43,7 @@ class TraceRow:
     context_tokens: int  # tokens already in the KV cache / attended to, summed over the batch
 
 
-@dataclass(frozen=True)
-class StepRecord:
+class StepRecord(NamedTuple):
     step: int
     start_s: float
     end_s: float
@@ -53,8 +55,7 @@ class StepRecord:
     deferred: int  # sequences carried to the next step
 
 
-@dataclass(frozen=True)
-class TrainedSeq:
+class TrainedSeq(NamedTuple):
     step: int
     seq_id: int
     admitted_step: int
@@ -69,22 +70,31 @@ class TrainedSeq:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def field_names(cls: type) -> list[str]:
+    """Columns of a record type: a NamedTuple (the high-volume records) or a dataclass."""
+    return list(cls._fields) if hasattr(cls, "_fields") else [f.name for f in dataclasses.fields(cls)]
+
+
 def write_rows(path: str | Path, rows: Iterable[Any], cls: type) -> None:
-    """Write dataclass rows to CSV atomically (a temporary file renamed into place: never a half file)."""
+    """Write dataclass rows to CSV atomically (a temporary file renamed into place: never a half file).
+
+    Values are written as Python prints them (floats: shortest repr, exact round trip; bools: True/False). The
+    rows become tuples in C (``attrgetter``) and the csv module formats them in C: ~1 s per million rows."""
     path = Path(path)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = field_names(cls)
+    values = operator.attrgetter(*names)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(names)
-        for row in rows:
-            writer.writerow([_fmt(getattr(row, n)) for n in names])
+        writer.writerows(map(values, rows))
     os.replace(tmp, path)
 
 
 def read_rows(path: str | Path, cls: type) -> list[Any]:
     """Read a CSV written by :func:`write_rows` back into dataclass rows."""
-    kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kinds = {name: hints[name].__name__ for name in field_names(cls)}
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         missing = set(kinds) - set(reader.fieldnames or ())
@@ -98,14 +108,6 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=_jsonable) + "\n")
     os.replace(tmp, path)
-
-
-def _fmt(value: Any) -> Any:
-    if isinstance(value, float):
-        return f"{value:.9g}"
-    if isinstance(value, bool):
-        return int(value)
-    return value
 
 
 def _parse(kind: Any, text: str) -> Any:
