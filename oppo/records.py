@@ -1,4 +1,5 @@
-"""The record schema shared by the simulator and the executor (DESIGN section 4), and the summary derived from it.
+"""The record schema shared by the simulator and the executor (docs/design.md section 4), and the summary
+derived from it.
 
 Files of a run directory:
 - ``trace.csv``: one :class:`TraceRow` per executed operation;

@@ -62,7 +62,7 @@ def test_fixtures_hold_the_dtype_their_key_names(tiny_models):
             assert {p.dtype for p in model.parameters()} == {dtype}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("chunk", [1, 7, 32])
 def test_streamed_reward_equals_full(tiny_models, dtype, chunk):
     _, reward = tiny_models[dtype]
@@ -74,7 +74,7 @@ def test_streamed_reward_equals_full(tiny_models, dtype, chunk):
     close(streamed, once, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("chunk", [1, 7, 32])
 def test_streamed_logprobs_and_values_equal_full(tiny_models, dtype, chunk):
     actor, reward = tiny_models[dtype]
