@@ -101,3 +101,19 @@ def test_config_with_changed_lengths_file_is_refused(tmp_path):
     res = sim("run", "--config", str(tmp_path / "a" / "config.json"), "--out", str(tmp_path / "b"))
     assert res.returncode == 2 and "changed since the run" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
+
+
+def test_setup_with_a_checkpoint_config(tmp_path):
+    """A user's own config.json is a shape source for any setup."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
+                                  "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                                  "torch_dtype": "bfloat16"}))  # fmt: skip
+    setup = tmp_path / "mine.toml"
+    setup.write_text(f'base = "paper-7b-gh200-gsm8k"\nactor = "{config}"\n')
+    res = sim("run", "--setup", str(setup), "--steps", "3", "--out", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr
+    config.write_text(json.dumps({"hidden_size": 896}))
+    res = sim("run", "--setup", str(setup), "--steps", "3", "--out", str(tmp_path / "bad"))
+    assert res.returncode == 2 and "missing num_hidden_layers" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
