@@ -14,6 +14,7 @@ class SeqState:
     generated_tokens: int = 0  # response tokens so far, over every step it was decoded in
     finished: bool = False
     finish_rank: tuple[int, int, int] | None = None  # (step, tokens into the step, id): finish order
+    first_version: int | None = None  # policy version (steps of updates) that generated its first token
 
     def deferrals(self, step: int) -> int:
         """Steps this sequence has waited beyond the one it was admitted in."""

@@ -19,8 +19,8 @@ from typing import Any
 
 from oppo.data import trace_path
 
-POLICIES = ("sync", "intra", "inter", "oppo", "tppo")
-DELTA_CONTROLLERS = ("slope", "alg1")
+POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april")
+DELTA_CONTROLLERS = ("slope", "alg1", "tail")
 SCORERS = ("reward", "reference", "critic")
 
 
@@ -45,13 +45,16 @@ class ScheduleConfig:
     check_tokens: int = opt(16, "over-commit checks for B finished sequences every this many tokens")
     streamed_scorers: tuple[str, ...] = opt(("reward",), f"scorers fed chunk by chunk: subset of {SCORERS}")
     delta: str = opt("auto", "over-commit Δ in prompts, or 'auto' for the --delta-controller")
-    delta_controller: str = opt("slope", "Δ controller when --delta auto: slope (paper Eq. 4) or alg1 (Alg. 1)")
+    delta_controller: str = opt("slope", "Δ controller when --delta auto: slope (paper Eq. 4), alg1 (Alg. 1) or "
+                                "tail (from the observed length distribution)")  # fmt: skip
     delta_init: int = opt(4, "initial Δ of the controller (prompts)")
     delta_min: int = opt(0, "lower bound on Δ (prompts)")
     delta_max: int = opt(8, "upper bound on Δ (prompts, <= batch)")
     delta_window: int = opt(5, "w (slope) or W (alg1): steps in the reward-trend window")
     delta_inc: int = opt(1, "slope controller: Δ increase when the reward trend is positive")
     delta_dec: int = opt(1, "slope controller: Δ decrease when the reward trend is not positive")
+    tail_confidence: float = opt(0.9, "tail controller: probability that B finish by the length it aims at")
+    tail_tolerance: float = opt(0.1, "tail controller: share of the largest tail cut it may give up for a smaller Δ")
     max_deferrals: int = opt(3, "starvation bound (>= 1): a sequence deferred this many steps is waited for")
     window_tokens: int = opt(64, "tppo: at most this many new tokens per sequence per step")
 
@@ -68,6 +71,8 @@ class ScheduleConfig:
             raise ValueError(f"delta bounds reversed: delta_min={self.delta_min} > delta_max={self.delta_max}")
         if not self.delta_min <= self.delta_init <= self.delta_max:
             raise ValueError(f"delta_init={self.delta_init} outside [{self.delta_min}, {self.delta_max}]")
+        if not 0.5 <= self.tail_confidence < 1 or not 0 <= self.tail_tolerance < 1:
+            raise ValueError("tail_confidence must be in [0.5, 1) and tail_tolerance in [0, 1)")
         if not self.chunk_candidates or min(self.chunk_candidates) <= 0:
             raise ValueError("chunk_candidates must be positive token counts")
         for scorer in self.streamed_scorers:
@@ -91,7 +96,7 @@ class ScheduleConfig:
     @property
     def overcommit(self) -> bool:
         """B+Δ prompts in flight, train on the first B finished (inter-step overlap)."""
-        return self.policy in ("inter", "oppo")
+        return self.policy in ("inter", "oppo", "april")
 
     @property
     def truncated(self) -> bool:

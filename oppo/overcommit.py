@@ -1,17 +1,32 @@
 """Δ controllers for inter-step over-commitment (OPPO section 3.2).
 
-Each controller has a ``value`` (Δ: extra prompts in flight, an int within its bounds) and ``update(mean_reward)``
-called once per closed step with that step's mean reward R_t.
+Each controller has a ``value`` (Δ: extra prompts in flight, an int within its bounds) and
+``update(mean_reward, lengths)`` called once per closed step with that step's mean reward R_t and what the step
+showed of the response lengths (:class:`LengthObservation`).
 
 The paper disagrees with itself: Eq. 4 raises Δ while the reward trend is positive, Algorithm 1 (lines 21-26)
 lowers it (Δ -= sign(d)·change). ``SlopeDelta`` follows Eq. 4 and is the default; ``Alg1Delta`` is the literal
-algorithm, kept so both can be compared.
+algorithm, kept so both can be compared. Both look at the reward only; ``TailDelta`` (ours) looks at the lengths.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LengthObservation:
+    """Response lengths a step revealed, in tokens. ``finished``: final lengths of the sequences that finished
+    this step (the cap included: a capped sequence ends there); ``censored``: current lengths of the sequences
+    still unfinished after it (their length is known only to exceed that)."""
+
+    finished: tuple[int, ...]
+    censored: tuple[int, ...]
 
 
 def _clip(value: int, low: int, high: int) -> int:
@@ -24,7 +39,7 @@ class FixedDelta:
 
     value: int
 
-    def update(self, mean_reward: float) -> None:
+    def update(self, mean_reward: float, lengths: LengthObservation | None = None) -> None:
         pass
 
 
@@ -41,7 +56,7 @@ class SlopeDelta:
     dec: int = 1
     rewards: list[float] = field(default_factory=list)
 
-    def update(self, mean_reward: float) -> None:
+    def update(self, mean_reward: float, lengths: LengthObservation | None = None) -> None:
         self.rewards.append(mean_reward)
         if len(self.rewards) <= self.window:
             return
@@ -62,7 +77,7 @@ class Alg1Delta:
     window: int
     rewards: list[float] = field(default_factory=list)
 
-    def update(self, mean_reward: float) -> None:
+    def update(self, mean_reward: float, lengths: LengthObservation | None = None) -> None:
         self.rewards.append(mean_reward)
         w = self.window
         if len(self.rewards) < 2 * w or len(self.rewards) % w:
@@ -73,13 +88,76 @@ class Alg1Delta:
         self.value = _clip(self.value - sign * change, self.low, self.high)
 
 
-def make_delta_controller(config) -> FixedDelta | SlopeDelta | Alg1Delta:
-    """The Δ controller of a :class:`~oppo.config.ScheduleConfig` (Δ = 0 unless the policy over-commits)."""
+@dataclass
+class TailDelta:
+    """Δ from the observed distribution of response lengths, so that over-commit cuts the tail whatever the cap.
+
+    Model: a step with N = B+Δ fresh sequences ends when the B-th of them finishes, at length F⁻¹(U₍B₎) where F
+    is the length distribution and U₍B₎ ~ Beta(B, N-B+1) is the B-th order statistic of N uniforms. ``end(Δ)``
+    is that length at probability ``confidence`` (the step ends by then with that probability). F is estimated
+    by Kaplan-Meier from the finished lengths of the last ``window`` steps and the current lengths of the
+    unfinished (censored) ones, so the long sequences still running are not forgotten. Δ is the smallest value
+    in [low, high] that achieves all but ``tolerance`` of the cut the largest allowed Δ would give:
+    end(Δ) <= end(high) + tolerance · (end(low) - end(high)). No tail (equal lengths) gives Δ = low; a heavy
+    tail or many capped sequences (an atom of F at the cap) give a large Δ. Until ``batch`` lengths are known
+    Δ keeps its initial value.
+    """
+
+    value: int
+    low: int
+    high: int
+    window: int
+    batch: int
+    confidence: float = 0.9
+    tolerance: float = 0.1
+    finished: deque = field(default_factory=deque)
+
+    def update(self, mean_reward: float, lengths: LengthObservation | None = None) -> None:
+        if lengths is None:
+            return
+        self.finished.append(np.asarray(lengths.finished, dtype=np.int64))
+        while len(self.finished) > self.window:
+            self.finished.popleft()
+        done = np.concatenate(list(self.finished))
+        if len(done) < self.batch:
+            return
+        xs, cdf = kaplan_meier(done, np.asarray(lengths.censored, dtype=np.int64))
+        ends = [self.end_tokens(xs, cdf, delta) for delta in range(self.low, self.high + 1)]
+        target = ends[-1] + self.tolerance * (ends[0] - ends[-1])
+        self.value = self.low + next(i for i, end in enumerate(ends) if end <= target)
+
+    def end_tokens(self, xs: np.ndarray, cdf: np.ndarray, delta: int) -> float:
+        """Length by which B of B+Δ fresh sequences finish with probability ``confidence``."""
+        n, b = self.batch + delta, self.batch
+        mean = b / (n + 1)  # Beta(B, N-B+1), normal approximation of its quantile
+        beta = mean + statistics.NormalDist().inv_cdf(self.confidence) * math.sqrt(mean * (1 - mean) / (n + 2))
+        reached = np.flatnonzero(cdf >= min(beta, 1.0))
+        return float(xs[reached[0]]) if len(reached) else float(xs[-1])  # beyond what was seen: the longest
+
+
+def kaplan_meier(finished: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The length distribution from ``finished`` lengths and right-``censored`` ones (still running, longer than
+    their current length): the distinct finished lengths ``xs`` (ascending) and F(xs) = P(length <= x)."""
+    xs, deaths = np.unique(finished, return_counts=True)
+    finished, censored = np.sort(finished), np.sort(censored)
+    at_risk = (len(finished) - np.searchsorted(finished, xs)) + (len(censored) - np.searchsorted(censored, xs))
+    survival = np.cumprod(1.0 - deaths / at_risk)
+    return xs, 1.0 - survival
+
+
+def make_delta_controller(config) -> FixedDelta | SlopeDelta | Alg1Delta | TailDelta:
+    """The Δ controller of a :class:`~oppo.config.ScheduleConfig` (Δ = 0 unless the policy over-commits;
+    ``april`` over-provisions a fixed Δ: ``--delta``, or ``delta_max`` when Δ is auto)."""
     if not config.overcommit:
         return FixedDelta(0)
     if config.fixed_delta is not None:
         return FixedDelta(config.fixed_delta)
+    if config.policy == "april":
+        return FixedDelta(config.delta_max)
     bounds = dict(value=config.delta_init, low=config.delta_min, high=config.delta_max, window=config.delta_window)
     if config.delta_controller == "alg1":
         return Alg1Delta(**bounds)
+    if config.delta_controller == "tail":
+        return TailDelta(**bounds, batch=config.batch, confidence=config.tail_confidence,
+                         tolerance=config.tail_tolerance)  # fmt: skip
     return SlopeDelta(**bounds, inc=config.delta_inc, dec=config.delta_dec)

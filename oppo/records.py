@@ -64,6 +64,7 @@ class TrainedSeq(NamedTuple):
     response_tokens: int  # response length so far (final length when finished)
     step_tokens: int  # tokens decoded during the step it was trained in
     finished: bool  # False only for T-PPO segments of unfinished sequences
+    policy_lag: int  # policy versions between the weights that generated its first token and the trained ones
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -229,6 +230,7 @@ def summarize(
     weights = {d: device_count(d) for d in util}
     mean_util = sum(util[d] * weights[d] for d in util) / sum(weights.values()) if util else 0.0
     hist = deferral_histogram(trained)
+    lag = np.array([t.policy_lag for t in trained]) if trained else np.zeros(1)
     rewards = [s.mean_reward for s in steps[-final_window:]]
     return {
         "policy": policy,
@@ -242,6 +244,8 @@ def summarize(
         "mean_utilization": float(mean_util),
         "deferral_hist": {str(k): v for k, v in hist.items()},
         "mean_deferrals": float(sum(k * v for k, v in hist.items())),
+        "mean_policy_lag": float(lag.mean()),
+        "p99_policy_lag": float(np.percentile(lag, 99)),
         "final_reward": float(np.mean(rewards)) if rewards else float("nan"),
         "wall_s": float(wall_s),
         "config": config,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from oppo.buffer import RolloutBuffer
 from oppo.chunking import make_chunk_policy
 from oppo.config import ScheduleConfig
-from oppo.overcommit import make_delta_controller
+from oppo.overcommit import LengthObservation, make_delta_controller
 from oppo.records import StepRecord, TrainedSeq
 
 
@@ -84,6 +84,8 @@ class Scheduler:
             if not seq.finished:
                 left = self.buffer.remaining_tokens(seq_id)
                 budgets[seq_id] = min(left, cfg.window_tokens) if cfg.truncated else left
+                if seq.first_version is None:  # decoded with this step's weights: one version per step
+                    seq.first_version = self.step
         self.plan = StepPlan(
             step=self.step,
             start_s=now,
@@ -113,6 +115,7 @@ class Scheduler:
         self._since_stream = 0  # tokens decoded since the last streamed chunk
         self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
         self._starved_waiting = {i for i in plan.budgets if self._starved(i)}
+        self._finished_lengths: list[int] = []  # lengths of the sequences that finish this step
 
     # -- generation -------------------------------------------------------------------------------------
     def running(self) -> list[int]:
@@ -169,6 +172,7 @@ class Scheduler:
         seq.generated_tokens = self.plan.prefix_tokens[seq_id] + step_tokens
         del self._running[seq_id]
         if finished:
+            self._finished_lengths.append(seq.generated_tokens)
             seq.finished = True
             seq.finish_rank = (self.step, step_tokens, seq_id)
             self._finished += 1
@@ -222,7 +226,8 @@ class Scheduler:
         step_s = now - plan.start_s
         if plan.streaming:
             self.chunking.observe(self.step, plan.chunk, step_s)
-        self.delta.update(mean_reward)
+        censored = tuple(s.generated_tokens for s in self.buffer.seqs.values() if not s.finished)
+        self.delta.update(mean_reward, LengthObservation(tuple(self._finished_lengths), censored))
         record = StepRecord(
             step=self.step,
             start_s=plan.start_s,
@@ -252,6 +257,7 @@ class Scheduler:
             response_tokens=total,
             step_tokens=total - plan.prefix_tokens[seq_id],
             finished=seq.finished,
+            policy_lag=self.step - seq.first_version,
         )
 
     def _require_plan(self) -> StepPlan:

@@ -62,7 +62,7 @@ def test_cli_from_config():
 
 def test_busy_union_and_histogram():
     assert busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4
-    trained = [TrainedSeq(0, i, 0, d, 5, 5, True) for i, d in enumerate([0, 0, 0, 1])]
+    trained = [TrainedSeq(0, i, 0, d, 5, 5, True, d) for i, d in enumerate([0, 0, 0, 1])]
     assert deferral_histogram(trained) == {0: 0.75, 1: 0.25}
 
 
@@ -72,7 +72,7 @@ def test_records_roundtrip_and_summary(tmp_path):
         TraceRow(0, "gpu0-6", "actor", "decode", 0.0, 3.0, 4, 40, 100),
         TraceRow(0, "gpu7", "reward", "prefill", 1.0, 4.0, 4, 40, 0),
     ]
-    trained = [TrainedSeq(0, 0, 0, 0, 10, 10, True), TrainedSeq(1, 1, 0, 1, 12, 2, True)]
+    trained = [TrainedSeq(0, 0, 0, 0, 10, 10, True, 0), TrainedSeq(1, 1, 0, 1, 12, 2, True, 1)]
     summary = summarize("oppo", steps, trace, trained, {"schedule": {"batch": 4}}, wall_s=0.1)
     assert summary["utilization"] == {"gpu0-6": 0.5, "gpu7": 0.5}
     assert summary["mean_deferrals"] == 0.5 and summary["deferral_hist"] == {"0": 0.5, "1": 0.5}

@@ -64,13 +64,19 @@ def test_bad_lengths_file(tmp_path):
 def test_ctrl_c_keeps_records(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "oppo.exec.train", "--steps", "100000", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / "steps.csv").exists():  # written every 10 steps
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    # SIGINT handled as on a terminal even when this test runs where SIGINT is ignored (a background job)
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (out / "steps.csv").exists():  # written every 10 steps
+            time.sleep(0.2)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # the run this test started, by its handle
+            proc.kill()
     assert proc.returncode == 130, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] >= 10
