@@ -1,4 +1,7 @@
-"""The FIFO rollout buffer of OPPO Algorithm 1: capacity B+Δ, carries unfinished sequences across steps."""
+"""The FIFO rollout buffer of OPPO Algorithm 1: capacity B+Δ, carries unfinished sequences across steps.
+
+The unit of admission is the prompt group: G samples of one prompt (G = 1 for PPO, G > 1 for GRPO-style group
+sampling). Capacity counts groups; a group stays in the buffer until it is trained whole."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ class SeqState:
 
     seq_id: int
     admitted_step: int
+    group_id: int  # the prompt group it samples (equal to seq_id when groups have one sample)
     generated_tokens: int = 0  # response tokens so far, over every step it was decoded in
     finished: bool = False
     finish_rank: tuple[int, int, int] | None = None  # (step, tokens into the step, id): finish order
@@ -28,23 +32,29 @@ class RolloutBuffer:
     ``generated_tokens <= max_new_tokens``.
     """
 
-    def __init__(self, max_new_tokens: int, prompt_limit: int | None = None) -> None:
+    def __init__(self, max_new_tokens: int, prompt_limit: int | None = None, group_size: int = 1) -> None:
         self.max_new_tokens = max_new_tokens
         self.prompt_limit = prompt_limit  # total prompts available; None = endless dataset
+        self.group_size = group_size
         self.seqs: dict[int, SeqState] = {}  # dicts keep insertion order: FIFO
-        self.admitted = 0
+        self.groups: dict[int, list[int]] = {}  # group id -> its sequence ids, FIFO
+        self.admitted = 0  # sequences
+        self.prompts = 0  # groups
 
     def __len__(self) -> int:
         return len(self.seqs)
 
     def fill(self, capacity: int, step: int) -> list[int]:
-        """Admit new prompts until ``capacity`` sequences are held (never evicts); returns the new ids."""
+        """Admit new prompt groups until ``capacity`` groups are held (never evicts); returns the new seq ids."""
         new = []
-        while len(self.seqs) < capacity and (self.prompt_limit is None or self.admitted < self.prompt_limit):
-            seq = SeqState(seq_id=self.admitted, admitted_step=step)
-            self.seqs[seq.seq_id] = seq
-            new.append(seq.seq_id)
-            self.admitted += 1
+        while len(self.groups) < capacity and (self.prompt_limit is None or self.prompts < self.prompt_limit):
+            group = self.groups[self.prompts] = []
+            for _ in range(self.group_size):
+                self.seqs[self.admitted] = SeqState(seq_id=self.admitted, admitted_step=step, group_id=self.prompts)
+                group.append(self.admitted)
+                new.append(self.admitted)
+                self.admitted += 1
+            self.prompts += 1
         return new
 
     def remaining_tokens(self, seq_id: int) -> int:
@@ -52,4 +62,11 @@ class RolloutBuffer:
         return self.max_new_tokens - self.seqs[seq_id].generated_tokens
 
     def remove(self, ids: list[int]) -> list[SeqState]:
-        return [self.seqs.pop(i) for i in ids]
+        """Remove sequences (whole groups: a group leaves with its last sequence)."""
+        removed = [self.seqs.pop(i) for i in ids]
+        for seq in removed:
+            members = self.groups[seq.group_id]
+            members.remove(seq.seq_id)
+            if not members:
+                del self.groups[seq.group_id]
+        return removed

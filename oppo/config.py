@@ -21,6 +21,7 @@ from oppo.data import trace_path
 
 POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april")
 DELTA_CONTROLLERS = ("slope", "alg1", "tail")
+ALGOS = ("ppo", "grpo")
 SCORERS = ("reward", "reference", "critic")
 
 
@@ -36,7 +37,10 @@ class ScheduleConfig:
     """How one PPO step is scheduled: the policy and its controllers. Token counts are response tokens."""
 
     policy: str = opt("oppo", f"scheduling policy: {', '.join(POLICIES)}")
-    batch: int = opt(8, "B: sequences trained per step (prompts, not tokens)")
+    algo: str = opt("ppo", "ppo (one sample per prompt, critic) or grpo (--group-size samples per prompt, "
+                    "group-relative advantages, no critic)")  # fmt: skip
+    group_size: int = opt(1, "G: samples per prompt; the prompt group is the unit of admission and training")
+    batch: int = opt(8, "B: prompt groups trained per step (prompts, not tokens; B x G sequences)")
     max_new_tokens: int = opt(256, "cap on response tokens per sequence, over all the steps it spans")
     chunk: str = opt("auto", "streamed chunk size in tokens, or 'auto' to explore --chunk-candidates")
     chunk_candidates: tuple[int, ...] = opt((32, 64, 128), "chunk sizes tried by exploration (paper: 128,256,512)")
@@ -60,8 +64,14 @@ class ScheduleConfig:
 
     def __post_init__(self) -> None:
         _check_choice("policy", self.policy, POLICIES)
+        _check_choice("algo", self.algo, ALGOS)
+        if (self.algo == "ppo") != (self.group_size == 1):
+            raise ValueError(f"algo {self.algo} needs group_size {'1' if self.algo == 'ppo' else '>= 2'}, "
+                             f"got {self.group_size}")  # fmt: skip
+        if self.truncated and self.group_size > 1:
+            raise ValueError("tppo trains segments of single sequences; it does not support group sampling")
         _check_choice("delta_controller", self.delta_controller, DELTA_CONTROLLERS)
-        positive = ("batch", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens",
+        positive = ("batch", "group_size", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens",
                     "delta_window", "delta_inc", "delta_dec", "window_tokens")  # fmt: skip
         for name in positive:
             check_positive(name, getattr(self, name))

@@ -24,6 +24,7 @@ class LengthTrace:
     response_tokens: np.ndarray  # (N,) int64, >= 0
     prompt_tokens: np.ndarray | None  # (N,) int64 or None
     ordered: bool = False  # replay rows in order (the i-th admitted sequence gets row i), not sampled
+    prompt_ids: np.ndarray | None = None  # (N,) int64 codes of the 'prompt_id' column: rows of one prompt
     path: str | None = None  # the file or bundled name it was loaded from (None: built in memory)
     model: str | None = None  # the 'model' column value it was filtered to
 
@@ -33,11 +34,19 @@ class LengthTrace:
             return {"lengths": None, "lengths_model": None, "sources": {}}
         return {"lengths": self.path, "lengths_model": self.model, "sources": sources_of({"lengths": self.path})}
 
-    def sample(self, rng: np.random.Generator, n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+    def sample(self, rng: np.random.Generator, n: int, start: int = 0, group_size: int = 1):
         """``n`` rows: drawn with replacement, or rows ``start .. start+n`` (cycling) of an ordered trace.
-        Returns (response lengths, prompt lengths or None)."""
+        With ``group_size`` G > 1 and prompt ids, each G consecutive rows are responses to one prompt (drawn
+        with replacement among that prompt's rows). Returns (response lengths, prompt lengths or None)."""
         if self.ordered:
             idx = (start + np.arange(n)) % len(self.response_tokens)
+        elif group_size > 1 and self.prompt_ids is not None:
+            order = np.argsort(self.prompt_ids, kind="stable")  # rows grouped by prompt
+            first = np.searchsorted(self.prompt_ids[order], self.prompt_ids[order])  # each row's group start
+            count = np.bincount(self.prompt_ids)[self.prompt_ids[order]]
+            anchor = rng.integers(0, len(order), size=n // group_size)  # a prompt, weighted by its rows
+            pick = first[anchor].repeat(group_size) + (rng.random(n) * count[anchor].repeat(group_size)).astype(int)
+            idx = order[pick]
         else:
             idx = rng.integers(0, len(self.response_tokens), size=n)
         prompts = None if self.prompt_tokens is None else self.prompt_tokens[idx]
@@ -68,9 +77,12 @@ def load_lengths(path: str | Path, model: str | None = None) -> LengthTrace:
             raise ValueError(f"{path}: no rows with model={model!r}")
     response = _column(path, rows, "response_tokens")
     prompt = _column(path, rows, "prompt_tokens") if "prompt_tokens" in rows[0] else None
+    prompt_ids = None
+    if "prompt_id" in rows[0]:  # codes 0..P-1 of the prompt each row answers
+        prompt_ids = np.unique([r["prompt_id"] for r in rows], return_inverse=True)[1].astype(np.int64)
     bundled = path.resolve().parent == data_dir().resolve()
     stored = path.name if bundled else str(path.resolve())  # a bundled trace resolves from any directory
-    return LengthTrace(path.name.split(".")[0], response, prompt, path=stored, model=model)
+    return LengthTrace(path.name.split(".")[0], response, prompt, prompt_ids=prompt_ids, path=stored, model=model)
 
 
 def _column(path: Path, rows: list[dict[str, str]], name: str) -> np.ndarray:

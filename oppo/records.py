@@ -59,6 +59,7 @@ class StepRecord(NamedTuple):
 class TrainedSeq(NamedTuple):
     step: int
     seq_id: int
+    group_id: int  # its prompt group (G samples of one prompt); equal to seq_id without group sampling
     admitted_step: int
     deferrals: int  # steps it waited beyond its admission step
     response_tokens: int  # response length so far (final length when finished)

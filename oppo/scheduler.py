@@ -48,7 +48,7 @@ class StepPlan:
     streaming: bool
     chunk: int  # streamed chunk size in tokens, 0 when not streaming
     delta: int  # Δ: prompts over-committed beyond B this step
-    target: int  # sequences to train (B)
+    target: int  # prompt groups to train (B; a group is one sequence unless group sampling)
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Scheduler:
 
     def __init__(self, config: ScheduleConfig, prompt_limit: int | None = None) -> None:
         self.config = config
-        self.buffer = RolloutBuffer(config.max_new_tokens, prompt_limit)
+        self.buffer = RolloutBuffer(config.max_new_tokens, prompt_limit, config.group_size)
         self.chunking = make_chunk_policy(config)
         self.delta = make_delta_controller(config)
         self.step = -1
@@ -110,11 +110,13 @@ class Scheduler:
         self._step_tokens = 0  # tokens decoded this step by every sequence still running
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
-        self._finished = len(plan.ready)
+        seqs, groups = self.buffer.seqs, self.buffer.groups
+        self._group_left = {g: sum(not seqs[i].finished for i in members) for g, members in groups.items()}
+        self._complete = sum(left == 0 for left in self._group_left.values())  # groups with every sample done
         self._selection: tuple[TrainedSeq, ...] | None = None
         self._since_stream = 0  # tokens decoded since the last streamed chunk
         self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
-        self._starved_waiting = {i for i in plan.budgets if self._starved(i)}
+        self._starved_waiting = {seqs[i].group_id for i in plan.budgets if self._starved(i)}  # groups waited for
         self._finished_lengths: list[int] = []  # lengths of the sequences that finish this step
 
     # -- generation -------------------------------------------------------------------------------------
@@ -175,19 +177,22 @@ class Scheduler:
             self._finished_lengths.append(seq.generated_tokens)
             seq.finished = True
             seq.finish_rank = (self.step, step_tokens, seq_id)
-            self._finished += 1
-            self._starved_waiting.discard(seq_id)
+            self._group_left[seq.group_id] -= 1
+            if self._group_left[seq.group_id] == 0:
+                self._complete += 1
+                self._starved_waiting.discard(seq.group_id)
 
     @property
     def generation_done(self) -> bool:
-        """Sync-like policies wait for every sequence; over-commit stops at B finished, starved ones included,
-        checked at multiples of ``check_tokens`` only, so the decision does not depend on the chunk size."""
+        """Sync-like policies wait for every sequence; over-commit stops at B complete groups, starved ones
+        included, checked at multiples of ``check_tokens`` only, so the decision does not depend on the chunk
+        size."""
         plan = self._require_plan()
         if not self._running:
             return True
         if not self.config.overcommit or self._step_tokens % self.config.check_tokens:
             return False
-        return self._finished >= plan.target and not self._starved_waiting
+        return self._complete >= plan.target and not self._starved_waiting
 
     def _starved(self, seq_id: int) -> bool:
         return self.buffer.seqs[seq_id].deferrals(self.step) >= self.config.max_deferrals
@@ -196,21 +201,23 @@ class Scheduler:
     def select(self) -> tuple[TrainedSeq, ...]:
         """The sequences this step trains, in training order (call once generation is done; changes nothing).
 
-        Sync-like policies train every sequence; over-commit trains the first B finished in finish order, starved
-        ones first; T-PPO trains the segment every sequence generated this step.
+        Sync-like policies train every group; over-commit trains the first B complete groups in the order they
+        completed (a group completes with its last sample), starved ones first; T-PPO trains the segment every
+        sequence generated this step. A group's samples are trained together, in admission order.
         """
         plan = self._require_plan()
         if self._selection is not None:
             return self._selection
-        seqs = self.buffer.seqs
+        seqs, groups = self.buffer.seqs, self.buffer.groups
         if self.config.truncated:
             chosen = list(plan.active)
         else:
-            finished = sorted((i for i in plan.active if seqs[i].finished), key=lambda i: seqs[i].finish_rank)
+            complete = [g for g, left in self._group_left.items() if left == 0]
+            complete.sort(key=lambda g: max(seqs[i].finish_rank for i in groups[g]))
             if self.config.overcommit:
-                starved = {i for i in finished if self._starved(i)}
-                finished = sorted(finished, key=lambda i: i not in starved)[: plan.target]
-            chosen = finished
+                starved = {g for g in complete if self._starved(groups[g][0])}
+                complete = sorted(complete, key=lambda g: g not in starved)[: plan.target]
+            chosen = [i for g in complete for i in groups[g]]
         if self.generation_done:  # final: cache it for close_step
             self._selection = tuple(self._trained(i) for i in chosen)
             return self._selection
@@ -252,6 +259,7 @@ class Scheduler:
         return TrainedSeq(
             step=self.step,
             seq_id=seq_id,
+            group_id=seq.group_id,
             admitted_step=seq.admitted_step,
             deferrals=seq.deferrals(self.step),
             response_tokens=total,

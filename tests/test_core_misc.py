@@ -57,12 +57,12 @@ def test_cli_from_config():
     cfg = config_from_args(ScheduleConfig, args)
     assert cfg.batch == 12 and cfg.chunk_candidates == (8, 16) and cfg.fixed_delta == 3
     assert cfg.max_new_tokens == ScheduleConfig().max_new_tokens
-    assert "sequences trained per step" in parser.format_help()
+    assert "prompt groups trained per step" in parser.format_help()
 
 
 def test_busy_union_and_histogram():
     assert busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4
-    trained = [TrainedSeq(0, i, 0, d, 5, 5, True, d) for i, d in enumerate([0, 0, 0, 1])]
+    trained = [TrainedSeq(0, i, i, 0, d, 5, 5, True, d) for i, d in enumerate([0, 0, 0, 1])]
     assert deferral_histogram(trained) == {0: 0.75, 1: 0.25}
 
 
@@ -72,7 +72,7 @@ def test_records_roundtrip_and_summary(tmp_path):
         TraceRow(0, "gpu0-6", "actor", "decode", 0.0, 3.0, 4, 40, 100),
         TraceRow(0, "gpu7", "reward", "prefill", 1.0, 4.0, 4, 40, 0),
     ]
-    trained = [TrainedSeq(0, 0, 0, 0, 10, 10, True, 0), TrainedSeq(1, 1, 0, 1, 12, 2, True, 1)]
+    trained = [TrainedSeq(0, 0, 0, 0, 0, 10, 10, True, 0), TrainedSeq(1, 1, 1, 0, 1, 12, 2, True, 1)]
     summary = summarize("oppo", steps, trace, trained, {"schedule": {"batch": 4}}, wall_s=0.1)
     assert summary["utilization"] == {"gpu0-6": 0.5, "gpu7": 0.5}
     assert summary["mean_deferrals"] == 0.5 and summary["deferral_hist"] == {"0": 0.5, "1": 0.5}

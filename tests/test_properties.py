@@ -8,20 +8,24 @@ from oppo.chunking import ExploringChunk
 from oppo.overcommit import Alg1Delta, SlopeDelta
 from tests.drive import run_step
 
-policies = st.sampled_from(["sync", "intra", "inter", "oppo", "tppo"])
+policies = st.sampled_from(["sync", "intra", "inter", "oppo", "tppo", "april"])
 
 
 @st.composite
 def scenarios(draw):
     policy = draw(policies)
     batch = draw(st.integers(1, 6))
+    group_size = 1 if policy == "tppo" else draw(st.sampled_from([1, 1, 2, 3]))
     cfg = ScheduleConfig(
         policy=policy,
+        algo="ppo" if group_size == 1 else "grpo",
+        group_size=group_size,
         batch=batch,
         max_new_tokens=draw(st.integers(1, 40)),
         chunk=str(draw(st.integers(1, 12))),
         check_tokens=draw(st.integers(1, 12)),
         delta=draw(st.sampled_from(["auto", "0", str(min(1, batch)), str(min(3, batch))])),
+        delta_controller=draw(st.sampled_from(["slope", "alg1", "tail"])),
         delta_max=min(4, batch),
         delta_init=min(2, batch),
         delta_window=2,
@@ -53,13 +57,21 @@ def test_conservation_and_bounds(scenario):
         if cfg.truncated:
             assert all(t.step_tokens <= cfg.window_tokens for t in o.trained)
         else:
-            assert len(o.trained) == cfg.batch  # endless prompts: exactly B per step
+            assert len(o.trained) == cfg.batch * cfg.group_size  # endless prompts: exactly B groups per step
+            groups = {t.group_id for t in o.trained}  # a group is trained whole, its samples together
+            assert len(groups) == cfg.batch
+            assert [t.seq_id for t in o.trained] == [
+                i
+                for g in dict.fromkeys(t.group_id for t in o.trained)
+                for i in range(g * cfg.group_size, (g + 1) * cfg.group_size)
+            ]
         for t in o.trained:
             assert t.response_tokens <= cfg.max_new_tokens
             assert t.response_tokens <= lengths[t.seq_id]
             assert not t.finished or t.response_tokens == min(lengths[t.seq_id], cfg.max_new_tokens)
             if not cfg.truncated:
                 assert t.deferrals <= cfg.max_deferrals
+            assert t.policy_lag == t.deferrals  # one policy version per step; decoded from admission on
     for seq in s.buffer.seqs.values():
         assert seq.generated_tokens <= cfg.max_new_tokens
 

@@ -124,12 +124,13 @@ class Trainer:
         self.scheduler = Scheduler(schedule)
         length_rng, reward_rng = np.random.default_rng(config.seed).spawn(2)
         self.sampler = LengthSampler(setup.lengths, schedule.max_new_tokens, length_rng, trace)
-        self.reward = RewardProgress(setup.reward_curve, schedule.batch, reward_rng)
-        names = setup.devices
+        self.reward = RewardProgress(setup.reward_curve, schedule.batch * schedule.group_size, reward_rng)
+        self.roles = setup.roles(schedule.algo)
+        names = {role: name for role, name in setup.devices.items() if role in self.roles}
         devices = {name: Device(env, name, result) for name in sorted(set(names.values()))}
         self.device = {role: devices[name] for role, name in names.items()}
         actor = self.device["actor"]
-        streamed = [r for r in schedule.streamed_scorers if r in costs] if schedule.streaming else []
+        streamed = [r for r in schedule.streamed_scorers if r in self.roles] if schedule.streaming else []
         self.scorers = [
             StreamingScorer(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
         ]
@@ -147,7 +148,7 @@ class Trainer:
     def ppo_step(self):
         env, sched = self.env, self.scheduler
         plan = sched.plan_step(env.now)
-        response, prompt = self.sampler.sample(plan.step, len(plan.new))
+        response, prompt = self.sampler.sample(plan.step, len(plan.new), self.config.schedule.group_size)
         self.response.update(zip(plan.new, response.tolist()))
         self.prompt.update(zip(plan.new, prompt.tolist()))
         # 1. the actor prefills every context it decodes: new prompts, and resumed prefixes (their KV cache went
@@ -276,8 +277,10 @@ class Trainer:
         full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
         finished = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained if t.finished])
         streamed = set(self.config.schedule.streamed_scorers) if self.config.schedule.streaming else set()
-        passes = [("actor", full)] + [(r, full) for r in ("reference", "critic") if r not in streamed]
-        if "reward" in self.costs and "reward" not in streamed:
+        passes = [("actor", full)] + [
+            (r, full) for r in ("reference", "critic") if r in self.roles and r not in streamed
+        ]
+        if "reward" in self.roles and "reward" not in streamed:
             passes.append(("reward", finished))
         by_device: dict[Device, list] = {}
         for role, new in passes:
@@ -296,7 +299,7 @@ class Trainer:
         full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
         rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
         for _ in range(setup.ppo_epochs * setup.minibatches):
-            for role, phase in (("actor", "train_actor"), ("critic", "train_critic")):
+            for role, phase in (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]:
                 seconds = self.costs[role].train_s(tokens, pass_attended(tokens, 0.0, rows))
                 yield from self.device[role].run(step, role, phase, seconds, round(rows), tokens, 0)
         sync_s = self.costs["actor"].sync_s()

@@ -71,6 +71,10 @@ class Setup:
     reward: str | None  # reward model shape (same forms); None = rule-based reward (no reward model)
     batch: int  # the paper's B for this setup
     max_new_tokens: int
+    reference: bool = True  # a reference model runs (KL penalty); many GRPO runs have none
+    critic: bool = True  # a critic runs (PPO); never with algo = "grpo"
+    algo: str = "ppo"  # the schedule's default --algo
+    group_size: int = 1  # the schedule's default --group-size (samples per prompt)
     engine: str = "hf"  # generation engine: hf (TRL's generate) or vllm
     cost: str = "fitted"  # fitted (GPU profiles) or analytic (datasheet x default efficiencies)
     ppo_epochs: int = 4  # passes over the batch per step (TRL's default num_ppo_epochs)
@@ -101,8 +105,8 @@ class Setup:
         """The schedule this setup runs by default (B, cap, chunk candidates, Δ up to B/4), with overrides."""
         defaults = dict(
             batch=self.batch, max_new_tokens=self.max_new_tokens, chunk_candidates=self.chunk_candidates,
-            window_tokens=self.window_tokens, check_tokens=self.check_tokens,
-            delta_max=max(1, self.batch // 4), delta_init=max(1, self.batch // 16),
+            window_tokens=self.window_tokens, check_tokens=self.check_tokens, algo=self.algo,
+            group_size=self.group_size, delta_max=max(1, self.batch // 4), delta_init=max(1, self.batch // 16),
         )  # fmt: skip
         return schedule_from(defaults, **overrides)
 
@@ -115,6 +119,12 @@ class Setup:
         reward = _gpu_range(p.actor_gpus, total) if p.kind == "disaggregated" else actor
         roles = {"actor": actor, "critic": actor, "reference": actor}
         return {**roles, "reward": reward} if self.reward else roles
+
+    def roles(self, algo: str) -> tuple[str, ...]:
+        """The roles that run under ``algo``: the actor, and the reference, critic (PPO only) and reward model
+        where the setup has them."""
+        optional = {"reference": self.reference, "critic": self.critic and algo == "ppo", "reward": bool(self.reward)}
+        return ("actor", *(role for role, runs in optional.items() if runs))
 
     @property
     def engine_spec(self):
