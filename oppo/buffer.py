@@ -40,6 +40,7 @@ class RolloutBuffer:
         self.groups: dict[int, list[int]] = {}  # group id -> its sequence ids, FIFO
         self.admitted = 0  # sequences
         self.prompts = 0  # groups
+        self._aborted: dict[int, SeqState] = {}  # taken out by abort, waiting to be readmitted
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -60,6 +61,22 @@ class RolloutBuffer:
     def remaining_tokens(self, seq_id: int) -> int:
         """Response tokens this sequence may still generate (a resumed sequence does not get a fresh budget)."""
         return self.max_new_tokens - self.seqs[seq_id].generated_tokens
+
+    def abort(self, ids: list[int]) -> list[SeqState]:
+        """Take sequences out, their tokens discarded (to be generated again from the prompt: :meth:`readmit`)."""
+        removed = self.remove(ids)
+        for seq in removed:
+            seq.generated_tokens, seq.finished, seq.finish_rank, seq.first_version = 0, False, None, None
+        self._aborted.update((s.seq_id, s) for s in removed)
+        return removed
+
+    def readmit(self, ids: list[int]) -> list[int]:
+        """Put aborted sequences back (one group, in order); they keep their ids and admission step."""
+        for seq_id in ids:
+            seq = self._aborted.pop(seq_id)
+            self.seqs[seq_id] = seq
+            self.groups.setdefault(seq.group_id, []).append(seq_id)
+        return list(ids)
 
     def remove(self, ids: list[int]) -> list[SeqState]:
         """Remove sequences (whole groups: a group leaves with its last sequence)."""

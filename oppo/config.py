@@ -19,7 +19,7 @@ from typing import Any
 
 from oppo.data import trace_path
 
-POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april")
+POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch")
 DELTA_CONTROLLERS = ("slope", "alg1", "tail")
 ALGOS = ("ppo", "grpo")
 SCORERS = ("reward", "reference", "critic")
@@ -106,7 +106,7 @@ class ScheduleConfig:
     @property
     def overcommit(self) -> bool:
         """B+Δ prompts in flight, train on the first B finished (inter-step overlap)."""
-        return self.policy in ("inter", "oppo", "april")
+        return self.policy in ("inter", "oppo", "april", "tailbatch")
 
     @property
     def truncated(self) -> bool:

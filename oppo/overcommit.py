@@ -147,12 +147,12 @@ def kaplan_meier(finished: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray
 
 def make_delta_controller(config) -> FixedDelta | SlopeDelta | Alg1Delta | TailDelta:
     """The Δ controller of a :class:`~oppo.config.ScheduleConfig` (Δ = 0 unless the policy over-commits;
-    ``april`` over-provisions a fixed Δ: ``--delta``, or ``delta_max`` when Δ is auto)."""
+    ``april`` and ``tailbatch`` over-provision a fixed Δ: ``--delta``, or ``delta_max`` when Δ is auto)."""
     if not config.overcommit:
         return FixedDelta(0)
     if config.fixed_delta is not None:
         return FixedDelta(config.fixed_delta)
-    if config.policy == "april":
+    if config.policy in ("april", "tailbatch"):  # fixed over-provisioning, no controller
         return FixedDelta(config.delta_max)
     bounds = dict(value=config.delta_init, low=config.delta_min, high=config.delta_max, window=config.delta_window)
     if config.delta_controller == "alg1":

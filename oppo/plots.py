@@ -108,3 +108,22 @@ def sweep_plot(
     best = min(range(len(ys)), key=ys.__getitem__)
     ax.annotate(f"min at {xs[best]}", (xs[best], ys[best]), textcoords="offset points", xytext=(0, 10), ha="center")
     return _save(fig, path)
+
+
+def speed_vs_staleness(rows: Sequence[Mapping], path: str | Path, title: str = "") -> Path:
+    """One point per policy: speedup over the baseline against the mean policy lag of trained samples (the bar
+    reaches the p99 lag), coloured by mean utilisation. ``rows``: :func:`oppo.sim.experiments.compare_rows`."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    util = [r["mean_util"] for r in rows]
+    for r in rows:
+        ax.plot([r["mean_lag"], r["p99_lag"]], [r["speedup"]] * 2, color="#999999", lw=1, zorder=1)
+    points = ax.scatter([r["mean_lag"] for r in rows], [r["speedup"] for r in rows], c=util, cmap="viridis",
+                        vmin=0, vmax=1, s=60, zorder=2)  # fmt: skip
+    for r in rows:
+        ax.annotate(r["policy"], (r["mean_lag"], r["speedup"]), textcoords="offset points", xytext=(5, 5))
+    fig.colorbar(points, ax=ax, label="mean utilisation")
+    ax.set_xlabel("policy lag of trained samples (versions): mean, bar to p99")
+    ax.set_ylabel("step-time speedup over the baseline")
+    ax.set_title(title or "speed against staleness")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)

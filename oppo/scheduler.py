@@ -40,6 +40,7 @@ class StepPlan:
     start_s: float
     active: tuple[int, ...]  # every sequence in the buffer this step
     new: tuple[int, ...]  # admitted this step: the backend attaches prompts to these ids
+    restarted: tuple[int, ...]  # tailbatch: aborted earlier, generated again from the prompt (tokens discarded)
     resumed: tuple[int, ...]  # carried unfinished: their prefix must be re-prefilled by the updated actor
     ready: tuple[int, ...]  # carried finished: nothing left to generate
     prefix_tokens: Mapping[int, int]  # response tokens already generated, per active id
@@ -49,6 +50,7 @@ class StepPlan:
     chunk: int  # streamed chunk size in tokens, 0 when not streaming
     delta: int  # Δ: prompts over-committed beyond B this step
     target: int  # prompt groups to train (B; a group is one sequence unless group sampling)
+    long_round: bool = False  # tailbatch: a round of previously aborted prompts, waited for to the end
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Scheduler:
         self.delta = make_delta_controller(config)
         self.step = -1
         self.plan: StepPlan | None = None
+        self.long_queue: deque[list[int]] = deque()  # tailbatch: aborted groups (their seq ids), FIFO
 
     # -- planning ---------------------------------------------------------------------------------------
     def plan_step(self, now: float) -> StepPlan:
@@ -76,7 +79,14 @@ class Scheduler:
         self.step += 1
         cfg = self.config
         carried = list(self.buffer.seqs.values())
-        new = self.buffer.fill(cfg.batch + self.delta.value, self.step)
+        long_round = cfg.policy == "tailbatch" and len(self.long_queue) >= cfg.batch
+        restarted: list[int] = []
+        if long_round:  # a full batch of aborted prompts, no over-provisioning
+            for _ in range(cfg.batch):
+                restarted += self.buffer.readmit(self.long_queue.popleft())
+            new = []
+        else:
+            new = self.buffer.fill(cfg.batch + self.delta.value, self.step)
         seqs = self.buffer.seqs
         chunk = self.chunking.chunk_for(self.step) if cfg.streaming else 0
         budgets = {}
@@ -91,6 +101,7 @@ class Scheduler:
             start_s=now,
             active=tuple(seqs),
             new=tuple(new),
+            restarted=tuple(restarted),
             resumed=tuple(s.seq_id for s in carried if not s.finished),
             ready=tuple(s.seq_id for s in carried if s.finished),
             prefix_tokens={i: s.generated_tokens for i, s in seqs.items()},
@@ -99,8 +110,9 @@ class Scheduler:
             round_tokens=cfg.check_tokens if cfg.overcommit else chunk if cfg.streaming else cfg.max_new_tokens,
             streaming=cfg.streaming,
             chunk=chunk,
-            delta=self.delta.value,
-            target=cfg.batch,
+            delta=0 if long_round else self.delta.value,
+            target=len(self.buffer.groups) if long_round else cfg.batch,
+            long_round=long_round,
         )
         self._start_generation(self.plan)
         return self.plan
@@ -230,6 +242,10 @@ class Scheduler:
         for seq_id in list(self._running):  # stopped early by over-commit: keep what was decoded
             self._stop(seq_id, self._decoded(seq_id), finished=False)
         self.buffer.remove([t.seq_id for t in trained if t.finished])
+        if self.config.policy == "tailbatch":  # aborted: every unfinished group waits for a long round
+            groups = self.buffer.groups
+            for members in [m for m in groups.values() if not all(self.buffer.seqs[i].finished for i in m)]:
+                self.long_queue.append([s.seq_id for s in self.buffer.abort(members)])
         step_s = now - plan.start_s
         if plan.streaming:
             self.chunking.observe(self.step, plan.chunk, step_s)

@@ -8,7 +8,7 @@ from oppo.chunking import ExploringChunk
 from oppo.overcommit import Alg1Delta, SlopeDelta
 from tests.drive import run_step
 
-policies = st.sampled_from(["sync", "intra", "inter", "oppo", "tppo", "april"])
+policies = st.sampled_from(["sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch"])
 
 
 @st.composite
@@ -37,10 +37,15 @@ def scenarios(draw):
     return cfg, lengths, rewards
 
 
-def simulate(cfg, lengths, rewards):
+def simulate(cfg, lengths, rewards, plans=None):
     s = Scheduler(cfg)
     table = dict(enumerate(lengths))
-    outcomes = [run_step(s, table, reward=r)[1] for r in rewards]
+    outcomes = []
+    for r in rewards:
+        plan, outcome, _ = run_step(s, table, reward=r)
+        outcomes.append(outcome)
+        if plans is not None:
+            plans.append(plan)
     return s, outcomes
 
 
@@ -48,11 +53,22 @@ def simulate(cfg, lengths, rewards):
 @given(scenarios())
 def test_conservation_and_bounds(scenario):
     cfg, lengths, rewards = scenario
-    s, outcomes = simulate(cfg, lengths, rewards)
+    plans = []
+    s, outcomes = simulate(cfg, lengths, rewards, plans)
     trained_finished = [t.seq_id for o in outcomes for t in o.trained if t.finished]
     assert len(trained_finished) == len(set(trained_finished))  # none trained twice
     assert set(trained_finished).isdisjoint(s.buffer.seqs)
-    assert set(trained_finished) | set(s.buffer.seqs) == set(range(s.buffer.admitted))  # none lost
+    queued = {i for group in s.long_queue for i in group}  # tailbatch: aborted, waiting for a long round
+    assert queued.isdisjoint(s.buffer.seqs) and queued.isdisjoint(trained_finished)
+    assert set(trained_finished) | set(s.buffer.seqs) | queued == set(range(s.buffer.admitted))  # none lost
+    aborted_before: set[int] = set()
+    for plan, o in zip(plans, outcomes):
+        if plan.long_round:  # tailbatch long rounds: previously aborted prompts only, no over-provisioning
+            assert plan.new == () and set(plan.restarted) == set(plan.active) <= aborted_before
+            assert plan.delta == 0 and len({t.group_id for t in o.trained}) == cfg.batch
+        else:
+            assert plan.restarted == ()
+        aborted_before |= set(plan.active) - {t.seq_id for t in o.trained if t.finished} - set(o.carried)
     for o in outcomes:
         if cfg.truncated:
             assert all(t.step_tokens <= cfg.window_tokens for t in o.trained)
@@ -69,9 +85,11 @@ def test_conservation_and_bounds(scenario):
             assert t.response_tokens <= cfg.max_new_tokens
             assert t.response_tokens <= lengths[t.seq_id]
             assert not t.finished or t.response_tokens == min(lengths[t.seq_id], cfg.max_new_tokens)
-            if not cfg.truncated:
-                assert t.deferrals <= cfg.max_deferrals
-            assert t.policy_lag == t.deferrals  # one policy version per step; decoded from admission on
+            if cfg.policy == "tailbatch":  # restarted samples are on-policy whatever they waited
+                assert t.policy_lag <= t.deferrals
+            else:
+                assert t.policy_lag == t.deferrals  # one policy version per step; decoded from admission on
+                assert cfg.truncated or t.deferrals <= cfg.max_deferrals
     for seq in s.buffer.seqs.values():
         assert seq.generated_tokens <= cfg.max_new_tokens
 

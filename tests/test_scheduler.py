@@ -126,3 +126,37 @@ def test_overcommit_checks_between_chunk_boundaries():
     # 0 ends at 3, 1 at 11: B=2 reached in the round ending at token 12, not at the chunk boundary 16
     assert rounds == 6
     assert streamed == [False, False, False, True, False, True]  # chunk at 8, then the partial chunk at the end
+
+
+def test_april_fixed_overprovisioning_resumes_unfinished_first():
+    """APRIL: N' = B + delta_max prompts every step, stop at B finished, unfinished ones resume with their tokens."""
+    s = Scheduler(ScheduleConfig(policy="april", batch=2, delta_max=2, delta_init=2, max_new_tokens=30, check_tokens=2))
+    lengths = {0: 9, 1: 1, 2: 2, 3: 20, 4: 3, 5: 2, 6: 9, 7: 9}
+    plan, out, _ = run_step(s, lengths)
+    assert plan.delta == 2 and plan.active == (0, 1, 2, 3)
+    assert ids(out) == [1, 2] and out.carried == (0, 3)  # checked at 2 tokens: 1 and 2 done
+    plan, out, _ = run_step(s, lengths)
+    assert plan.resumed == (0, 3) and plan.new == (4, 5) and plan.delta == 2  # Δ never adapts
+    assert plan.budgets[0] == 28  # the cap minus the 2 tokens it already has
+    assert ids(out) == [5, 4] and [t.policy_lag for t in out.trained] == [0, 0]
+
+
+def test_tailbatch_aborts_long_prompts_and_runs_them_in_a_long_round():
+    """RollPacker tail batching: short rounds over-provision and keep the first B; aborted prompts queue until a
+    full batch of them runs alone, without over-provisioning, to the end."""
+    s = Scheduler(ScheduleConfig(policy="tailbatch", batch=2, delta_max=2, delta_init=2, max_new_tokens=50,
+                                 check_tokens=2))  # fmt: skip
+    lengths = {0: 30, 1: 1, 2: 2, 3: 40, 4: 1, 5: 25, 6: 2, 7: 2, 8: 1, 9: 1, 10: 1}
+    plan, out, _ = run_step(s, lengths)
+    assert plan.active == (0, 1, 2, 3) and ids(out) == [1, 2] and out.carried == ()
+    assert list(s.long_queue) == [[0], [3]]  # aborted, their tokens discarded
+    plan, out, _ = run_step(s, lengths)  # the queue holds B prompts: a long round of them, from scratch
+    assert plan.long_round and plan.restarted == (0, 3) and plan.new == () and plan.delta == 0
+    assert plan.budgets[0] == 50 and plan.prefix_tokens[0] == 0  # a fresh, on-policy sample
+    assert ids(out) == [0, 3] and [t.response_tokens for t in out.trained] == [30, 40]
+    assert [t.deferrals for t in out.trained] == [1, 1] and [t.policy_lag for t in out.trained] == [0, 0]
+    plan, out, _ = run_step(s, lengths)  # short rounds again
+    assert not plan.long_round and plan.new == (4, 5, 6, 7) and plan.delta == 2
+    assert ids(out) == [4, 6] and out.carried == (7,) and list(s.long_queue) == [[5]]
+    plan, _, _ = run_step(s, lengths)
+    assert plan.ready == (7,)  # completed in the short round beyond B: trained next, not aborted

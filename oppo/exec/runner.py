@@ -69,6 +69,8 @@ class Executor:
         # 1. admit the new prompts
         for seq_id in plan.new:
             self.data[seq_id] = self._new_sequence(seq_id)
+        for seq_id in plan.restarted:  # tailbatch: an aborted sample is generated again from its prompt
+            self.data[seq_id].response = []
         contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
         # 2. scorers get this step's critic; streamed ones take every sequence in flight (carried ones keep a
         #    frozen scorer's cache)

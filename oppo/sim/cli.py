@@ -175,6 +175,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         plots.utilization_bars({s["policy"]: s["utilization"] for s in summaries}, out / "utilization.png")
         plots.step_breakdown({s["policy"]: s["phase_s_per_step"] for s in summaries}, out / "breakdown.png")
         plots.reward_curves({s["policy"]: s["_steps"] for s in summaries}, out / "rewards.png")
+        plots.speed_vs_staleness(rows, out / "staleness.png", f"{summaries[0]['config']['setup']['name']}")
 
 
 def format_table(rows: list[dict]) -> str:

@@ -74,6 +74,8 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
             "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
             "mean_util": round(s["mean_utilization"], 3),
             "mean_deferrals": round(s["mean_deferrals"], 3),
+            "mean_lag": round(s["mean_policy_lag"], 3),
+            "p99_lag": round(s["p99_policy_lag"], 3),
             "deferral_hist": " ".join(f"{k}:{v:.1%}" for k, v in s["deferral_hist"].items()),
             "final_reward": round(s["final_reward"], 3),
             "time_to_reward_s": None if ttr is None else round(ttr, 1),

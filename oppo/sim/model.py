@@ -160,7 +160,7 @@ class Trainer:
                 contexts = np.full_like(contexts, contexts.max())
             yield from self._pass("actor", "prefill", plan.step, contexts)
         # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
-        new_prompts = np.array([self.prompt[i] for i in plan.new])
+        new_prompts = np.array([self.prompt[i] for i in plan.new + plan.restarted])
         pending = _chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
             scorer.submit(plan.step, *pending)
