@@ -19,7 +19,7 @@ from typing import Any
 
 from oppo.data import trace_path
 
-POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch")
+POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch", "async")
 DELTA_CONTROLLERS = ("slope", "alg1", "tail")
 ALGOS = ("ppo", "grpo")
 SCORERS = ("reward", "reference", "critic")
@@ -61,6 +61,8 @@ class ScheduleConfig:
     tail_tolerance: float = opt(0.1, "tail controller: share of the largest tail cut it may give up for a smaller Δ")
     max_deferrals: int = opt(3, "starvation bound (>= 1): a sequence deferred this many steps is waited for")
     window_tokens: int = opt(64, "tppo: at most this many new tokens per sequence per step")
+    staleness: int = opt(1, "async: generation runs ahead of training by at most this many policy versions "
+                         "(1: one-step-off)")  # fmt: skip
 
     def __post_init__(self) -> None:
         _check_choice("policy", self.policy, POLICIES)
@@ -71,7 +73,7 @@ class ScheduleConfig:
         if self.truncated and self.group_size > 1:
             raise ValueError("tppo trains segments of single sequences; it does not support group sampling")
         _check_choice("delta_controller", self.delta_controller, DELTA_CONTROLLERS)
-        positive = ("batch", "group_size", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens",
+        positive = ("batch", "group_size", "staleness", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens",
                     "delta_window", "delta_inc", "delta_dec", "window_tokens")  # fmt: skip
         for name in positive:
             check_positive(name, getattr(self, name))

@@ -99,8 +99,9 @@ class TailDelta:
     unfinished (censored) ones, so the long sequences still running are not forgotten. Δ is the smallest value
     in [low, high] that achieves all but ``tolerance`` of the cut the largest allowed Δ would give:
     end(Δ) <= end(high) + tolerance · (end(low) - end(high)). No tail (equal lengths) gives Δ = low; a heavy
-    tail or many capped sequences (an atom of F at the cap) give a large Δ. Until ``batch`` lengths are known
-    Δ keeps its initial value.
+    tail or many capped sequences (an atom of F at the cap) give a large Δ. Until ``batch`` lengths are known,
+    and when no Δ would help by the estimate while sequences are still running (the estimate is then driven by
+    the unknown lengths of the censored ones), Δ holds its value.
     """
 
     value: int
@@ -123,6 +124,8 @@ class TailDelta:
             return
         xs, cdf = kaplan_meier(done, np.asarray(lengths.censored, dtype=np.int64))
         ends = [self.end_tokens(xs, cdf, delta) for delta in range(self.low, self.high + 1)]
+        if ends[-1] >= ends[0] and lengths.censored:
+            return  # no Δ helps by this estimate, yet sequences still run (their lengths unknown): hold
         target = ends[-1] + self.tolerance * (ends[0] - ends[-1])
         self.value = self.low + next(i for i, end in enumerate(ends) if end <= target)
 

@@ -8,6 +8,12 @@ from oppo import Scheduler
 def run_step(scheduler: Scheduler, lengths: dict[int, int], reward: float = 0.0, now: float = 0.0):
     """One step: ``lengths`` maps seq id -> its true response length (ids admitted this step are looked up)."""
     plan = scheduler.plan_step(now)
+    rounds = finish_all(scheduler, lengths, plan, now)
+    return plan, scheduler.close_step(now + 1.0, reward), rounds
+
+
+def finish_all(scheduler: Scheduler, lengths: dict[int, int], plan, now: float = 0.0) -> int:
+    """Decode the planned step's rounds until the scheduler stops generation; returns the rounds."""
     decoded = dict(plan.prefix_tokens)
     rounds = 0
     while not scheduler.generation_done:
@@ -21,4 +27,4 @@ def run_step(scheduler: Scheduler, lengths: dict[int, int], reward: float = 0.0,
             decoded[seq_id] += min(rest, k)
         scheduler.report_round(now, n, finished)
         rounds += 1
-    return plan, scheduler.close_step(now + 1.0, reward), rounds
+    return rounds

@@ -142,7 +142,12 @@ class CalibratedCost:
     def sync_s(self) -> float:
         return self.phases["sync"][0] if "sync" in self.phases else 0.0
 
+    def transfer_s(self) -> float:
+        """The measured weight sync (a remote role's load_state_dict), or 0 where none was measured."""
+        return self.sync_s()
+
 
 def calibrated_costs(path: str | Path, roles: Sequence[str]) -> dict[str, CalibratedCost]:
     profile = load_profile(path)
-    return {role: CalibratedCost(profile.get(role, {})) for role in roles}
+    # a rollout engine on its own devices runs the actor's generation: the actor's costs
+    return {role: CalibratedCost(profile.get("actor" if role == "rollout" else role, {})) for role in roles}

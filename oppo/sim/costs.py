@@ -41,6 +41,8 @@ class CostModel(Protocol):
 
     def sync_s(self) -> float: ...
 
+    def transfer_s(self) -> float: ...
+
 
 @dataclass(frozen=True)
 class Efficiency:
@@ -114,7 +116,12 @@ class RooflineCost:
         return compute_s + optimizer_s + 3 * self._pass_overhead_s
 
     def sync_s(self) -> float:
-        return self.model.weight_bytes / self.link_bytes_per_s if self.engine.needs_weight_sync else 0.0
+        """Weight sync after an update: only an engine with its own weight copy (vLLM) needs one."""
+        return self.transfer_s() if self.engine.needs_weight_sync else 0.0
+
+    def transfer_s(self) -> float:
+        """Pushing the weights to other devices (a rollout engine on its own GPUs)."""
+        return self.model.weight_bytes / self.link_bytes_per_s
 
 
 def pass_attended(tokens: float, context: float, batch: float) -> float:

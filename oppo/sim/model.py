@@ -126,10 +126,12 @@ class Trainer:
         self.sampler = LengthSampler(setup.lengths, schedule.max_new_tokens, length_rng, trace)
         self.reward = RewardProgress(setup.reward_curve, schedule.batch * schedule.group_size, reward_rng)
         self.roles = setup.roles(schedule.algo)
-        names = {role: name for role, name in setup.devices.items() if role in self.roles}
+        names = {role: name for role, name in setup.devices_for(schedule.policy).items()
+                 if role in self.roles or role == "rollout"}  # fmt: skip
         devices = {name: Device(env, name, result) for name in sorted(set(names.values()))}
         self.device = {role: devices[name] for role, name in names.items()}
-        actor = self.device["actor"]
+        self.gen = "rollout" if "rollout" in names else "actor"  # device and cost of the actor's generation
+        actor = self.device[self.gen]
         streamed = [r for r in schedule.streamed_scorers if r in self.roles] if schedule.streaming else []
         self.scorers = [
             StreamingScorer(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
@@ -139,15 +141,42 @@ class Trainer:
         self.engine = setup.engine_spec
         self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
         self.prompt: dict[int, int] = {}
-        self.process = env.process(self.training())
+        if schedule.policy == "async":  # generation runs ahead on its own devices, training follows
+            self.batches, self.version, self.updated = simpy.Store(env), 0, env.event()
+            env.process(self.rolling())
+            self.process = env.process(self.learning())
+        else:
+            self.process = env.process(self.training())
 
     def training(self):
+        """One step after another: generate, score, train (every policy but ``async``)."""
         for _ in range(self.config.steps):
-            yield from self.ppo_step()
+            plan = self.scheduler.plan_step(self.env.now)
+            yield from self._rollout(plan)
+            yield from self._learn(plan, self.scheduler.select())
 
-    def ppo_step(self):
-        env, sched = self.env, self.scheduler
-        plan = sched.plan_step(env.now)
+    def rolling(self):
+        """``async``: generate step after step with the newest weights, at most ``staleness`` versions ahead."""
+        staleness = self.config.schedule.staleness
+        for step in range(self.config.steps):
+            while step - self.version > staleness:
+                yield self.updated
+            plan = self.scheduler.plan_step(self.env.now, version=self.version)
+            yield from self._rollout(plan)
+            yield self.batches.put((plan, self.scheduler.finish_generation()))
+
+    def learning(self):
+        """``async``: train each generated step in order, then push the weights to the rollout devices."""
+        for _ in range(self.config.steps):
+            plan, trained = yield self.batches.get()
+            yield from self._learn(plan, trained)
+            self.version += 1
+            updated, self.updated = self.updated, self.env.event()
+            updated.succeed()
+
+    def _rollout(self, plan):
+        """Prompts in, generation until the scheduler stops it (streaming chunks to the scorers)."""
+        env = self.env
         response, prompt = self.sampler.sample(plan.step, len(plan.new), self.config.schedule.group_size)
         self.response.update(zip(plan.new, response.tolist()))
         self.prompt.update(zip(plan.new, prompt.tolist()))
@@ -158,7 +187,7 @@ class Trainer:
             contexts = np.array([self.prompt[i] + plan.prefix_tokens[i] for i in running])
             if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
                 contexts = np.full_like(contexts, contexts.max())
-            yield from self._pass("actor", "prefill", plan.step, contexts)
+            yield from self._pass("actor", "prefill", plan.step, contexts, on=self.gen)
         # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
         new_prompts = np.array([self.prompt[i] for i in plan.new + plan.restarted])
         pending = _chunk(len(new_prompts), int(new_prompts.sum()), 0)
@@ -166,12 +195,12 @@ class Trainer:
             scorer.submit(plan.step, *pending)
         yield from self._generate(plan, pending)
         yield simpy.AllOf(env, [s.last for s in self.scorers])
-        # 3. scoring of the trained sequences by whatever was not streamed
-        trained = sched.select()
+
+    def _learn(self, plan, trained):
+        """Score what was not streamed, train, push the weights, close the step."""
         yield from self._score(plan.step, trained)
-        # 4. training and weight sync
         yield from self._train(plan.step, trained)
-        outcome = sched.close_step(env.now, self.reward.step(trained))
+        outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
         for t in outcome.trained:
             if t.finished:  # gone from the buffer: forget its lengths
@@ -180,7 +209,7 @@ class Trainer:
 
     def _generate(self, plan, pending):
         """Decode rounds until the scheduler says the step's batch is complete."""
-        env, sched, actor = self.env, self.scheduler, self.device["actor"]
+        env, sched, actor = self.env, self.scheduler, self.device[self.gen]
         ids = np.array(plan.active, dtype=np.int64)
         length = np.array([self.response[i] for i in plan.active])
         prompt = np.array([self.prompt[i] for i in plan.active])
@@ -219,7 +248,7 @@ class Trainer:
     def _stream(self, step: int, chunk):
         """Hand a complete chunk to the scorers; the actor stalls ``chunk_handoff_s`` to do it."""
         if self.handoff_s > 0:
-            yield from self.device["actor"].run(step, "actor", "other", self.handoff_s, chunk[0], chunk[1], 0)
+            yield from self.device[self.gen].run(step, "actor", "other", self.handoff_s, chunk[0], chunk[1], 0)
         for scorer in self.scorers:
             scorer.submit(step, *chunk)
 
@@ -236,9 +265,9 @@ class Trainer:
         else:  # every row of the left-padded batch is computed until the last one stops
             batch = np.full(n, self._decode_rows)
             ctx = batch * (self._decode_width + offset + t - 1)
-        per_token = np.where(live > 0, self.costs["actor"].decode_s(np.maximum(batch, 1), ctx), 0.0)
+        per_token = np.where(live > 0, self.costs[self.gen].decode_s(np.maximum(batch, 1), ctx), 0.0)
         elapsed = np.concatenate([[0.0], np.cumsum(per_token)])  # seconds until position t
-        last = np.zeros(len(self.device["actor"].members), dtype=np.int64)
+        last = np.zeros(len(self.device[self.gen].members), dtype=np.int64)
         np.maximum.at(last, gpu, k)
         return elapsed[last]
 
@@ -263,13 +292,14 @@ class Trainer:
             seconds = self.costs[role].prefill_s(tokens, attended)
             yield from self.device[role].run(step, role, "prefill", seconds, batch, tokens, context)
 
-    def _pass(self, role: str, phase: str, step: int, lengths: np.ndarray):
-        """A full forward pass over sequences of the given lengths (nothing cached)."""
+    def _pass(self, role: str, phase: str, step: int, lengths: np.ndarray, on: str | None = None):
+        """A full forward pass of ``role`` over sequences of the given lengths (nothing cached), on the devices
+        of ``on`` (default: the role's own)."""
         tokens = float(lengths.sum())
         attended = pass_attended(tokens, 0.0, len(lengths))
-        cost = self.costs[role]
+        cost = self.costs[on or role]
         seconds = cost.prefill_s(tokens, attended) if phase == "prefill" else cost.score_s(tokens, attended)
-        yield from self.device[role].run(step, role, phase, seconds, len(lengths), tokens, 0)
+        yield from self.device[on or role].run(step, role, phase, seconds, len(lengths), tokens, 0)
 
     def _score(self, step: int, trained):
         """Full forward passes for the scorers that were not streamed, plus the actor's log-probs under the
@@ -302,7 +332,8 @@ class Trainer:
             for role, phase in (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]:
                 seconds = self.costs[role].train_s(tokens, pass_attended(tokens, 0.0, rows))
                 yield from self.device[role].run(step, role, phase, seconds, round(rows), tokens, 0)
-        sync_s = self.costs["actor"].sync_s()
+        # weights pushed to the generation engine: its own copy (vLLM) or its own devices
+        sync_s = self.costs["actor"].transfer_s() if self.gen == "rollout" else self.costs["actor"].sync_s()
         if sync_s > 0:
             yield from self.device["actor"].run(step, "actor", "sync", sync_s, 0, 0, 0)
 
@@ -315,7 +346,7 @@ def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None =
     """
     env = simpy.Environment()
     result = SimResult()
-    trainer = Trainer(env, config, costs or config.setup.costs(), trace, result)
+    trainer = Trainer(env, config, costs or config.setup.costs(config.schedule.policy), trace, result)
     if progress is None:
         env.run(until=trainer.process)
     else:

@@ -32,17 +32,31 @@ PLACEMENTS = ("disaggregated", "colocated")
 @dataclass(frozen=True)
 class Placement:
     """Where the roles run. Actor, critic and reference share the actor GPUs (data parallel); the reward model
-    has its own GPUs when disaggregated, and shares all GPUs when colocated."""
+    has its own GPUs when disaggregated, and shares all GPUs when colocated.
+
+    ``rollout_gpus``: of the actor GPUs, the first ones run generation only (a rollout engine on its own devices,
+    weights pushed after each update) and the rest train. 0: generation and training share the actor GPUs,
+    except for ``async``, whose definition is generation on its own devices: it takes half of them (rounded up)
+    unless set."""
 
     kind: str = "disaggregated"
     actor_gpus: int = 7
     reward_gpus: int = 1
+    rollout_gpus: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.kind!r}; choose from {', '.join(PLACEMENTS)}")
         if self.actor_gpus < 1 or self.reward_gpus < 0:
             raise ValueError("placement needs actor_gpus >= 1 and reward_gpus >= 0")
+        if not 0 <= self.rollout_gpus < self.actor_gpus:
+            raise ValueError("placement needs 0 <= rollout_gpus < actor_gpus (some actor GPUs must train)")
+
+    def rollout_for(self, policy: str) -> int:
+        """GPUs generating only, for ``policy`` (0: generation on the training GPUs)."""
+        if self.rollout_gpus or policy != "async" or self.actor_gpus < 2:
+            return self.rollout_gpus
+        return (self.actor_gpus + 1) // 2
 
 
 @dataclass(frozen=True)
@@ -112,12 +126,18 @@ class Setup:
 
     @property
     def devices(self) -> dict[str, str]:
-        """Role -> device name ("gpu0-6" is a data-parallel group of GPUs 0..6)."""
+        """Role -> device name ("gpu0-6" is a data-parallel group of GPUs 0..6), for on-device generation."""
+        return self.devices_for("sync")
+
+    def devices_for(self, policy: str) -> dict[str, str]:
+        """Role -> device name under ``policy``; a "rollout" entry when generation has its own GPUs."""
         p = self.placement
+        rollout = p.rollout_for(policy)
         total = p.actor_gpus + (p.reward_gpus if p.kind == "disaggregated" and self.reward else 0)
-        actor = _gpu_range(0, p.actor_gpus if p.kind == "disaggregated" else total)
+        actor = _gpu_range(rollout, p.actor_gpus if p.kind == "disaggregated" else total)
         reward = _gpu_range(p.actor_gpus, total) if p.kind == "disaggregated" else actor
         roles = {"actor": actor, "critic": actor, "reference": actor}
+        roles |= {"rollout": _gpu_range(0, rollout)} if rollout else {}
         return {**roles, "reward": reward} if self.reward else roles
 
     def roles(self, algo: str) -> tuple[str, ...]:
@@ -130,9 +150,9 @@ class Setup:
     def engine_spec(self):
         return ENGINES[self.engine]
 
-    def costs(self) -> dict[str, CostModel]:
-        """A cost model per role on its device group: roofline (fitted or analytic efficiencies), or a profile
-        calibrated on an executor's records (``cost = "NAME.json"``, looked up in oppo/data/profiles/)."""
+    def costs(self, policy: str = "sync") -> dict[str, CostModel]:
+        """A cost model per role on its device group under ``policy``: roofline (fitted or analytic efficiencies),
+        or a profile calibrated on an executor's records (``cost = "NAME.json"``, in oppo/data/profiles/)."""
         if self.cost.endswith(".json"):
             from oppo.sim.calibrate import calibrated_costs
 
@@ -141,12 +161,13 @@ class Setup:
                 if Path(self.cost).is_absolute() or Path(self.cost).exists()
                 else PROFILE_DIR / self.cost
             )
-            return calibrated_costs(path, list(self.devices))
+            return calibrated_costs(path, list(self.devices_for(policy)))
         gpu, engine = GPUS[self.gpu], ENGINES[self.engine]
         eff = gpu_efficiencies()[self.gpu].efficiency if self.cost == "fitted" else Efficiency()
-        shapes = {"actor": self.actor, "critic": self.actor, "reference": self.actor, "reward": self.reward}
+        shapes = {"actor": self.actor, "rollout": self.actor, "critic": self.actor, "reference": self.actor,
+                  "reward": self.reward}  # fmt: skip
         out = {}
-        for role, device in self.devices.items():
+        for role, device in self.devices_for(policy).items():
             out[role] = RooflineCost(model_shape(shapes[role]), gpu, device_count(device), engine, eff)
         return out
 
