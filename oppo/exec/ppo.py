@@ -80,3 +80,21 @@ def value_loss(
     """Clipped value loss: 0.5 * max((v - R)^2, (clip(v, old ± clip) - R)^2)."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask)
+
+
+def group_advantages(score: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: each sample's score relative to its prompt group, (r - mean_g) / (std_g + eps). (B,) -> (B,).
+
+    A group whose samples all scored alike carries no signal: its advantages are 0."""
+    _, group = torch.unique(group_ids, return_inverse=True)  # (B,) group index 0..G-1
+    count = torch.zeros(int(group.max()) + 1, dtype=score.dtype).index_add_(0, group, torch.ones_like(score))
+    mean = torch.zeros_like(count).index_add_(0, group, score) / count
+    var = torch.zeros_like(count).index_add_(0, group, (score - mean[group]) ** 2) / count
+    return (score - mean[group]) / (var.sqrt()[group] + eps)
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The k3 estimator of KL(pi || ref) per token, exp(d) - d - 1 with d = ref_logp - logp (>= 0, unbiased):
+    the KL term of the GRPO loss. Masked mean, a scalar."""
+    d = ref_logprobs - logprobs
+    return masked_mean(torch.exp(d) - d - 1, mask)

@@ -15,9 +15,9 @@ from oppo.exec import task
 from oppo.exec.config import ExecConfig
 from oppo.exec.generation import ChunkedDecoder
 from oppo.exec.models import Roles, load_prompts
-from oppo.exec.ppo import gae, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
 from oppo.exec.scoring import LocalScorer, score_once
 from oppo.exec.timing import Recorder
+from oppo.exec.update import Learner
 from oppo.lengths import LengthTrace
 from oppo.scheduler import Scheduler, StepOutcome
 
@@ -52,8 +52,7 @@ class Executor:
         self.scheduler = Scheduler(config.schedule)
         self.data: dict[int, SeqData] = {}
         self.device = device_name(roles.device)
-        self.actor_opt = torch.optim.Adam(roles.actor.parameters(), lr=config.ppo.lr)
-        self.critic_opt = torch.optim.Adam(roles.critic.parameters(), lr=config.ppo.critic_lr)
+        self.learner = Learner(config, roles, recorder, self.device)
         self.scorers = scorers if scorers is not None else local_scorers(config, roles, recorder)
         streamed = config.schedule.streamed_scorers if config.schedule.streaming else ()
         self.streamed = {role: handle for role, handle in self.scorers.items() if role in streamed}
@@ -84,7 +83,7 @@ class Executor:
         trained = sched.select()
         scores = self._score(plan.step, trained)
         # 5. PPO update
-        losses = self._train(plan.step, trained, scores)
+        losses = self.learner.train(plan.step, trained, self.data, scores, self._seed(4, plan.step))
         # 6. close the step
         outcome = sched.close_step(rec.now(), scores["mean_reward"])
         for scorer in self.scorers.values():
@@ -98,10 +97,11 @@ class Executor:
                                     response_len=float(np.mean([t.response_tokens for t in trained])))  # fmt: skip
 
     def _new_sequence(self, seq_id: int) -> SeqData:
+        group = self.scheduler.buffer.seqs[seq_id].group_id  # the samples of a group answer one prompt
         if self.prompts is not None:  # the dataset, cycled in order
-            prompt = self.prompts[seq_id % len(self.prompts)]
+            prompt = self.prompts[group % len(self.prompts)]
         else:
-            g = torch.Generator().manual_seed(self._seed(1, seq_id))
+            g = torch.Generator().manual_seed(self._seed(1, group))
             prompt = task.random_prompts(g, 1, self.config.task.prompt_tokens, self.roles.vocab_size)[0]
         forced = None
         if self.lengths is not None:
@@ -158,55 +158,9 @@ class Executor:
         finished = torch.tensor([t.finished for t in trained])
         shown = score[finished] if finished.any() else score
         kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
-        return {"old_logprobs": out["actor"], "ref_logprobs": out["reference"], "values": out["critic"],
+        return {"old_logprobs": out["actor"], "ref_logprobs": out["reference"], "values": out.get("critic"),
                 "score": score, "mean_reward": float(shown.mean()), "rule_score": float(rule.mean()),
                 "kl": float(kl.mean())}  # fmt: skip
-
-    # -- PPO update ------------------------------------------------------------------------------------
-    def _train(self, step: int, trained, scores: dict) -> tuple[float, float]:
-        """``epochs`` x ``minibatches`` updates of actor and critic; returns mean (policy loss, value loss)."""
-        cfg, roles = self.config.ppo, self.roles
-        batch = _padded_batch(trained, self.data, roles.pad_id, cfg.tppo_drop_tokens, self.config.schedule.truncated)
-        batch = {k: v.to(roles.device) for k, v in batch.items()}
-        batch |= self._targets(trained, scores, batch["mask"])
-        ids, attn, pos, targets = batch["ids"], batch["attn"], batch["pos"], batch["targets"]
-        g = torch.Generator().manual_seed(self._seed(4, step))
-        losses = []
-        for _ in range(cfg.epochs):
-            for mb in torch.randperm(len(trained), generator=g).chunk(cfg.minibatches):
-                mb = mb.to(roles.device)
-                tokens = int(attn[mb].sum())
-                with self.rec.op(step, self.device, "actor", "train_actor", batch=len(mb), tokens=tokens):
-                    logits = roles.actor(input_ids=ids[mb], attention_mask=attn[mb]).logits  # (b, L, V)
-                    logp = _gather_logprobs(logits.to(batch["adv"].dtype) / cfg.temperature, pos[mb], targets[mb])
-                    p_loss, _ = policy_loss(logp, batch["old_lp"][mb], batch["adv"][mb], batch["mask"][mb], cfg.clip)
-                    _step(self.actor_opt, p_loss, roles.actor, cfg.max_grad_norm)
-                with self.rec.op(step, self.device, "critic", "train_critic", batch=len(mb), tokens=tokens):
-                    hidden = roles.critic.base_model(input_ids=ids[mb], attention_mask=attn[mb]).last_hidden_state
-                    values = roles.critic.score(hidden).squeeze(-1).to(batch["adv"].dtype).gather(1, pos[mb])  # (b, T)
-                    v_loss = value_loss(values, batch["old_values"][mb], batch["returns"][mb],
-                                        batch["value_mask"][mb], cfg.value_clip)  # fmt: skip
-                    _step(self.critic_opt, cfg.value_coef * v_loss, roles.critic, cfg.max_grad_norm)
-                losses.append((p_loss.item(), cfg.value_coef * v_loss.item()))
-        return tuple(float(x) for x in np.mean(losses, axis=0))
-
-    def _targets(self, trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Old log-probs, advantages (whitened), returns and loss masks, all (B, T) over response positions."""
-        cfg, device, truncated = self.config.ppo, self.roles.device, self.config.schedule.truncated
-        dtype = scores["values"][0].dtype
-        pad = lambda rows: _pad_rows(rows, mask.shape[1]).to(device, dtype)  # noqa: E731
-        old_lp, ref_lp, old_values = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), pad(scores["values"])
-        mask = mask.to(dtype)
-        finished = torch.tensor([t.finished for t in trained], device=device)
-        capped = torch.tensor(
-            [t.response_tokens >= self.config.schedule.max_new_tokens for t in trained], device=device
-        )
-        scored = finished | (capped & (not truncated))  # T-PPO scores a sequence only once it has finished
-        rewards = kl_shaped_rewards(scores["score"].to(device, dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
-        adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~scored if truncated else None)  # EGAE
-        value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
-        return {"old_lp": old_lp, "old_values": old_values, "adv": masked_whiten(adv, mask), "returns": returns,
-                "mask": mask, "value_mask": value_mask}  # fmt: skip
 
 
 def derived_seed(seed: int, *parts: int) -> int:
@@ -225,48 +179,8 @@ def device_name(device: torch.device) -> str:
 
 
 def local_scorers(config: ExecConfig, roles: Roles, recorder: Recorder) -> dict:
-    """Scorer roles in this process: reference, critic, and the reward model unless the reward is a rule."""
-    names = ["reference", "critic"] + (["reward"] if config.task.reward_kind == "learned" else [])
+    """Scorer roles in this process: reference, the critic (PPO), and the reward model unless it is a rule."""
+    names = ["reference"] + (["critic"] if config.schedule.algo == "ppo" else [])
+    names += ["reward"] if config.task.reward_kind == "learned" else []
     device = device_name(roles.device)
     return {role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, device) for role in names}
-
-
-def _step(optimizer, loss: torch.Tensor, model: torch.nn.Module, max_norm: float) -> None:
-    optimizer.zero_grad()
-    if loss.requires_grad:
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        optimizer.step()
-
-
-def _padded_batch(trained, data, pad_id: int, drop: int, truncated: bool) -> dict[str, torch.Tensor]:
-    """Right-padded full sequences and response-position indexing. ``pos[b, j]`` is the position whose output
-    scores response token j (its predecessor); ``mask`` marks the tokens in the loss (T-PPO: this step's segment,
-    minus ``drop`` last tokens of unfinished segments)."""
-    seqs = [data[t.seq_id] for t in trained]
-    width = max(len(s.tokens) for s in seqs)
-    longest = max(len(s.response) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn, pos = torch.zeros_like(ids), torch.zeros(len(seqs), longest, dtype=torch.long)
-    targets, mask = torch.full_like(pos, pad_id), torch.zeros(len(seqs), longest)
-    for b, (t, s) in enumerate(zip(trained, seqs)):
-        n, p = len(s.response), len(s.prompt)
-        ids[b, : len(s.tokens)], attn[b, : len(s.tokens)] = torch.tensor(s.tokens), 1
-        pos[b, :n], targets[b, :n] = torch.arange(p - 1, p + n - 1), torch.tensor(s.response)
-        first = n - t.step_tokens if truncated else 0
-        last = n - (drop if truncated and not t.finished else 0)
-        mask[b, first : max(first, last)] = 1
-    return {"ids": ids, "attn": attn, "pos": pos, "targets": targets, "mask": mask}
-
-
-def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=rows[0].dtype)
-    for b, row in enumerate(rows):
-        out[b, : len(row)] = row.cpu()
-    return out
-
-
-def _gather_logprobs(logits: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log pi(target | prefix) at the given positions. logits (B, L, V), pos/targets (B, T) -> (B, T)."""
-    picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
-    return torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)
