@@ -88,3 +88,33 @@ def test_stored_config_roundtrips(tmp_path):
     write_json(tmp_path / "config.json", to_dict(config) | {"speed": 3})  # another version's setting
     with pytest.raises(ValueError, match="unknown setting"):
         load_config(tmp_path / "config.json")
+
+
+def test_grpo_trains_exactly_the_groups_the_core_selected(monkeypatch):
+    from oppo.exec.update import Learner
+
+    seen = []
+    original = Learner.train
+
+    def spy(self, step, trained, data, scores, seed):
+        seen.append(([t.seq_id for t in trained], [data[t.seq_id].prompt for t in trained]))
+        return original(self, step, trained, data, scores, seed)
+
+    monkeypatch.setattr(Learner, "train", spy)
+    executor, steps = run("oppo", steps=4, dtype="float32", algo="grpo", group_size=3, delta="2", check_tokens=2)
+    assert "critic" not in executor.scorers and executor.learner.critic_opt is None
+    for (outcome, metrics), (ids, prompts) in zip(steps, seen):
+        assert ids == [t.seq_id for t in outcome.trained]  # what the core selected, in its order
+        groups = [t.group_id for t in outcome.trained]
+        assert len(set(groups)) == 4 and all(groups.count(g) == 3 for g in groups)  # B = 4 whole groups
+        for g in set(groups):  # the samples of a group answer one prompt
+            assert len({tuple(p) for p, gid in zip(prompts, groups) if gid == g}) == 1
+        assert metrics.value_loss == 0.0
+
+
+@pytest.mark.slow
+def test_grpo_learns():
+    """python -m oppo.exec.train --algo grpo --group-size 4 --mode oppo --steps 100: the reward rises."""
+    _, steps = run("oppo", steps=100, dtype="float32", algo="grpo", group_size=4)
+    rewards = [m.mean_reward for _, m in steps]
+    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 2.0

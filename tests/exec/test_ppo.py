@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from oppo.exec.ppo import gae, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
+from oppo.exec.ppo import gae, group_advantages, kl_k3, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
 
 
 def naive_gae(rewards, values, lengths, starts, gamma, lam, bootstrap):
@@ -76,3 +76,24 @@ def test_kl_rewards_losses_and_whiten_match_loops(seed):
     vals = torch.tensor([adv[b, i] for b in range(5) for i in range(9) if mask[b, i]])
     ref_w = (vals - vals.mean()) / vals.var(unbiased=False).add(1e-8).sqrt()
     torch.testing.assert_close(w[mask.bool()], ref_w)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_group_advantages_match_a_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    score = torch.randn(12, generator=g, dtype=torch.float64)
+    groups = torch.tensor([5, 5, 5, 9, 9, 9, 2, 2, 2, 7, 7, 7])
+    got = group_advantages(score, groups)
+    for gid in groups.unique():
+        rows = groups == gid
+        r = score[rows]
+        expected = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
+        torch.testing.assert_close(got[rows], expected, rtol=1e-12, atol=1e-12)
+    assert group_advantages(torch.ones(4, dtype=torch.float64), torch.tensor([0, 0, 1, 1])).abs().max() == 0
+
+
+def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
+    logp = torch.tensor([[-1.0, -2.0, -0.5]])
+    mask = torch.ones_like(logp)
+    assert kl_k3(logp, logp, mask) == 0
+    assert kl_k3(logp, logp - 0.3, mask) > 0 and kl_k3(logp, logp + 0.3, mask) > 0
