@@ -84,6 +84,12 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
     return rows
 
 
+def compare(setup: Setup, policies: Iterable[str], steps: int, seed: int = 0, trace: LengthTrace | None = None,
+            **schedule) -> list[dict]:  # fmt: skip
+    """Each policy on the same setup, costs, lengths and seed: one :func:`compare_rows` row per policy."""
+    return compare_rows([run(setup, p, steps, seed, trace, **schedule).summary for p in policies])
+
+
 def sweep(setup: Setup, knob: str, values: Iterable, policy: str, steps: int, seed: int = 0,
           trace: LengthTrace | None = None, **schedule) -> list[dict]:  # fmt: skip
     """Mean step time (and utilisation, reward) for each fixed value of ``knob`` ("chunk" or "delta")."""
