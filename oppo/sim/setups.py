@@ -212,6 +212,16 @@ def paper_7b_a100_2x4() -> Setup:
     )  # fmt: skip
 
 
+def long_cot_7b_h200() -> Setup:
+    """The paper's 7B setup on long chain-of-thought lengths: lognormal p50 ~700, p99 ~33k tokens (sigma 1.66), a
+    32k cap; samples of one prompt spread by group_sigma 0.5 around a prompt level. Lower the cap with
+    ``--max-new-tokens 1024`` to see ~40% of responses hit it."""
+    return dataclasses.replace(
+        paper_7b_h200(), name="long-cot-7b-h200", max_new_tokens=32768,
+        lengths=LengthModel(median_tokens=700, sigma=1.66, group_sigma=0.5),
+    )  # fmt: skip
+
+
 def _cpu_preset(name: str) -> Setup:
     """An executor preset on this machine (one core, colocated, executor defaults), costs calibrated on its own
     ``sync`` run (``oppo/data/profiles/NAME.json``, made by ``python -m oppo.sim calibrate``)."""
@@ -236,7 +246,16 @@ def small_cpu() -> Setup:
 
 
 PRESETS = {
-    s().name: s for s in (paper_7b_h200, paper_3b_a100, paper_7b_gh200_gsm8k, paper_7b_a100_2x4, tiny_cpu, small_cpu)
+    s().name: s
+    for s in (
+        paper_7b_h200,
+        paper_3b_a100,
+        paper_7b_gh200_gsm8k,
+        paper_7b_a100_2x4,
+        long_cot_7b_h200,
+        tiny_cpu,
+        small_cpu,
+    )  # fmt: skip
 }
 
 

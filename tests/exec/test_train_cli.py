@@ -44,6 +44,8 @@ def test_hf_preset_loads_local_folders(tmp_path):
         (("--chunk", "0"), "chunk must be > 0"),
         (("--mode", "fast"), "unknown policy"),
         (("--lengths", "missing.csv"), "not found"),
+        (("--algo", "grpo"), "algo grpo needs group_size >= 2"),
+        (("--mode", "tppo", "--algo", "grpo", "--group-size", "4"), "tppo trains segments of single sequences"),
     ],
 )
 def test_bad_input_exit_2_one_line(tmp_path, extra, message):
