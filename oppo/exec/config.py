@@ -116,6 +116,8 @@ class ExecConfig:
 
     def __post_init__(self) -> None:
         check_positive("steps", self.steps)
+        if self.schedule.policy == "async":
+            raise ValueError("policy async runs in the simulator only (python -m oppo.sim), not in the executor")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
         unknown = {role for entry in self.remote_roles for role in entry.split("+")} - set(REMOTE_ROLES)

@@ -45,6 +45,7 @@ def test_hf_preset_loads_local_folders(tmp_path):
         (("--mode", "fast"), "unknown policy"),
         (("--lengths", "missing.csv"), "not found"),
         (("--algo", "grpo"), "algo grpo needs group_size >= 2"),
+        (("--mode", "async"), "policy async runs in the simulator only"),
         (("--mode", "tppo", "--algo", "grpo", "--group-size", "4"), "tppo trains segments of single sequences"),
     ],
 )
