@@ -127,3 +127,21 @@ def speed_vs_staleness(rows: Sequence[Mapping], path: str | Path, title: str = "
     ax.set_title(title or "speed against staleness")
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def fidelity(measured: Mapping, predicted: Mapping, fitted: int, path: str | Path, title: str = "") -> Path:
+    """Measured and predicted seconds per step, one panel per stage (and the step); the first ``fitted`` steps
+    (left of the dashed line) were used to fit."""
+    names = ["step", *[k for k in measured if k != "step"]]
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.7 * len(names) + 0.6), sharex=True)
+    for ax, name in zip(axes, names):
+        ax.plot(measured[name], lw=1, color="#333333", label="measured")
+        ax.plot(predicted[name], lw=1, color="#dd8452", label="predicted")
+        if fitted:
+            ax.axvline(fitted - 0.5, color="#999999", linestyle="--", lw=1)
+        ax.set_ylabel(f"{name} (s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title(title or "measured vs predicted")
+    axes[-1].set_xlabel("logged step (fit | validate)")
+    return _save(fig, path)

@@ -25,6 +25,8 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
                        intermediate_size=11008, vocab_size=151936, dtype="bfloat16"),
     "qwen2.5-0.5b": dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
                          intermediate_size=4864, vocab_size=151936, dtype="bfloat16"),
+    "gemma-2-2b": dict(num_hidden_layers=26, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4,
+                       intermediate_size=9216, vocab_size=256000, dtype="bfloat16"),
     "llama-2-7b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
                        intermediate_size=11008, vocab_size=32000, dtype="bfloat16"),
     # The executor's presets (Llama architecture, untied embeddings, float32 on CPU).

@@ -129,13 +129,13 @@ class CalibratedCost:
         c0, c1, c2 = self.phases.get(phase, (0.0, 0.0, 0.0))
         return c0 + c1 * tokens + c2 * attended if tokens > 0 else 0.0
 
-    def prefill_s(self, tokens: float, attended: float) -> float:
+    def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         return self._pass("forward", tokens, attended)
 
-    def score_s(self, tokens: float, attended: float) -> float:
+    def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         return self._pass("forward", tokens, attended)
 
-    def train_s(self, tokens: float, attended: float) -> float:
+    def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         phase = "train_actor" if "train_actor" in self.phases else "train_critic"
         return self._pass(phase, tokens, attended)
 
@@ -145,6 +145,9 @@ class CalibratedCost:
     def transfer_s(self) -> float:
         """The measured weight sync (a remote role's load_state_dict), or 0 where none was measured."""
         return self.sync_s()
+
+    def fixed_s(self, stages: tuple[str, ...]) -> float:
+        return 0.0  # measured per operation: no per-step framework terms
 
 
 def calibrated_costs(path: str | Path, roles: Sequence[str]) -> dict[str, CalibratedCost]:

@@ -5,6 +5,8 @@ python -m oppo.sim run --config runs/oppo/config.json --out runs/again          
 python -m oppo.sim compare --setup paper-7b-h200 --policies sync,intra,inter,oppo --steps 200
 python -m oppo.sim sweep --setup paper-7b-h200 --chunks 100,250,500,1000,3000 --out runs/sweep
 python -m oppo.sim fit-gpus
+python -m oppo.sim calibrate-log --log run.log.gz --setup verl-qwen2.5-0.5b-gsm8k --out runs/cal
+python -m oppo.sim compare --setup runs/cal/setup.toml --policies sync,intra,inter,oppo --streamed-scorers reference,critic
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from oppo.lengths import load_lengths
 from oppo.records import write_json, write_run
 from oppo.sim.experiments import Run, compare_rows, run_config, sweep_config
 from oppo.sim.model import SimConfig
-from oppo.sim.setups import PRESETS, load_setup, setup_from_dict
+from oppo.sim.runlogs import load_run_log
+from oppo.sim.setups import PRESETS, load_setup, setup_from_dict, setup_toml
 
 # schedule fields whose default comes from the setup (Setup.schedule)
 SCHEDULE_FROM_SETUP = ("batch", "max_new_tokens", "chunk_candidates", "window_tokens", "check_tokens", "delta_max",
@@ -55,6 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
     sweep.add_argument("--out", required=True, help="directory for sweep.csv and sweep.png")
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
+    for name, what in (("calibrate-log", "fit a setup's framework layer to a real run's per-step log, validate on "
+                                          "the rest"), ("validate-log", "predict every step of a real run's log "
+                                                        "with a setup as it is (no fitting)")):  # fmt: skip
+        log = sub.add_parser(name, help=what)
+        log.add_argument("--log", required=True, help="verl console log (plain or .gz), or per-step CSV / JSON-lines")
+        log.add_argument("--setup", required=True, help="the run's setup: a preset, a bundled run setup "
+                         "(e.g. verl-qwen2.5-0.5b-gsm8k) or a .toml file")  # fmt: skip
+        log.add_argument("--out", required=True, help="directory for fidelity.json, fidelity.png (and setup.toml)")
+        if name == "calibrate-log":
+            log.add_argument("--fit-frac", type=float, default=0.6, help="share of the steps fitted (default: 0.6)")
     cal = sub.add_parser("calibrate", help="fit a cost profile to an executor run's trace.csv")
     cal.add_argument("--trace", required=True, help="trace.csv of an oppo.exec run")
     cal.add_argument("--out", required=True, help="profile JSON to write (e.g. oppo/data/profiles/tiny-cpu.json)")
@@ -240,12 +253,44 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"-> {args.out}")
 
 
+def cmd_calibrate_log(args: argparse.Namespace) -> None:
+    from oppo.sim.logfit import calibrate
+
+    log, setup = load_run_log(args.log), load_setup(args.setup)
+    calibrated, fitted = calibrate(setup, log, args.fit_frac)
+    _log_fidelity(calibrated, log, fitted, Path(args.out))
+    base = args.setup if not args.setup.endswith(".toml") else str(Path(args.setup).resolve())
+    (Path(args.out) / "setup.toml").write_text(setup_toml(calibrated, base))
+    print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
+
+
+def cmd_validate_log(args: argparse.Namespace) -> None:
+    _log_fidelity(load_setup(args.setup), load_run_log(args.log), 0, Path(args.out))
+
+
+def _log_fidelity(setup, log, first: int, out: Path) -> None:
+    from oppo import plots
+    from oppo.sim.logfit import fidelity
+
+    report, measured, predicted = fidelity(setup, log, first)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "fidelity.json", report | {"log": log.source, "setup": setup.name})
+    plots.fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
+    rows = [{"stage": name, "measured_s": round(r["measured_s"], 3), "predicted_s": round(r["predicted_s"], 3),
+             "median_abs_err": f"{r['median_abs_err']:.1%}"}
+            for name, r in [("step", report["step"]), *report["stages"].items()]]  # fmt: skip
+    print(f"{setup.name}: fitted on {first} steps, validated on {report['validate_steps']} (medians)")
+    print(format_table(rows))
+
+
 COMMANDS = {
     "run": cmd_run,
     "compare": cmd_compare,
     "sweep": cmd_sweep,
     "fit-gpus": cmd_fit_gpus,
     "calibrate": cmd_calibrate,
+    "calibrate-log": cmd_calibrate_log,
+    "validate-log": cmd_validate_log,
 }
 
 

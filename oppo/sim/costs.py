@@ -33,15 +33,19 @@ class CostModel(Protocol):
 
     def decode_s(self, batch: np.ndarray, context_tokens: np.ndarray) -> np.ndarray: ...
 
-    def prefill_s(self, tokens: float, attended: float) -> float: ...
+    def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float: ...
 
-    def score_s(self, tokens: float, attended: float) -> float: ...
+    def score_s(self, tokens: float, attended: float, rows: float = 1) -> float: ...
 
-    def train_s(self, tokens: float, attended: float) -> float: ...
+    def train_s(self, tokens: float, attended: float, rows: float = 1) -> float: ...
 
     def sync_s(self) -> float: ...
 
     def transfer_s(self) -> float: ...
+
+    def fixed_s(self, stages: tuple[str, ...]) -> float:
+        """Per-step seconds of the given framework stages (see :mod:`oppo.sim.framework`)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,9 @@ class RooflineCost:
         gather_s = self.model.weight_bytes / gather_bw if gather_bw > 0 and self.n_gpus > 1 else 0.0
         return self.model.layers * self.efficiency.layer_overhead_s + gather_s
 
-    def prefill_s(self, tokens: float, attended: float) -> float:
-        """A forward pass over ``tokens`` new tokens attending to ``attended`` (query, key) pairs in all."""
+    def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
+        """A forward pass over ``tokens`` new tokens attending to ``attended`` (query, key) pairs in all
+        (``rows`` sequences: the framework layer counts micro-batches; the roofline does not need it)."""
         if tokens <= 0:
             return 0.0
         m, n = self.model, self.n_gpus
@@ -100,11 +105,11 @@ class RooflineCost:
         roofline_s = max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
         return roofline_s + self._pass_overhead_s
 
-    def score_s(self, tokens: float, attended: float) -> float:
+    def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """A scoring forward pass costs what a prefill of the same tokens costs."""
         return self.prefill_s(tokens, attended)
 
-    def train_s(self, tokens: float, attended: float) -> float:
+    def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """Forward + backward (3x forward FLOPs) and one optimizer step."""
         if tokens <= 0:
             return 0.0

@@ -18,8 +18,11 @@ from oppo.config import ScheduleConfig, check_positive
 from oppo.records import StepRecord, TraceRow, TrainedSeq, device_count
 from oppo.scheduler import Scheduler
 from oppo.sim.costs import CostModel, pass_attended
+from oppo.sim.framework import ROLE_STAGES
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
+
+STAGES_OF = {role: tuple(s for s in stages if s) for role, stages in ROLE_STAGES.items()}  # scoring, update
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ class StreamingScorer:
     def prefilling(self):
         while True:
             chunk = yield self.chunks.get()
-            seconds = self.cost.prefill_s(chunk.tokens, chunk.attended)
+            seconds = self.cost.prefill_s(chunk.tokens, chunk.attended, rows=chunk.batch)
             yield from self.device.run(
                 chunk.step, self.role, "prefill", seconds, chunk.batch, chunk.tokens, chunk.context
             )
@@ -180,6 +183,7 @@ class Trainer:
         response, prompt = self.sampler.sample(plan.step, len(plan.new), self.config.schedule.group_size)
         self.response.update(zip(plan.new, response.tolist()))
         self.prompt.update(zip(plan.new, prompt.tolist()))
+        yield from self._fixed(plan.step, {self.gen: ("gen",)})  # e.g. resharding weights into the rollout engine
         # 1. the actor prefills every context it decodes: new prompts, and resumed prefixes (their KV cache went
         #    stale when the weights changed)
         running = [i for i in plan.active if i in plan.budgets]
@@ -198,6 +202,7 @@ class Trainer:
 
     def _learn(self, plan, trained):
         """Score what was not streamed, train, push the weights, close the step."""
+        yield from self._fixed(plan.step, {role: STAGES_OF[role] for role in self.roles})
         yield from self._score(plan.step, trained)
         yield from self._train(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
@@ -276,12 +281,12 @@ class Trainer:
         if not self.fused or pending is None:
             return decode_s
         batch, tokens, context, attended = pending
-        prefill_s = sum(self.costs[r].prefill_s(tokens, attended) for r in self.fused)
+        prefill_s = sum(self.costs[r].prefill_s(tokens, attended, rows=batch) for r in self.fused)
         hidden = self.config.setup.contention.colocated_overlap_frac * min(decode_s, prefill_s)
         total = decode_s + prefill_s - hidden
         start = self.env.now + total - prefill_s  # the prefills end with the round, the hidden part under decode
         for role in self.fused:
-            seconds = self.costs[role].prefill_s(tokens, attended)
+            seconds = self.costs[role].prefill_s(tokens, attended, rows=batch)
             self.device[role].record(step, role, "prefill", start, seconds, batch, tokens, context)
             start += seconds
         return total
@@ -289,8 +294,15 @@ class Trainer:
     def _fused_prefill(self, step: int, pending):
         batch, tokens, context, attended = pending
         for role in self.fused:
-            seconds = self.costs[role].prefill_s(tokens, attended)
+            seconds = self.costs[role].prefill_s(tokens, attended, rows=batch)
             yield from self.device[role].run(step, role, "prefill", seconds, batch, tokens, context)
+
+    def _fixed(self, step: int, stages_by_role: dict[str, tuple[str, ...]]):
+        """The framework's per-step seconds of these stages, one ``other`` operation per role."""
+        for role, stages in stages_by_role.items():
+            seconds = self.costs[role].fixed_s(stages)
+            if seconds > 0:
+                yield from self.device[role].run(step, role, "other", seconds, 0, 0, 0)
 
     def _pass(self, role: str, phase: str, step: int, lengths: np.ndarray, on: str | None = None):
         """A full forward pass of ``role`` over sequences of the given lengths (nothing cached), on the devices
@@ -298,7 +310,8 @@ class Trainer:
         tokens = float(lengths.sum())
         attended = pass_attended(tokens, 0.0, len(lengths))
         cost = self.costs[on or role]
-        seconds = cost.prefill_s(tokens, attended) if phase == "prefill" else cost.score_s(tokens, attended)
+        pass_s = cost.prefill_s if phase == "prefill" else cost.score_s
+        seconds = pass_s(tokens, attended, rows=len(lengths))
         yield from self.device[on or role].run(step, role, phase, seconds, len(lengths), tokens, 0)
 
     def _score(self, step: int, trained):
@@ -330,7 +343,7 @@ class Trainer:
         rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
         for _ in range(setup.ppo_epochs * setup.minibatches):
             for role, phase in (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]:
-                seconds = self.costs[role].train_s(tokens, pass_attended(tokens, 0.0, rows))
+                seconds = self.costs[role].train_s(tokens, pass_attended(tokens, 0.0, rows), rows=rows)
                 yield from self.device[role].run(step, role, phase, seconds, round(rows), tokens, 0)
         # weights pushed to the generation engine: its own copy (vLLM) or its own devices
         sync_s = self.costs["actor"].transfer_s() if self.gen == "rollout" else self.costs["actor"].sync_s()

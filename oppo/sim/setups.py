@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from oppo.config import ScheduleConfig, schedule_from
+from oppo.data import data_dir
 from oppo.records import device_count
 from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
+from oppo.sim.framework import Framework, FrameworkCost
 from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape
 from oppo.sim.workload import LengthModel, RewardCurve
 
@@ -99,6 +101,7 @@ class Setup:
     check_tokens: int = 32  # over-commit checks for B finished every this many tokens
     placement: Placement = field(default_factory=Placement)
     contention: Contention = field(default_factory=Contention)
+    framework: Framework = field(default_factory=Framework)  # what the RL framework adds to the roofline
     lengths: LengthModel = field(default_factory=LengthModel)
     reward_curve: RewardCurve = field(default_factory=RewardCurve)
 
@@ -168,7 +171,8 @@ class Setup:
                   "reward": self.reward}  # fmt: skip
         out = {}
         for role, device in self.devices_for(policy).items():
-            out[role] = RooflineCost(model_shape(shapes[role]), gpu, device_count(device), engine, eff)
+            roofline = RooflineCost(model_shape(shapes[role]), gpu, device_count(device), engine, eff)
+            out[role] = FrameworkCost(roofline, role, self.framework)
         return out
 
 
@@ -263,9 +267,11 @@ def load_setup(name_or_file: str) -> Setup:
     """A preset by name, or a TOML file (``base`` preset + overrides)."""
     if name_or_file in PRESETS:
         return PRESETS[name_or_file]()
-    path = Path(name_or_file)
+    bundled = data_dir() / "setups" / f"{name_or_file}.toml"  # setups of real runs shipped with the package
+    path = bundled if bundled.is_file() else Path(name_or_file)
     if path.suffix != ".toml":
-        raise ValueError(f"unknown setup {name_or_file!r}; choose from {', '.join(PRESETS)} or a .toml file")
+        known = [*PRESETS, *sorted(p.stem for p in (data_dir() / "setups").glob("*.toml"))]
+        raise ValueError(f"unknown setup {name_or_file!r}; choose from {', '.join(known)} or a .toml file")
     if not path.is_file():
         raise FileNotFoundError(f"setup file not found: {path}")
     try:
@@ -273,9 +279,58 @@ def load_setup(name_or_file: str) -> Setup:
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path}: invalid TOML ({err})") from None
     base = data.pop("base", "paper-7b-h200")
-    if base not in PRESETS:
-        raise ValueError(f"{path}: unknown base setup {base!r}")
-    return _override(PRESETS[base](), data, str(path))
+    if base in PRESETS or (data_dir() / "setups" / f"{base}.toml").is_file():
+        return _override(load_setup(base), data, str(path))
+    base_path = path.parent / base  # a setup file, relative to this one (or absolute)
+    if base_path.suffix != ".toml" or base_path.resolve() == path.resolve():
+        raise ValueError(f"{path}: unknown base setup {base!r} (a preset, a bundled setup or another .toml)")
+    return _override(load_setup(str(base_path)), data, str(path))
+
+
+def setup_toml(setup: Setup, base: str) -> str:
+    """A setup as TOML over ``base`` (a preset or a setup file): the fields that differ from it, so the file reads
+    as what was changed (e.g. a calibrated framework layer)."""
+    reference = load_setup(base)
+    lines = [f"base = {_toml_value(base)}", f"name = {_toml_value(setup.name)}"]
+    tables = []
+    for f in dataclasses.fields(setup):
+        value, old = getattr(setup, f.name), getattr(reference, f.name)
+        if f.name == "name" or value == old:
+            continue
+        if f.name == "reward" and value is None:  # no reward model: a rule scores
+            value = "rule"
+        if dataclasses.is_dataclass(value):
+            tables += _toml_tables(f.name, value, old)
+        else:
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines + tables) + "\n"
+
+
+def _toml_tables(name: str, value: Any, old: Any) -> list[str]:
+    own, nested = [f"\n[{name}]"], []
+    for f in dataclasses.fields(value):
+        v, o = getattr(value, f.name), getattr(old, f.name)
+        if v == o:
+            continue
+        if dataclasses.is_dataclass(v):
+            nested += _toml_tables(f"{name}.{f.name}", v, o)
+        else:
+            own.append(f"{f.name} = {_toml_value(v)}")
+    return (own if len(own) > 1 else []) + nested
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    if value is None:
+        raise ValueError("TOML has no null: a setup field set to None cannot be written")
+    return str(value)
 
 
 def setup_from_dict(data: dict[str, Any], where: str) -> Setup:
@@ -291,6 +346,8 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
     for key, value in data.items():
         if key not in fields:
             raise ValueError(f"{where}: unknown key {key!r}; known: {', '.join(fields)}")
+        if isinstance(obj, Setup) and key == "reward" and value == "rule":
+            value = None  # no reward model: a rule scores the responses
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):

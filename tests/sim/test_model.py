@@ -31,13 +31,16 @@ class ConstantCost:
     def decode_s(self, batch, context_tokens):
         return np.full(np.shape(batch), self.d, dtype=float)
 
-    def prefill_s(self, tokens, attended):
+    def prefill_s(self, tokens, attended, rows=1):
         return self.p if tokens > 0 else 0.0
 
     score_s = prefill_s
 
-    def train_s(self, tokens, attended):
+    def train_s(self, tokens, attended, rows=1):
         return self.t
+
+    def fixed_s(self, stages):
+        return 0.0
 
     def sync_s(self):
         return 0.0
