@@ -1,0 +1,126 @@
+"""Real training logs in: the parser on real excerpts (both metric name generations), bad logs, and a fit that
+recovers known framework parameters from logs the simulator synthesised itself."""
+
+import dataclasses
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oppo.sim.framework import StageCost
+from oppo.sim.logfit import calibrate, fidelity, predict_stages, replay
+from oppo.sim.runlogs import load_run_log
+from oppo.sim.setups import load_setup
+
+DATA = Path(__file__).with_name("data")
+
+
+def test_parses_a_real_2024_console_log_excerpt():
+    log = load_run_log(DATA / "verl_2024_gemma_excerpt.log")
+    assert [s.step for s in log.steps][:3] == [0, 1, 2]  # the test-score-only line of step 0 merges in
+    first = log.steps[0]
+    assert first.stages == {
+        "gen": 48.956,
+        "ref": 12.07,
+        "values": 9.785,
+        "update_actor": 37.47,
+        "update_critic": 32.657,
+    }
+    assert (first.response_mean, first.response_max, first.response_min, first.prompt_mean) == (
+        136.469,
+        476.0,
+        31.0,
+        84.502,
+    )
+    assert log.stages == ["gen", "ref", "values", "update_actor", "update_critic"]
+
+
+def test_parses_current_names_and_drops_testing_steps(tmp_path):
+    log = load_run_log(DATA / "verl_current_names.log")
+    assert [s.step for s in log.steps] == [1, 2]  # step 3 also ran the validation: its time is not a step's
+    assert log.steps[0].stages["old_log_prob"] == 6.118 and log.steps[0].stages["step"] == 91.12
+    gz = tmp_path / "run.log.gz"
+    gz.write_bytes(gzip.compress((DATA / "verl_current_names.log").read_bytes()))
+    assert load_run_log(gz).steps == log.steps
+
+
+def test_metric_dumps_csv_and_jsonl(tmp_path):
+    rows = [{"step": i, "timing_s/gen": 10.0 + i, "timing_s/update_actor": 5.0, "response_length/mean": 100 + i,
+             "response_length/max": 300} for i in range(3)]  # fmt: skip
+    jsonl = tmp_path / "m.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows))
+    csv_path = tmp_path / "m.csv"  # a W&B export spells the names with "_"
+    csv_path.write_text("step,timing_s_gen,timing_s_update_actor,response_length_mean,response_length_max\n"
+                        + "\n".join(f"{i},{10 + i},5,{100 + i},300" for i in range(3)))  # fmt: skip
+    for path in (jsonl, csv_path):
+        log = load_run_log(path)
+        assert [s.stages["gen"] for s in log.steps] == [10.0, 11.0, 12.0] and log.stages == ["gen", "update_actor"]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"step,loss\n0,1.0\n", "no timing columns"),
+        (b"nothing here\n", "no steps found"),
+        (b"step,timing_s_gen,response_length_mean,response_length_max\n0,-3,10,20\n", "non-negative"),
+        (b"step,timing_s_gen,response_length_mean,response_length_max\n0,fast,10,20\n", "non-numeric"),
+        (bytes(range(256)) * 40, "not a text log"),
+    ],
+)
+def test_bad_logs_exit_2_with_one_line(tmp_path, content, message):
+    path = tmp_path / ("bad.csv" if content.startswith(b"step,") else "bad.log")
+    path.write_bytes(content)
+    res = subprocess.run([sys.executable, "-m", "oppo.sim", "validate-log", "--log", str(path), "--setup",
+                          "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "out")], capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):
+    """Stage times predicted by a setup with known framework terms, written as a log, fitted back."""
+    real = load_run_log(DATA / "verl_2024_gemma_excerpt.log")
+    setup = load_setup("verl-gemma-2-2b-gsm8k")
+    known = {"gen": StageCost(efficiency=0.4, per_token_s=2e-4, fixed_s=6.0),
+             "ref": StageCost(efficiency=0.5, half_efficiency_tokens=4000.0),
+             "values": StageCost(efficiency=0.8, half_efficiency_tokens=9000.0),
+             "update_actor": StageCost(efficiency=0.3, half_efficiency_tokens=2500.0),
+             "update_critic": StageCost(efficiency=0.6, half_efficiency_tokens=500.0)}  # fmt: skip
+    truth = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **known))
+    steps = list(real.steps) * 3  # 30 steps of real lengths
+    stages = predict_stages(truth, replay(truth, steps), list(known))
+    path = tmp_path / "synthetic.jsonl"
+    path.write_text("\n".join(json.dumps({"step": i, **{f"timing_s/{k}": float(v[i]) for k, v in stages.items()},
+                                          "response_length/mean": s.response_mean, "response_length/max": s.response_max,
+                                          "response_length/min": s.response_min, "prompt_length/mean": s.prompt_mean})
+                              for i, s in enumerate(steps)))  # fmt: skip
+    fitted, n_fit = calibrate(setup, load_run_log(path), fit_frac=0.6)
+    for stage, cost in known.items():
+        got = fitted.framework.stage(stage)
+        for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
+            assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
+    report, _, _ = fidelity(fitted, load_run_log(path), n_fit)
+    assert report["step"]["median_abs_err"] < 1e-6
+
+
+def test_calibrate_log_writes_a_setup_usable_anywhere(tmp_path):
+    log = DATA / "verl_2024_gemma_excerpt.log"
+    out = tmp_path / "cal"
+    res = subprocess.run([sys.executable, "-m", "oppo.sim", "calibrate-log", "--log", str(log), "--setup",
+                          "verl-gemma-2-2b-gsm8k", "--out", str(out)], capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    report = json.loads((out / "fidelity.json").read_text())
+    assert set(report["stages"]) == {"gen", "ref", "values", "update_actor", "update_critic"}
+    assert report["fit_steps"] + report["validate_steps"] == len(load_run_log(log).steps)
+    assert report["step"]["median_abs_err"] < 0.2
+    assert (out / "fidelity.png").stat().st_size > 1000
+    calibrated = load_setup(str(out / "setup.toml"))
+    assert calibrated.framework.gen.efficiency < 1 and calibrated.actor == "gemma-2-2b"
+    res = subprocess.run([sys.executable, "-m", "oppo.sim", "compare", "--setup", str(out / "setup.toml"), "--steps",
+                          "3", "--policies", "sync,oppo"], capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert np.isfinite([float(line.split()[1]) for line in res.stdout.splitlines()[1:]]).all()
