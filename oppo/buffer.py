@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqState:
     """One sequence while it lives in the buffer (mutable bookkeeping; decisions are returned frozen)."""
 
@@ -47,15 +47,18 @@ class RolloutBuffer:
 
     def fill(self, capacity: int, step: int) -> list[int]:
         """Admit new prompt groups until ``capacity`` groups are held (never evicts); returns the new seq ids."""
-        new = []
-        while len(self.groups) < capacity and (self.prompt_limit is None or self.prompts < self.prompt_limit):
-            group = self.groups[self.prompts] = []
-            for _ in range(self.group_size):
-                self.seqs[self.admitted] = SeqState(seq_id=self.admitted, admitted_step=step, group_id=self.prompts)
-                group.append(self.admitted)
-                new.append(self.admitted)
-                self.admitted += 1
-            self.prompts += 1
+        count = capacity - len(self.groups)
+        if self.prompt_limit is not None:
+            count = min(count, self.prompt_limit - self.prompts)
+        first, size = self.admitted, self.group_size
+        new = list(range(first, first + max(count, 0) * size))
+        for k in range(max(count, 0)):
+            group_id, members = self.prompts + k, new[k * size : (k + 1) * size]
+            self.groups[group_id] = members
+            for seq_id in members:
+                self.seqs[seq_id] = SeqState(seq_id, step, group_id)
+        self.admitted += len(new)
+        self.prompts += max(count, 0)
         return new
 
     def remaining_tokens(self, seq_id: int) -> int:

@@ -21,7 +21,7 @@ import os
 import re
 import typing
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -106,10 +106,16 @@ def read_rows(path: str | Path, cls: type) -> list[Any]:
         return [cls(**{k: _parse(kinds[k], row[k]) for k in kinds}) for row in reader]
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> None:
+def write_json(path: str | Path, data: dict[str, Any], compact: bool = False) -> None:
+    """Write JSON atomically; ``compact`` for machine-read files (no indentation)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    text = (
+        json.dumps(data, separators=(",", ":"), default=_jsonable)
+        if compact
+        else json.dumps(data, indent=2, default=_jsonable)
+    )
+    tmp.write_text(text + "\n")
     os.replace(tmp, path)
 
 
@@ -138,8 +144,17 @@ def _jsonable(value: Any) -> Any:
 
 
 def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals (overlapping operations on a device count once)."""
-    return sum(end - start for start, end in _union(list(intervals)))
+    """Length of the union of [start, end) intervals (overlapping operations on a device count once).
+    Vectorised: sorted by start, an interval opens a new block when it starts after every earlier one ended."""
+    pairs = np.asarray(list(intervals), dtype=float).reshape(-1, 2)
+    if not len(pairs):
+        return 0.0
+    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(pairs[:, 1])  # the latest end so far
+    first = np.concatenate([[True], pairs[1:, 0] > reach[:-1]])  # starts a block of overlapping intervals
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], len(pairs)) - 1
+    return float((reach[ends] - pairs[starts, 0]).sum())
 
 
 def device_count(device: str) -> int:
@@ -151,8 +166,8 @@ def device_count(device: str) -> int:
 def utilization(trace: Sequence[TraceRow], total_s: float) -> dict[str, float]:
     """Busy fraction of each device over ``total_s`` (union of its operations' intervals)."""
     by_device: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for row in trace:
-        by_device[row.device].append((row.start_s, row.end_s))
+    for _, device, _, _, start, end, *_ in trace:
+        by_device[device].append((start, end))
     if total_s <= 0:
         return {d: 0.0 for d in sorted(by_device)}
     return {d: float(busy_seconds(iv) / total_s) for d, iv in sorted(by_device.items())}
@@ -162,9 +177,9 @@ def phase_breakdown(trace: Sequence[TraceRow], steps: int) -> dict[str, float]:
     """Mean seconds per step of each "role/phase"; an operation on a group of devices counts once, for its
     longest member."""
     longest: dict[tuple[int, str, str, float], float] = defaultdict(float)
-    for row in trace:
-        key = (row.step, row.role, row.phase, row.start_s)
-        longest[key] = max(longest[key], row.end_s - row.start_s)
+    for step, _, role, phase, start, end, *_ in trace:  # unpacking a NamedTuple: no attribute lookups
+        key = (step, role, phase, start)
+        longest[key] = max(longest[key], end - start)
     totals: dict[str, float] = defaultdict(float)
     for (_, role, phase, _), seconds in longest.items():
         totals[f"{role}/{phase}"] += seconds
@@ -253,6 +268,68 @@ def summarize(
     }
 
 
+TRACE_EVENTS_MAX_ROWS = 10_000  # trace.json (Perfetto) holds the first steps up to this many operations
+
+
+def trace_events(trace: Sequence[TraceRow], max_rows: int = TRACE_EVENTS_MAX_ROWS) -> dict[str, Any]:
+    """The operations as a Chrome / Perfetto trace-event JSON object: one lane (thread) per device, one complete
+    event per operation named "role/phase", times in microseconds. Holds whole steps, the first ones, up to
+    ``max_rows`` operations (``otherData.steps`` says how many)."""
+    steps = sorted({r.step for r in trace})
+    counts = Counter(r.step for r in trace)
+    kept, total = set(), 0
+    for step in steps:
+        if total + counts[step] > max_rows and kept:
+            break
+        kept.add(step)
+        total += counts[step]
+    devices = sorted({r.device for r in trace}, key=_device_key)
+    lane = {d: i for i, d in enumerate(devices)}
+    events: list[dict[str, Any]] = [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": i, "args": {"name": d}} for d, i in lane.items()
+    ]
+    events += [
+        {"name": f"{r.role}/{r.phase}", "cat": r.phase, "ph": "X", "pid": 0, "tid": lane[r.device],
+         "ts": r.start_s * 1e6, "dur": (r.end_s - r.start_s) * 1e6,
+         "args": {"step": r.step, "batch": r.batch_size, "tokens": r.num_tokens, "context": r.context_tokens}}
+        for r in trace if r.step in kept
+    ]  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"steps": len(kept), "of": len(steps)}}
+
+
+def _device_key(device: str) -> tuple[str, int]:
+    match = re.fullmatch(r"([a-z:]+?)(\d+)", device.replace("cuda:", "cuda"))
+    return (match.group(1), int(match.group(2))) if match else (device, 0)
+
+
+def stage_throughput(
+    trace: Sequence[TraceRow], flops_per_token: Mapping[str, float], peak_flops: Mapping[str, float] | None = None
+) -> dict[str, dict[str, float | None]]:
+    """Per "role/phase" that computes (not ``sync``, ``other``): tokens per second of its devices and, where the
+    devices' peak FLOP/s is known, the model FLOPs utilisation (MFU): analytic FLOPs (``flops_per_token[role]``
+    per token, 2·params for a forward pass, three times that for training; attention left out) over the time
+    and the peak. An operation on a group of devices counts once, for its longest member, against the group's
+    summed peak."""
+    ops: dict[tuple, list] = {}  # one operation -> [longest seconds, tokens, summed peak]
+    peaks = peak_flops or {}
+    for step, device, role, phase, start, end, _, tokens, _ in trace:
+        if phase in ("sync", "other"):
+            continue
+        op = ops.setdefault((step, role, phase, start), [0.0, tokens, 0.0])
+        op[0] = max(op[0], end - start)
+        op[2] += peaks.get(device, 0.0)
+    totals: dict[tuple[str, str], list] = defaultdict(lambda: [0.0, 0.0, 0.0])  # seconds, tokens, peak x seconds
+    for (_, role, phase, _), (seconds, tokens, peak) in ops.items():
+        total = totals[(role, phase)]
+        total[0], total[1], total[2] = total[0] + seconds, total[1] + tokens, total[2] + peak * seconds
+    out = {}
+    for (role, phase), (seconds, tokens, peak_seconds) in sorted(totals.items()):
+        flops = (3.0 if phase.startswith("train") else 1.0) * flops_per_token.get(role, 0.0) * tokens
+        out[f"{role}/{phase}"] = {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                                  "mfu": flops / peak_seconds if flops and peak_seconds > 0 else None}  # fmt: skip
+    return out
+
+
 def write_run(
     out: str | Path,
     steps: Sequence[StepRecord],
@@ -266,4 +343,5 @@ def write_run(
     write_rows(out / "steps.csv", steps, StepRecord)
     write_rows(out / "trace.csv", trace, TraceRow)
     write_rows(out / "sequences.csv", trained, TrainedSeq)
+    write_json(out / "trace.json", trace_events(trace), compact=True)  # open in https://ui.perfetto.dev
     write_json(out / "summary.json", summary)

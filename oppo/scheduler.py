@@ -132,13 +132,17 @@ class Scheduler:
         self._step_tokens = 0  # tokens decoded this step by every sequence still running
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
-        seqs, groups = self.buffer.seqs, self.buffer.groups
-        self._group_left = {g: sum(not seqs[i].finished for i in members) for g, members in groups.items()}
-        self._complete = sum(left == 0 for left in self._group_left.values())  # groups with every sample done
+        seqs = self.buffer.seqs
+        self._group_left = dict.fromkeys(self.buffer.groups, 0)  # group -> samples still to finish
+        for seq_id in plan.budgets:  # the unfinished ones are exactly those with a budget
+            self._group_left[seqs[seq_id].group_id] += 1
+        groups = self.buffer.groups  # complete groups -> finish rank of their last sample (training order)
+        self._completed = {g: max(seqs[i].finish_rank for i in groups[g]) for g, n in self._group_left.items() if not n}
         self._selection: tuple[TrainedSeq, ...] | None = None
         self._since_stream = 0  # tokens decoded since the last streamed chunk
         self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
-        self._starved_waiting = {seqs[i].group_id for i in plan.budgets if self._starved(i)}  # groups waited for
+        oldest = self.step - self.config.max_deferrals  # admitted at or before it: starved, waited for
+        self._starved_waiting = {seqs[i].group_id for i in plan.budgets if seqs[i].admitted_step <= oldest}
         self._finished_lengths: list[int] = []  # lengths of the sequences that finish this step
 
     # -- generation -------------------------------------------------------------------------------------
@@ -200,8 +204,10 @@ class Scheduler:
             seq.finished = True
             seq.finish_rank = (self.step, step_tokens, seq_id)
             self._group_left[seq.group_id] -= 1
-            if self._group_left[seq.group_id] == 0:
-                self._complete += 1
+            if self._group_left[seq.group_id] == 0:  # complete: it ranks by its last sample
+                members = self.buffer.groups[seq.group_id]
+                rank = seq.finish_rank if len(members) == 1 else max(self.buffer.seqs[i].finish_rank for i in members)
+                self._completed[seq.group_id] = rank
                 self._starved_waiting.discard(seq.group_id)
 
     @property
@@ -214,7 +220,7 @@ class Scheduler:
             return True
         if not self.config.overcommit or self._step_tokens % self.config.check_tokens:
             return False
-        return self._complete >= plan.target and not self._starved_waiting
+        return len(self._completed) >= plan.target and not self._starved_waiting
 
     def _starved(self, seq_id: int) -> bool:
         return self.buffer.seqs[seq_id].deferrals(self.step) >= self.config.max_deferrals
@@ -230,12 +236,11 @@ class Scheduler:
         plan = self._require_plan()
         if self._selection is not None:
             return self._selection
-        seqs, groups = self.buffer.seqs, self.buffer.groups
+        groups = self.buffer.groups
         if self.config.truncated:
             chosen = list(plan.active)
         else:
-            complete = [g for g, left in self._group_left.items() if left == 0]
-            complete.sort(key=lambda g: max(seqs[i].finish_rank for i in groups[g]))
+            complete = sorted(self._completed, key=self._completed.__getitem__)
             if self.config.overcommit:
                 starved = {g for g in complete if self._starved(groups[g][0])}
                 complete = sorted(complete, key=lambda g: g not in starved)[: plan.target]

@@ -62,6 +62,9 @@ class StageCost:
         return roofline_s / self.efficiency * (1 + small) + units * self.per_unit_s
 
 
+IDENTITY = StageCost()  # no framework terms: the roofline
+
+
 @dataclass(frozen=True)
 class Framework:
     """A run's framework settings (structural, from its configuration) and fitted stage terms."""
@@ -113,6 +116,8 @@ class FrameworkCost:
     def decode_s(self, batch, context_tokens):
         """One decode iteration of ``batch`` rows: each generates one token."""
         gen = self.framework.gen
+        if gen == IDENTITY:  # the common case (no framework layer): the roofline as it is, no extra array ops
+            return self.base.decode_s(batch, context_tokens)
         roofline = np.asarray(self.base.decode_s(batch, context_tokens)) / gen.efficiency
         return roofline + gen.per_unit_s + gen.per_token_s * np.asarray(batch, dtype=float)
 
