@@ -116,3 +116,25 @@ def test_lengths_errors(tmp_path, text, message):
             load_lengths(path)
     with pytest.raises(FileNotFoundError):
         load_lengths(tmp_path / "missing.csv")
+
+
+def test_trace_events_one_lane_per_device_and_whole_steps():
+    from oppo.records import trace_events
+
+    rows = [TraceRow(s, d, "actor", "decode", s + 0.1 * i, s + 0.1 * i + 0.05, 4, 4, 0)
+            for s in range(3) for i, d in enumerate(["gpu0", "gpu1", "gpu10", "gpu2"])]  # fmt: skip
+    events = trace_events(rows, max_rows=9)
+    lanes = {e["args"]["name"]: e["tid"] for e in events["traceEvents"] if e["ph"] == "M"}
+    assert list(lanes) == ["gpu0", "gpu1", "gpu2", "gpu10"]  # numeric order, one lane each
+    ops = [e for e in events["traceEvents"] if e["ph"] == "X"]
+    assert events["otherData"] == {"steps": 2, "of": 3} and len(ops) == 8  # whole steps within the bound
+    assert ops[0]["ts"] == 0.0 and ops[0]["dur"] == pytest.approx(0.05e6) and ops[0]["name"] == "actor/decode"
+
+
+def test_stage_throughput_counts_a_group_operation_once():
+    from oppo.records import stage_throughput
+
+    rows = [TraceRow(0, f"gpu{g}", "actor", "train_actor", 0.0, 2.0, 8, 1000, 0) for g in range(2)]
+    stages = stage_throughput(rows, {"actor": 10.0}, {"gpu0": 100.0, "gpu1": 100.0})
+    assert stages["actor/train_actor"]["tokens_per_s"] == 500.0  # 1000 tokens in 2 s, not 2000
+    assert stages["actor/train_actor"]["mfu"] == pytest.approx(3 * 10.0 * 1000 / (2.0 * 200.0))

@@ -90,7 +90,7 @@ def train(config: ExecConfig, out: Path) -> int:
         executor = DisaggregatedExecutor(config, roles, recorder, lengths)
     else:
         executor, WorkerDied = Executor(config, roles, recorder, lengths), ()
-    log = RunLog(out, config)
+    log = RunLog(out, config, *stage_costs(roles))
     code = 0
     try:
         with tqdm(total=config.steps, desc=config.schedule.policy, unit="step", disable=None) as bar:
@@ -122,12 +122,13 @@ def train(config: ExecConfig, out: Path) -> int:
 class RunLog:
     """Accumulates the run's records and writes the contract files (atomically, so a crash keeps a whole set)."""
 
-    def __init__(self, out: Path, config: ExecConfig) -> None:
+    def __init__(self, out: Path, config: ExecConfig, flops_per_token: dict, peak_flops: float | None) -> None:
         from oppo.config import sources_of
         from oppo.exec.config import input_files
         from oppo.records import write_json
 
         self.out, self.config = out, config
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops  # for MFU per stage
         self.steps, self.trained, self.metrics = [], [], []
         out.mkdir(parents=True, exist_ok=True)
         self.config_dict = to_dict(config) | {"sources": sources_of(input_files(config))}
@@ -144,10 +145,12 @@ class RunLog:
 
     def write(self, trace, wall_s: float, final: bool = False) -> dict:
         from oppo.exec.runner import StepMetrics
-        from oppo.records import phase_breakdown, summarize, write_rows, write_run
+        from oppo.records import phase_breakdown, stage_throughput, summarize, write_rows, write_run
 
         summary = summarize(self.config.schedule.policy, self.steps, trace, self.trained, self.config_dict, wall_s)
         summary["phase_s_per_step"] = phase_breakdown(trace, len(self.steps))
+        peaks = dict.fromkeys({r.device for r in trace}, self.peak_flops) if self.peak_flops else None
+        summary["stages"] = stage_throughput(trace, self.flops_per_token, peaks)
         summary["reward_first10"], summary["reward_last10"] = self.mean_reward(True), self.mean_reward(False)
         write_run(self.out, self.steps, trace, self.trained, summary)
         write_rows(self.out / "metrics.csv", self.metrics, StepMetrics)
@@ -156,6 +159,21 @@ class RunLog:
 
             plots.reward_curves({self.config.schedule.policy: self.steps}, self.out / "curves.png", time_axis=False)
         return summary
+
+
+def stage_costs(roles) -> tuple[dict[str, float], float | None]:
+    """Forward FLOPs per token of each role (2 x its parameters) and the device's datasheet peak FLOP/s (None on
+    a CPU or an unknown GPU: MFU is then not reported)."""
+    import torch
+
+    from oppo.gpus import gpu_by_device_name
+
+    flops = {role: 2.0 * sum(p.numel() for p in getattr(roles, role).parameters())
+             for role in ("actor", "reference", "critic", "reward")}  # fmt: skip
+    if roles.device.type != "cuda":
+        return flops, None
+    gpu = gpu_by_device_name(torch.cuda.get_device_name(roles.device))
+    return flops, gpu.peak_flops if gpu else None
 
 
 def entry() -> None:

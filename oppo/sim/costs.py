@@ -201,9 +201,8 @@ def fit_gpu_profile(gpu: GPU, rows: list[dict[str, str]], seed: int = 0) -> Prof
 @functools.cache
 def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
     """Fitted efficiencies per GPU from ``oppo/data/profiles/vidur_layer_ms.csv`` (tensor-parallel degree 1 rows).
-    GPUs without a profile
-    inherit one: H200 and GH200 from H100 (same compute; the efficiency applies to their own bandwidth, as the
-    profile README suggests), A100-40GB from A100."""
+    GPUs without a profile inherit one (the efficiency applies to their own datasheet figures): H200, GH200,
+    B200, MI300X from H100 (the closest HBM datacenter part profiled), A100-40GB from A100, L40S from A40 (GDDR)."""
     from oppo.sim.hardware import GPUS
 
     path = Path(path) if path else PROFILE_DIR / "vidur_layer_ms.csv"
@@ -213,6 +212,8 @@ def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
     rows = [r for r in rows if r["tensor_parallel"] == "1"]  # our roles are data-parallel replicas
     for name in sorted({r["gpu"] for r in rows}):
         fits[name] = fit_gpu_profile(GPUS[name], [r for r in rows if r["gpu"] == name])
-    for derived, source in (("h200", "h100"), ("gh200", "h100"), ("a100-40gb", "a100")):
+    derived_from = {"h200": "h100", "gh200": "h100", "b200": "h100", "mi300x": "h100", "a100-40gb": "a100",
+                    "l40s": "a40"}  # fmt: skip
+    for derived, source in derived_from.items():
         fits[derived] = fits[source]
     return fits

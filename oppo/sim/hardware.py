@@ -1,7 +1,6 @@
-"""Hardware and model shapes: GPU datasheets, transformer shapes, generation engines.
+"""Hardware and model shapes: GPU datasheets (:mod:`oppo.gpus`), transformer shapes, generation engines.
 
-Datasheet figures (dense bf16, no sparsity) from the vendors' sheets; model shapes from :mod:`oppo.shapes` (the
-models' own ``config.json`` fields) or from a user's ``config.json``.
+Model shapes from :mod:`oppo.shapes` (the models' own ``config.json`` fields) or from a user's ``config.json``.
 """
 
 from __future__ import annotations
@@ -9,31 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from oppo.gpus import GPU, GPUS  # noqa: F401  (re-exported: the simulator's hardware in one namespace)
 from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, load_hf_config
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    hbm_bytes_per_s: float  # datasheet HBM bandwidth
-    peak_flops: float  # datasheet dense bf16 FLOP/s
-    memory_bytes: float
-
-
-GPUS = {
-    g.name: g
-    for g in (
-        GPU("h200", 4.8e12, 989e12, 141e9),
-        GPU("h100", 3.35e12, 989e12, 80e9),
-        GPU("gh200", 4.0e12, 989e12, 96e9),
-        GPU("a100", 2.039e12, 312e12, 80e9),
-        GPU("a100-40gb", 1.555e12, 312e12, 40e9),
-        GPU("a40", 0.696e12, 149.7e12, 48e9),
-        # One CPU core of this project's development machine running the executor's tiny models (float32):
-        # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile.
-        GPU("cpu-core", 10e9, 20e9, 24e9),
-    )
-}
 
 
 @dataclass(frozen=True)

@@ -26,4 +26,8 @@ def test_short_run_on_cuda_bf16(tmp_path):
 
     config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), model=ModelConfig(device="cuda"), steps=3)
     assert train(config, tmp_path / "run") == 0
-    assert (tmp_path / "run" / "summary.json").exists()
+    import json
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    mfu = summary["stages"]["actor/train_actor"]["mfu"]  # a known datacenter GPU reports its MFU
+    assert mfu is None or 0 < mfu < 1

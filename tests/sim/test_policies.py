@@ -4,8 +4,9 @@ import dataclasses
 
 import numpy as np
 
-from oppo.records import hidden_fraction, summarize
+from oppo.records import hidden_fraction, stage_throughput, summarize
 from oppo.sim import SimConfig, load_setup, simulate
+from oppo.sim.experiments import flops_and_peaks
 from oppo.sim.workload import LengthModel
 
 LONG_COT = LengthModel(median_tokens=700, sigma=1.66)  # p50 ~700, p99 ~33k tokens: long chain-of-thought
@@ -55,3 +56,10 @@ def test_group_lengths_are_prompt_correlated():
     within = np.log(lengths).std(axis=1).mean()
     overall = np.log(lengths).std()
     assert within < 0.7 * overall
+
+
+def test_mfu_per_stage_is_a_fraction_of_the_datasheet_peak():
+    result, _ = run("sync", steps=3)
+    stages = stage_throughput(result.trace, *flops_and_peaks(load_setup("paper-7b-h200"), result.trace))
+    assert 0 < stages["actor/decode"]["mfu"] < 0.01  # decode is bandwidth-bound (and HF generate under ZeRO-3)
+    assert 0.1 < stages["actor/train_actor"]["mfu"] < 0.45  # below the fitted train FLOP/s efficiency: gathers

@@ -1,0 +1,45 @@
+"""GPU datasheets: memory bandwidth, dense BF16 peak, memory. One table for both backends (the simulator's cost
+model, the executor's MFU). Dense figures, no sparsity, from the vendors' datasheets:
+NVIDIA A100 (40 / 80 GB SXM), H100 SXM, H200 SXM, GH200 (96 GB HBM3), HGX B200 (per GPU), A40, L40S;
+AMD Instinct MI300X.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    hbm_bytes_per_s: float  # datasheet memory bandwidth
+    peak_flops: float  # datasheet dense BF16 FLOP/s
+    memory_bytes: float
+
+
+GPUS = {
+    g.name: g
+    for g in (
+        GPU("b200", 8.0e12, 2250e12, 180e9),
+        GPU("h200", 4.8e12, 989e12, 141e9),
+        GPU("h100", 3.35e12, 989e12, 80e9),
+        GPU("gh200", 4.0e12, 989e12, 96e9),
+        GPU("mi300x", 5.3e12, 1307.4e12, 192e9),
+        GPU("a100", 2.039e12, 312e12, 80e9),
+        GPU("a100-40gb", 1.555e12, 312e12, 40e9),
+        GPU("l40s", 0.864e12, 362.05e12, 48e9),
+        GPU("a40", 0.696e12, 149.7e12, 48e9),
+        # One CPU core of this project's development machine running the executor's tiny models (float32):
+        # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile.
+        GPU("cpu-core", 10e9, 20e9, 24e9),
+    )
+}
+
+# Names as torch.cuda.get_device_name() prints them -> table entries (first match wins)
+DEVICE_NAMES = (("B200", "b200"), ("H200", "h200"), ("GH200", "gh200"), ("H100", "h100"), ("MI300X", "mi300x"),
+                ("A100-SXM4-40GB", "a100-40gb"), ("A100", "a100"), ("L40S", "l40s"), ("A40", "a40"))  # fmt: skip
+
+
+def gpu_by_device_name(device_name: str) -> GPU | None:
+    """The datasheet of a device as CUDA names it (e.g. "NVIDIA H100 80GB HBM3"), or None if unknown."""
+    return next((GPUS[key] for marker, key in DEVICE_NAMES if marker in device_name), None)
