@@ -215,11 +215,17 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def load_stored_config(path: str | Path) -> dict[str, Any]:
     """The JSON object of a run's ``config.json`` (a run directory is accepted too)."""
+    return read_config_json(path, "config")
+
+
+def read_config_json(path: str | Path, what: str) -> dict[str, Any]:
+    """The JSON object of a ``config.json`` file, or of the one in a folder (a run, a checkpoint); errors name
+    the file: not found (``what``), not JSON, not an object."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"config not found: {path}")
+        raise FileNotFoundError(f"{what} not found: {path}")
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -8,9 +8,10 @@ Values of the public models are copied from their published ``config.json`` file
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from oppo.config import read_config_json
 
 # The keys a shape needs (Llama / Qwen / Mistral naming); num_key_value_heads defaults to num_attention_heads and
 # dtype (``torch_dtype`` in older configs) to bfloat16.
@@ -43,18 +44,11 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     """The shape fields of a Hugging Face ``config.json`` (a file, or a checkpoint folder holding one).
 
     Raises ``ValueError`` naming the file and the missing or invalid key."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"model config not found: {path}")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a JSON config ({err})") from None
-    raw = raw.get("text_config", raw) if isinstance(raw, dict) else raw  # multimodal configs nest the LM
+    raw = read_config_json(path, "model config")
+    raw = raw.get("text_config", raw)  # multimodal configs nest the language model's
+    path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: not a JSON object")
+        raise ValueError(f"{path}: text_config is not a JSON object")
     missing = [k for k in SHAPE_KEYS if k not in raw]
     if missing:
         raise ValueError(f"{path}: not a decoder-only model config, missing {', '.join(missing)}")
