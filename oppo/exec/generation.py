@@ -1,15 +1,37 @@
 """Batched sampling from the actor with a preallocated KV cache, a chunk of tokens at a time.
 
 Rows are left-padded contexts (prompt + already generated prefix); a resumed sequence is re-prefilled here with
-the current weights, since its old KV cache went stale when the weights changed. Every decode iteration samples
-one token for every row, stopped rows included (their token is discarded), so the random stream does not depend
-on how the step is cut into chunks: ``sync`` and ``intra`` sample identical tokens from the same seed.
+the current weights, since its old KV cache went stale when the weights changed.
+
+Sampling draws each token from noise keyed by (row key, response position, vocabulary index), a counter-based
+hash rather than one random stream for the batch (Gumbel-max: argmax of logits / T + Gumbel noise is a sample of
+softmax(logits / T)). So the tokens of a sequence do not depend on how sequences are batched, chunked, carried
+over or dealt to data-parallel ranks: ``sync``, ``intra`` and ``inter`` sample the same tokens for a sequence
+whose logits are the same.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import StaticCache
+
+MASK32 = 0xFFFFFFFF
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (values in [0, 2^32) held in int64: the products stay below 2^63)."""
+    x = x & MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & MASK32
+    return (x >> 16) ^ x
+
+
+def gumbel_noise(row_keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise of shape (B, V), a pure function of each row's key and response position. float64."""
+    index = torch.arange(vocab, device=row_keys.device, dtype=torch.int64)
+    cell = hash32(hash32(row_keys ^ hash32(positions + 0x9E3779B9))[:, None] ^ (index * 0x85EBCA6B)[None, :])
+    uniform = (cell.double() + 0.5) / 2.0**32  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,10 +54,12 @@ class ChunkedDecoder:
     """
 
     @torch.no_grad()
-    def __init__(self, actor, rows, budgets, eos_id, pad_id, generator, temperature=1.0, forced=None, done=None):
+    def __init__(self, actor, rows, budgets, eos_id, pad_id, row_keys, temperature=1.0, forced=None, done=None):
+        """``row_keys``: one 32-bit key per row (derived from the run's seed and the sequence's id)."""
         self.actor, self.eos_id, self.pad_id = actor, eos_id, pad_id
-        self.generator, self.temperature = generator, temperature
+        self.temperature = temperature
         device = next(actor.parameters()).device
+        self.row_keys = torch.tensor(row_keys, dtype=torch.int64, device=device) & MASK32
         self.budgets = torch.tensor(budgets, device=device)
         self.forced = torch.tensor([-1 if f is None else f for f in (forced or [None] * len(rows))], device=device)
         self.done_before = torch.tensor(done or [0] * len(rows), device=device)  # response tokens so far
@@ -84,8 +108,8 @@ class ChunkedDecoder:
         total = self.done_before + self.decoded  # response tokens before this one
         forced = self.forced >= 0
         logits[forced & (total + 1 < self.forced), self.eos_id] = float("-inf")
-        probs = torch.softmax(logits, dim=-1)
-        token = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        noise = gumbel_noise(self.row_keys, total, logits.shape[-1]).to(logits.device)
+        token = (logits.double() + noise).argmax(dim=-1)  # a sample of softmax(logits): Gumbel-max
         return torch.where(forced & (total + 1 >= self.forced), torch.full_like(token, self.eos_id), token)
 
     def _advance(self, token: torch.Tensor, live: torch.Tensor) -> None:

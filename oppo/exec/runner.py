@@ -118,7 +118,7 @@ class Executor:
             info["tokens"] = len(rows) * max(map(len, contexts))  # left-padded: every row computes the width
             decoder = ChunkedDecoder(
                 self.roles.actor, contexts, [plan.budgets[i] for i in rows], self.roles.eos_id, self.roles.pad_id,
-                torch.Generator(self.roles.device).manual_seed(self._seed(3, plan.step)),
+                [self._seed(3, i) for i in rows],  # sampling keyed by sequence: independent of the batch
                 self.config.ppo.temperature, [self.data[i].forced_length for i in rows],
                 [len(self.data[i].response) for i in rows],
             )  # fmt: skip

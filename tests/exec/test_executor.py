@@ -118,3 +118,25 @@ def test_grpo_learns():
     _, steps = run("oppo", steps=100, dtype="float32", algo="grpo", group_size=4)
     rewards = [m.mean_reward for _, m in steps]
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 2.0
+
+
+def test_a_sequence_samples_the_same_tokens_whatever_the_batch(monkeypatch):
+    """sync decodes B sequences, inter B+Δ: a sequence both train (finished) has the same response, because
+    sampling is keyed by sequence, not by the batch's random stream."""
+    from oppo.exec.update import Learner
+
+    responses = {}
+    original = Learner.train
+
+    def spy(self, step, trained, data, scores, seed):
+        responses.setdefault(self.config.schedule.policy, {}).update(
+            {t.seq_id: list(data[t.seq_id].response) for t in trained if t.finished}
+        )
+        return original(self, step, trained, data, scores, seed)
+
+    monkeypatch.setattr(Learner, "train", spy)
+    run("sync", steps=1)
+    run("inter", steps=1, delta="3", check_tokens=2)
+    both = set(responses["sync"]) & set(responses["inter"])
+    assert both  # the first B ids are in both batches; some finish in both
+    assert all(responses["sync"][i] == responses["inter"][i] for i in both)
