@@ -24,6 +24,8 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
                        intermediate_size=18944, vocab_size=152064, dtype="bfloat16"),
     "qwen2.5-3b": dict(num_hidden_layers=36, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2,
                        intermediate_size=11008, vocab_size=151936, dtype="bfloat16"),
+    "qwen2.5-1.5b": dict(num_hidden_layers=28, hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, vocab_size=151936, dtype="bfloat16"),
     "qwen2.5-0.5b": dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
                          intermediate_size=4864, vocab_size=151936, dtype="bfloat16"),
     "gemma-2-2b": dict(num_hidden_layers=26, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4,

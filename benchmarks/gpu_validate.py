@@ -1,0 +1,131 @@
+"""One-command validation on a CUDA machine: GPU tests, then the executor on real architectures, measured and
+predicted by the simulator calibrated on the ``sync`` run.
+
+    python benchmarks/gpu_validate.py --out runs/gpu [--models qwen2.5-0.5b,qwen2.5-1.5b] [--steps 5]
+
+1. ``pytest -m gpu`` (bf16 autocast, CUDA synchronisation in timing, the CUDA scoring path);
+2. per model shape (Qwen2.5-0.5B and -1.5B configs, random weights, saved and loaded through ``from_pretrained``):
+   ``sync``, ``intra``, ``inter``, ``oppo`` in bf16 with AlpacaEval lengths forced;
+3. the simulator calibrated on each ``sync`` trace predicts the other policies (``oppo.fidelity``);
+4. one table: measured vs predicted step time, decode tokens/s, MFU of decode and of the actor update.
+
+Without CUDA it exits with code 2 and one line. Sized to finish within 10 minutes on one H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from oppo.cli import run_cli
+from oppo.shapes import HF_SHAPES
+
+POLICIES = ("sync", "intra", "inter", "oppo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="output directory (checkpoints, runs, gpu_validate.json)")
+    parser.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b", help="comma-separated shapes of oppo.shapes")
+    parser.add_argument("--steps", type=int, default=5, help="steps per policy (default: 5)")
+    parser.add_argument("--batch", type=int, default=32, help="B (default: 32)")
+    parser.add_argument("--max-new-tokens", type=int, default=192, help="response cap (default: 192)")
+    parser.add_argument("--chunk", default="64", help="streamed chunk size (default: 64)")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel actor ranks (default: 1)")
+    parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu first")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> list[str]:
+    """The model shapes to run; bad values raise ValueError (exit 2, one line)."""
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in HF_SHAPES]
+    if unknown or not models:
+        raise ValueError(f"unknown model shape(s) {unknown or 'none'}; choose from {', '.join(HF_SHAPES)}")
+    if min(args.steps, args.batch, args.max_new_tokens) < 1:
+        raise ValueError("--steps, --batch and --max-new-tokens must be >= 1")
+    if args.dp != 1:
+        raise ValueError("--dp above 1 needs the data-parallel actor group, which the executor does not have yet")
+    return models
+
+
+def require_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("gpu_validate needs CUDA: torch.cuda.is_available() is False on this machine")
+
+
+def run_policies(model: str, args: argparse.Namespace, out: Path) -> dict[str, Path]:
+    from oppo.exec.checkpoints import random_checkpoints
+    from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
+    from oppo.exec.train import train
+
+    paths = random_checkpoints(model, out / "checkpoints" / model)
+    runs = {}
+    for policy in POLICIES:
+        schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens,
+                                    chunk=args.chunk, delta=str(max(1, args.batch // 4)), check_tokens=16)  # fmt: skip
+        config = ExecConfig(
+            schedule=schedule, steps=args.steps,
+            model=ModelConfig(preset="hf", actor=str(paths["actor"]), reward=str(paths["reward"]), device="cuda",
+                              dtype="bfloat16"),
+            task=TaskConfig(lengths="alpaca_eval", lengths_model="alpaca-7b", prompt_tokens=64),
+        )  # fmt: skip
+        runs[policy] = out / model / policy
+        train(config, runs[policy])
+    return runs
+
+
+def table(model: str, runs: dict[str, Path], report: dict) -> list[dict]:
+    rows = []
+    for policy, run in runs.items():
+        summary = json.loads((run / "summary.json").read_text())
+        stages, r = summary["stages"], report[policy]
+        decode, train = stages.get("actor/decode", {}), stages.get("actor/train_actor", {})
+        rows.append({"model": model, "policy": policy, "measured_s": round(r["measured_step_s"], 3),
+                     "predicted_s": round(r["predicted_step_s"], 3), "step_err": f"{r['median_step_err']:.1%}",
+                     "decode_tok_s": round(decode.get("tokens_per_s", 0.0)), "mfu_decode": _percent(decode),
+                     "mfu_train": _percent(train)})  # fmt: skip
+    return rows
+
+
+def _percent(stage: dict) -> str | None:
+    return None if stage.get("mfu") is None else f"{stage['mfu']:.2%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    models = check_args(args)
+    require_cuda()
+    from oppo.fidelity import fidelity
+    from oppo.lengths import load_lengths
+    from oppo.sim.cli import format_table
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    tests = "skipped"
+    if not args.skip_tests:
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"],
+                             capture_output=True, text=True)  # fmt: skip
+        tests = (res.stdout.strip().splitlines() or ["(no output)"])[-1]
+    lengths = load_lengths("alpaca_eval", model="alpaca-7b")
+    rows = []
+    for model in models:
+        runs = run_policies(model, args, out)
+        report = fidelity(runs, lengths, out / model / "profile.json")
+        rows += table(model, runs, report)
+    print(f"pytest -m gpu: {tests}")
+    print(format_table(rows))
+    print(f"({time.perf_counter() - start:.0f} s)")
+    (out / "gpu_validate.json").write_text(json.dumps({"pytest_gpu": tests, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
