@@ -176,9 +176,19 @@ def cmd_compare(args: argparse.Namespace) -> None:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     trace = _trace(args)
-    summaries = compare_policies(_configs(args, policies), trace)
+    configs, skipped = [], []
+    for policy in policies:  # a policy that cannot run these settings is left out, saying why
+        try:
+            configs += _configs(args, [policy])
+        except ValueError as err:
+            skipped.append(f"{policy}: {err}")
+    if not configs:
+        raise ValueError("no policy can run these settings (" + "; ".join(skipped) + ")")
+    summaries = compare_policies(configs, trace)
     rows = compare_rows(summaries)
     print(format_table(rows))
+    for line in skipped:
+        print(f"left out {line}")
     if args.out:
         from oppo import plots
 

@@ -117,3 +117,13 @@ def test_setup_with_a_checkpoint_config(tmp_path):
     res = sim("run", "--setup", str(setup), "--steps", "3", "--out", str(tmp_path / "bad"))
     assert res.returncode == 2 and "missing num_hidden_layers" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_compare_leaves_out_a_policy_that_cannot_run_and_says_why(tmp_path):
+    res = sim("compare", "--setup", "paper-7b-h200", "--policies", "sync,oppo,april,tailbatch,async,tppo", "--algo",
+              "grpo", "--group-size", "8", "--batch", "16", "--steps", "3", "--out", str(tmp_path))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    policies = [line.split()[0] for line in res.stdout.splitlines()[1:] if not line.startswith("left out")]
+    assert policies == ["sync", "oppo", "april", "tailbatch", "async"]
+    assert "left out tppo: tppo trains segments of single sequences" in res.stdout
+    assert (tmp_path / "staleness.png").stat().st_size > 1000
