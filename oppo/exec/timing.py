@@ -12,16 +12,19 @@ from oppo.records import TraceRow
 
 class Recorder:
     """Times operations in seconds since ``t0`` on the wall clock (default: construction), so that workers in
-    other processes given the same ``t0`` record on the same time axis. Synchronises CUDA at the boundaries so
-    that asynchronous kernels are counted in the operation that launched them."""
+    other processes given the same ``t0`` record on the same time axis. Durations come from the monotonic
+    ``perf_counter`` (it cannot go backwards), anchored to the wall clock once, when the recorder is made.
+    Synchronises CUDA at the boundaries so that asynchronous kernels are counted in the operation that launched
+    them."""
 
     def __init__(self, t0: float | None = None) -> None:
-        self.t0 = time.time() if t0 is None else t0
+        self._wall_minus_perf = time.time() - time.perf_counter()  # the anchor: wall = perf + this
+        self.t0 = self._wall_minus_perf + time.perf_counter() if t0 is None else t0
         self.rows: list[TraceRow] = []
 
     def now(self) -> float:
         """Seconds since the run started."""
-        return time.time() - self.t0
+        return time.perf_counter() + self._wall_minus_perf - self.t0
 
     @contextmanager
     def op(self, step: int, device: str, role: str, phase: str, batch: int = 0, tokens: int = 0, context: int = 0):
