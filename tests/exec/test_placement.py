@@ -65,10 +65,12 @@ def test_dead_worker_ends_run_with_records(tmp_path):
     with open(log, "w") as err_file:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 420  # generous: Ray's start and the model loads crawl on a loaded machine
         while time.monotonic() < deadline and not ((out / "steps.csv").exists() and worker_pids(log.read_text())):
             time.sleep(0.2)
-        (pid,) = worker_pids(log.read_text())
+        pids = worker_pids(log.read_text())
+        assert len(pids) == 1 and (out / "steps.csv").exists(), f"no worker pid or no steps yet:\n{log.read_text()}"
+        (pid,) = pids
         os.kill(pid, signal.SIGKILL)  # the worker this run started, by its id
         proc.wait(timeout=120)
     finally:

@@ -71,7 +71,7 @@ def test_ctrl_c_keeps_records(tmp_path):
     default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 420
         while time.monotonic() < deadline and not (out / "steps.csv").exists():  # written every 10 steps
             time.sleep(0.2)
         time.sleep(0.5)
