@@ -22,7 +22,7 @@ TRAIN = [sys.executable, "-m", "oppo.exec.train", "--mode", "intra", "--chunk", 
 def run(tmp_path, placement, *extra):
     out = tmp_path / placement
     cmd = [*TRAIN, "--steps", "3", "--seed", "5", "--placement", placement, "--out", str(out), *extra]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     return out, res.stderr
 

@@ -12,7 +12,7 @@ from oppo.exec.tiny import prepared_checkpoints
 
 def train(*args, **kwargs):
     cmd = [sys.executable, "-m", "oppo.exec.train", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kwargs)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kwargs)
 
 
 def test_smoke_run_writes_contract_files(tmp_path):
