@@ -304,17 +304,10 @@ class Scheduler:
     def _trained(self, seq_id: int) -> TrainedSeq:
         plan, seq = self.plan, self.buffer.seqs[seq_id]
         total = plan.prefix_tokens[seq_id] + self._decoded(seq_id) if seq_id in self._running else seq.generated_tokens
-        return TrainedSeq(
-            step=self.step,
-            seq_id=seq_id,
-            group_id=seq.group_id,
-            admitted_step=seq.admitted_step,
-            deferrals=seq.deferrals(self.step),
-            response_tokens=total,
-            step_tokens=total - plan.prefix_tokens[seq_id],
-            finished=seq.finished,
-            policy_lag=self.step - seq.first_version,
-        )
+        step = self.step
+        # positional, in TrainedSeq's field order (half a million of these in a long simulation)
+        return TrainedSeq(step, seq_id, seq.group_id, seq.admitted_step, step - seq.admitted_step, total,
+                          total - plan.prefix_tokens[seq_id], seq.finished, step - seq.first_version)  # fmt: skip
 
     def _require_plan(self) -> StepPlan:
         if self.plan is None:
