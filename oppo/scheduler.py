@@ -98,9 +98,12 @@ class Scheduler:
         else:
             new = self.buffer.fill(cfg.batch + self.delta.value, self.step)
         seqs = self.buffer.seqs
+        # a long round runs only its restarted prompts; groups completed earlier wait for the next short round
+        active = tuple(restarted) if long_round else tuple(seqs)
         chunk = self.chunking.chunk_for(self.step) if cfg.streaming else 0
         budgets = {}
-        for seq_id, seq in seqs.items():
+        for seq_id in active:
+            seq = seqs[seq_id]
             if not seq.finished:
                 left = self.buffer.remaining_tokens(seq_id)
                 budgets[seq_id] = min(left, cfg.window_tokens) if cfg.truncated else left
@@ -109,19 +112,19 @@ class Scheduler:
         self.plan = StepPlan(
             step=self.step,
             start_s=now,
-            active=tuple(seqs),
+            active=active,
             new=tuple(new),
             restarted=tuple(restarted),
-            resumed=tuple(s.seq_id for s in carried if not s.finished),
-            ready=tuple(s.seq_id for s in carried if s.finished),
-            prefix_tokens={i: s.generated_tokens for i, s in seqs.items()},
+            resumed=tuple(s.seq_id for s in carried if not s.finished and s.seq_id in budgets),
+            ready=() if long_round else tuple(s.seq_id for s in carried if s.finished),
+            prefix_tokens={i: seqs[i].generated_tokens for i in active},
             budgets=budgets,
             # only over-commit needs mid-generation checks; otherwise a round runs until every budget is spent
             round_tokens=cfg.check_tokens if cfg.overcommit else chunk if cfg.streaming else cfg.max_new_tokens,
             streaming=cfg.streaming,
             chunk=chunk,
             delta=0 if long_round else self.delta.value,
-            target=len(self.buffer.groups) if long_round else cfg.batch,
+            target=cfg.batch,
             long_round=long_round,
         )
         self._start_generation(self.plan)
@@ -133,7 +136,7 @@ class Scheduler:
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         seqs = self.buffer.seqs
-        self._group_left = dict.fromkeys(self.buffer.groups, 0)  # group -> samples still to finish
+        self._group_left = dict.fromkeys((seqs[i].group_id for i in plan.active), 0)  # group -> samples to finish
         for seq_id in plan.budgets:  # the unfinished ones are exactly those with a budget
             self._group_left[seqs[seq_id].group_id] += 1
         groups = self.buffer.groups  # complete groups -> finish rank of their last sample (training order)

@@ -160,3 +160,18 @@ def test_tailbatch_aborts_long_prompts_and_runs_them_in_a_long_round():
     assert ids(out) == [4, 6] and out.carried == (7,) and list(s.long_queue) == [[5]]
     plan, _, _ = run_step(s, lengths)
     assert plan.ready == (7,)  # completed in the short round beyond B: trained next, not aborted
+
+
+def test_tailbatch_long_round_leaves_completed_groups_for_the_next_short_round():
+    s = Scheduler(ScheduleConfig(policy="tailbatch", batch=2, delta_max=2, delta_init=2, max_new_tokens=50,
+                                 check_tokens=2))  # fmt: skip
+    lengths = {0: 1, 1: 1, 2: 1, 3: 30, 4: 1, 5: 30, 6: 1, 7: 1, 8: 1, 9: 1}
+    _, out, _ = run_step(s, lengths)
+    assert ids(out) == [0, 1] and out.carried == (2,) and list(s.long_queue) == [[3]]
+    plan, out, _ = run_step(s, lengths)
+    assert plan.ready == (2,) and ids(out) == [2, 4] and out.carried == (6,) and list(s.long_queue) == [[3], [5]]
+    plan, out, _ = run_step(s, lengths)  # long round: the aborted prompts alone; 6 (complete) waits
+    assert plan.long_round and plan.active == (3, 5) and plan.ready == () and ids(out) == [3, 5]
+    assert out.carried == (6,)
+    plan, out, _ = run_step(s, lengths)
+    assert not plan.long_round and plan.ready == (6,) and ids(out)[0] == 6
