@@ -72,7 +72,7 @@ def _xy(rows: list[TraceRow]) -> tuple[np.ndarray, np.ndarray]:
 
 def _fit(rows: list[TraceRow]) -> np.ndarray:
     x, y = _xy(rows)
-    return _nonnegative_lstsq(x / y[:, None], np.ones_like(y))
+    return nonnegative_lstsq(x / y[:, None], np.ones_like(y))
 
 
 def _scale(coef: np.ndarray, rows: list[TraceRow]) -> float:
@@ -82,7 +82,7 @@ def _scale(coef: np.ndarray, rows: list[TraceRow]) -> float:
     return float(np.median(y / predicted)) if (predicted > 0).all() else 1.0
 
 
-def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Least squares with coefficients >= 0 (active set by dropping the negative ones; 3 unknowns at most)."""
     active = list(range(a.shape[1]))
     while True:

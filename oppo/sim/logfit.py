@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oppo.lengths import LengthTrace
+from oppo.sim.calibrate import nonnegative_lstsq
 from oppo.sim.framework import Framework, StageCost, micro_batches
 from oppo.sim.model import SimConfig, simulate
 from oppo.sim.runlogs import LoggedStep, RunLog
@@ -119,14 +120,12 @@ def fit_stage(roofline: np.ndarray, mb_tokens: np.ndarray, measured: np.ndarray,
     - ``gen`` (``tokens`` given): measured ≈ roofline / eff + tokens · per_token_s + fixed_s. No per-iteration
       term: a run's longest response sits at the cap in most steps, so iterations would be a second constant.
     Written as measured - roofline ≈ a·roofline + (h·roofline / mb_tokens | d·tokens + c), a, h, c, d >= 0."""
-    from oppo.sim.calibrate import _nonnegative_lstsq
-
     if tokens is None:
         columns = [roofline, roofline / np.maximum(mb_tokens, 1.0)]
     else:
         columns = [roofline, tokens, np.ones_like(tokens)]
     x = np.stack(columns, axis=1) / measured[:, None]
-    a, *rest = _nonnegative_lstsq(x, (measured - roofline) / measured)
+    a, *rest = nonnegative_lstsq(x, (measured - roofline) / measured)
     inverse = 1.0 + a  # 1 / efficiency
     if tokens is None:
         return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=float(rest[0] / inverse))
