@@ -20,8 +20,9 @@ import operator
 import os
 import re
 import typing
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -144,17 +145,60 @@ def _jsonable(value: Any) -> Any:
 
 
 def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals (overlapping operations on a device count once).
-    Vectorised: sorted by start, an interval opens a new block when it starts after every earlier one ended."""
+    """Length of the union of [start, end) intervals (overlapping operations on a device count once)."""
     pairs = np.asarray(list(intervals), dtype=float).reshape(-1, 2)
-    if not len(pairs):
+    return _union_length(pairs[:, 0], pairs[:, 1])
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Vectorised: sorted by start, an interval opens a new block when it starts after every earlier one ended."""
+    if not len(starts):
         return 0.0
-    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
-    reach = np.maximum.accumulate(pairs[:, 1])  # the latest end so far
-    first = np.concatenate([[True], pairs[1:, 0] > reach[:-1]])  # starts a block of overlapping intervals
-    starts = np.flatnonzero(first)
-    ends = np.append(starts[1:], len(pairs)) - 1
-    return float((reach[ends] - pairs[starts, 0]).sum())
+    order = np.argsort(starts, kind="stable")
+    starts, reach = starts[order], np.maximum.accumulate(ends[order])  # reach: the latest end so far
+    first = np.flatnonzero(np.concatenate([[True], starts[1:] > reach[:-1]]))  # each block's first interval
+    last = np.append(first[1:], len(starts)) - 1
+    return float((reach[last] - starts[first]).sum())
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A trace as columns (numpy arrays; strings as integer codes into ``names``), for vectorised metrics."""
+
+    step: np.ndarray
+    device: np.ndarray  # codes into devices
+    stage: np.ndarray  # codes into stages ("role/phase")
+    start: np.ndarray
+    end: np.ndarray
+    tokens: np.ndarray
+    devices: list[str]
+    stages: list[str]
+
+    @classmethod
+    def of(cls, trace: Sequence[TraceRow]) -> Columns:
+        if not trace:
+            empty = np.zeros(0)
+            return cls(empty, empty.astype(int), empty.astype(int), empty, empty, empty, [], [])
+        step, device, role, phase, start, end, _, tokens, _ = zip(*trace)  # a transpose in C
+        devices, device_code = _codes(device)
+        stages, stage_code = _codes([f"{r}/{p}" for r, p in zip(role, phase)])
+        return cls(np.array(step), device_code, stage_code, np.array(start, dtype=float), np.array(end, dtype=float),
+                   np.array(tokens, dtype=float), devices, stages)  # fmt: skip
+
+    def operations(self) -> tuple[np.ndarray, np.ndarray]:
+        """One index per operation (rows of one op on a group of devices share step, stage and start): the row of
+        its longest member, and its member count."""
+        order = np.lexsort((self.end - self.start, self.start, self.stage, self.step))
+        key = np.stack([self.step[order], self.stage[order], self.start[order]], axis=1)
+        new = np.concatenate([[True], (key[1:] != key[:-1]).any(axis=1)])
+        last = np.append(np.flatnonzero(new)[1:], len(order)) - 1  # sorted by duration: the last is the longest
+        return order[last], np.diff(np.append(np.flatnonzero(new), len(order)))
+
+
+def _codes(values: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64, count=len(values))
+    return list(index), codes
 
 
 def device_count(device: str) -> int:
@@ -163,27 +207,24 @@ def device_count(device: str) -> int:
     return int(match.group(2)) - int(match.group(1)) + 1 if match else 1
 
 
-def utilization(trace: Sequence[TraceRow], total_s: float) -> dict[str, float]:
+def utilization(trace: Sequence[TraceRow] | Columns, total_s: float) -> dict[str, float]:
     """Busy fraction of each device over ``total_s`` (union of its operations' intervals)."""
-    by_device: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for _, device, _, _, start, end, *_ in trace:
-        by_device[device].append((start, end))
-    if total_s <= 0:
-        return {d: 0.0 for d in sorted(by_device)}
-    return {d: float(busy_seconds(iv) / total_s) for d, iv in sorted(by_device.items())}
+    cols = trace if isinstance(trace, Columns) else Columns.of(trace)
+    busy = {}
+    for code, device in enumerate(cols.devices):
+        mine = cols.device == code
+        busy[device] = _union_length(cols.start[mine], cols.end[mine]) / total_s if total_s > 0 else 0.0
+    return dict(sorted(busy.items()))
 
 
-def phase_breakdown(trace: Sequence[TraceRow], steps: int) -> dict[str, float]:
+def phase_breakdown(trace: Sequence[TraceRow] | Columns, steps: int) -> dict[str, float]:
     """Mean seconds per step of each "role/phase"; an operation on a group of devices counts once, for its
     longest member."""
-    longest: dict[tuple[int, str, str, float], float] = defaultdict(float)
-    for step, _, role, phase, start, end, *_ in trace:  # unpacking a NamedTuple: no attribute lookups
-        key = (step, role, phase, start)
-        longest[key] = max(longest[key], end - start)
-    totals: dict[str, float] = defaultdict(float)
-    for (_, role, phase, _), seconds in longest.items():
-        totals[f"{role}/{phase}"] += seconds
-    return {k: v / max(steps, 1) for k, v in sorted(totals.items())}
+    cols = trace if isinstance(trace, Columns) else Columns.of(trace)
+    ops, _ = cols.operations()
+    seconds = np.bincount(cols.stage[ops], weights=(cols.end - cols.start)[ops], minlength=len(cols.stages))
+    return {stage: float(seconds[code]) / max(steps, 1) for code, stage in sorted(enumerate(cols.stages),
+                                                                                   key=lambda item: item[1])}  # fmt: skip
 
 
 def hidden_fraction(
@@ -233,7 +274,7 @@ def deferral_histogram(trained: Sequence[TrainedSeq]) -> dict[int, float]:
 def summarize(
     policy: str,
     steps: Sequence[StepRecord],
-    trace: Sequence[TraceRow],
+    trace: Sequence[TraceRow] | Columns,
     trained: Sequence[TrainedSeq],
     config: dict[str, Any],
     wall_s: float,
@@ -242,7 +283,7 @@ def summarize(
     """The ``summary.json`` of a run. ``final_reward`` is the mean reward of the last ``final_window`` steps."""
     step_s = np.array([s.step_s for s in steps]) if steps else np.zeros(1)
     total_s = steps[-1].end_s - steps[0].start_s if steps else 0.0
-    util = utilization(trace, total_s)
+    util = utilization(trace if isinstance(trace, Columns) else Columns.of(trace), total_s)
     weights = {d: device_count(d) for d in util}
     mean_util = sum(util[d] * weights[d] for d in util) / sum(weights.values()) if util else 0.0
     hist = deferral_histogram(trained)
@@ -303,30 +344,28 @@ def _device_key(device: str) -> tuple[str, int]:
 
 
 def stage_throughput(
-    trace: Sequence[TraceRow], flops_per_token: Mapping[str, float], peak_flops: Mapping[str, float] | None = None
+    trace: Sequence[TraceRow] | Columns, flops_per_token: Mapping[str, float], peak_flops: float | None = None
 ) -> dict[str, dict[str, float | None]]:
     """Per "role/phase" that computes (not ``sync``, ``other``): tokens per second of its devices and, where the
-    devices' peak FLOP/s is known, the model FLOPs utilisation (MFU): analytic FLOPs (``flops_per_token[role]``
-    per token, 2·params for a forward pass, three times that for training; attention left out) over the time
-    and the peak. An operation on a group of devices counts once, for its longest member, against the group's
-    summed peak."""
-    ops: dict[tuple, list] = {}  # one operation -> [longest seconds, tokens, summed peak]
-    peaks = peak_flops or {}
-    for step, device, role, phase, start, end, _, tokens, _ in trace:
+    devices' peak FLOP/s is known (``peak_flops`` per device), the model FLOPs utilisation (MFU): analytic FLOPs
+    (``flops_per_token[role]`` per token, 2·params for a forward pass, three times that for training; attention
+    left out) over the time and the peak. An operation on a group of devices counts once, for its longest
+    member, against the group's summed peak."""
+    cols = trace if isinstance(trace, Columns) else Columns.of(trace)
+    ops, members = cols.operations()
+    n = len(cols.stages)
+    seconds = np.bincount(cols.stage[ops], weights=(cols.end - cols.start)[ops], minlength=n)
+    tokens = np.bincount(cols.stage[ops], weights=cols.tokens[ops], minlength=n)
+    peak_seconds = np.bincount(cols.stage[ops], weights=(cols.end - cols.start)[ops] * members, minlength=n)
+    out = {}
+    for code, stage in sorted(enumerate(cols.stages), key=lambda item: item[1]):
+        role, phase = stage.split("/", 1)
         if phase in ("sync", "other"):
             continue
-        op = ops.setdefault((step, role, phase, start), [0.0, tokens, 0.0])
-        op[0] = max(op[0], end - start)
-        op[2] += peaks.get(device, 0.0)
-    totals: dict[tuple[str, str], list] = defaultdict(lambda: [0.0, 0.0, 0.0])  # seconds, tokens, peak x seconds
-    for (_, role, phase, _), (seconds, tokens, peak) in ops.items():
-        total = totals[(role, phase)]
-        total[0], total[1], total[2] = total[0] + seconds, total[1] + tokens, total[2] + peak * seconds
-    out = {}
-    for (role, phase), (seconds, tokens, peak_seconds) in sorted(totals.items()):
-        flops = (3.0 if phase.startswith("train") else 1.0) * flops_per_token.get(role, 0.0) * tokens
-        out[f"{role}/{phase}"] = {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-                                  "mfu": flops / peak_seconds if flops and peak_seconds > 0 else None}  # fmt: skip
+        flops = (3.0 if phase.startswith("train") else 1.0) * flops_per_token.get(role, 0.0) * tokens[code]
+        peak = peak_seconds[code] * peak_flops if peak_flops else 0.0
+        out[stage] = {"tokens_per_s": float(tokens[code] / seconds[code]) if seconds[code] > 0 else 0.0,
+                      "mfu": float(flops / peak) if flops and peak > 0 else None}  # fmt: skip
     return out
 
 

@@ -135,6 +135,6 @@ def test_stage_throughput_counts_a_group_operation_once():
     from oppo.records import stage_throughput
 
     rows = [TraceRow(0, f"gpu{g}", "actor", "train_actor", 0.0, 2.0, 8, 1000, 0) for g in range(2)]
-    stages = stage_throughput(rows, {"actor": 10.0}, {"gpu0": 100.0, "gpu1": 100.0})
+    stages = stage_throughput(rows, {"actor": 10.0}, 100.0)
     assert stages["actor/train_actor"]["tokens_per_s"] == 500.0  # 1000 tokens in 2 s, not 2000
     assert stages["actor/train_actor"]["mfu"] == pytest.approx(3 * 10.0 * 1000 / (2.0 * 200.0))

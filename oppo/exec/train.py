@@ -145,12 +145,12 @@ class RunLog:
 
     def write(self, trace, wall_s: float, final: bool = False) -> dict:
         from oppo.exec.runner import StepMetrics
-        from oppo.records import phase_breakdown, stage_throughput, summarize, write_rows, write_run
+        from oppo.records import Columns, phase_breakdown, stage_throughput, summarize, write_rows, write_run
 
-        summary = summarize(self.config.schedule.policy, self.steps, trace, self.trained, self.config_dict, wall_s)
-        summary["phase_s_per_step"] = phase_breakdown(trace, len(self.steps))
-        peaks = dict.fromkeys({r.device for r in trace}, self.peak_flops) if self.peak_flops else None
-        summary["stages"] = stage_throughput(trace, self.flops_per_token, peaks)
+        cols = Columns.of(trace)
+        summary = summarize(self.config.schedule.policy, self.steps, cols, self.trained, self.config_dict, wall_s)
+        summary["phase_s_per_step"] = phase_breakdown(cols, len(self.steps))
+        summary["stages"] = stage_throughput(cols, self.flops_per_token, self.peak_flops)
         summary["reward_first10"], summary["reward_last10"] = self.mean_reward(True), self.mean_reward(False)
         write_run(self.out, self.steps, trace, self.trained, summary)
         write_rows(self.out / "metrics.csv", self.metrics, StepMetrics)

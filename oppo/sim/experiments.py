@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from oppo import records
 from oppo.config import to_dict
 from oppo.lengths import LengthTrace
-from oppo.records import StepRecord, phase_breakdown, stage_throughput, summarize
+from oppo.records import Columns, StepRecord, phase_breakdown, stage_throughput, summarize
 from oppo.sim.hardware import GPUS, model_shape
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.setups import Setup
@@ -50,22 +50,21 @@ def config_dict(config: SimConfig, trace: LengthTrace | None) -> dict:
 
 def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: LengthTrace | None) -> dict:
     cfg = config_dict(config, trace)
-    summary = summarize(config.schedule.policy, result.steps, result.trace, result.trained, cfg, wall_s)
+    cols = Columns.of(result.trace)  # one columnar view for every metric of the trace
+    summary = summarize(config.schedule.policy, result.steps, cols, result.trained, cfg, wall_s)
     summary["time_to_reward_s"] = time_to_reward(result.steps, config.setup.reward_threshold)
-    summary["phase_s_per_step"] = phase_breakdown(result.trace, len(result.steps))
-    summary["stages"] = stage_throughput(result.trace, *flops_and_peaks(config.setup, result.trace))
+    summary["phase_s_per_step"] = phase_breakdown(cols, len(result.steps))
+    summary["stages"] = stage_throughput(cols, *flops_and_peaks(config.setup))
     summary["note"] = "simulated; mean_reward comes from a reward-progress model (oppo.sim.workload.RewardCurve)"
     return summary
 
 
-def flops_and_peaks(setup: Setup, trace) -> tuple[dict[str, float], dict[str, float] | None]:
-    """Forward FLOPs per token of each role (2 x parameters) and each GPU's peak FLOP/s (None for the CPU
-    presets, whose "GPU" is a calibrated stand-in without a meaningful peak)."""
+def flops_and_peaks(setup: Setup) -> tuple[dict[str, float], float | None]:
+    """Forward FLOPs per token of each role (2 x parameters) and a GPU's peak FLOP/s (None for the CPU presets,
+    whose "GPU" is a calibrated stand-in without a meaningful peak)."""
     shapes = {"actor": setup.actor, "critic": setup.actor, "reference": setup.actor, "reward": setup.reward}
     flops = {role: 2.0 * model_shape(shape).params for role, shape in shapes.items() if shape}
-    if setup.gpu == "cpu-core":
-        return flops, None
-    return flops, dict.fromkeys({r.device for r in trace}, GPUS[setup.gpu].peak_flops)
+    return flops, None if setup.gpu == "cpu-core" else GPUS[setup.gpu].peak_flops
 
 
 def time_to_reward(steps: list[StepRecord], threshold: float, window: int = 5) -> float | None:
