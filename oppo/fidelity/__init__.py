@@ -1,6 +1,6 @@
 """Develop in simulation, validate on hardware: predict executor runs with the simulator and measure the error.
 
-The one module that joins the two backends (``oppo.sim`` and ``oppo.exec`` never import each other; a lint
+The one package that joins the two backends (``oppo.sim`` and ``oppo.exec`` never import each other; a lint
 contract in ``pyproject.toml`` enforces it).
 
 Protocol (:func:`fidelity`): run the executor for several policies with forced lengths; calibrate the simulator's
