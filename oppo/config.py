@@ -185,11 +185,6 @@ def given_options(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = (
             if f.name not in skip and getattr(args, f.name, None) is not None}  # fmt: skip
 
 
-def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
-    """Build ``cls`` from parsed args: only the options the user gave override the defaults."""
-    return cls(**{**given_options(cls, args), **overrides})
-
-
 def _show(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
 

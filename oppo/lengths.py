@@ -13,8 +13,6 @@ import numpy as np
 from oppo.config import sources_of
 from oppo.data import TRACES, data_dir, trace_path
 
-TRACE_DIR = data_dir()  # the traces shipped with the package
-
 
 @dataclass(frozen=True)
 class LengthTrace:

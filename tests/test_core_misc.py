@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from oppo import ScheduleConfig
-from oppo.config import add_config_args, config_from_args
+from oppo.config import add_config_args, given_options
 from oppo.lengths import load_lengths
 from oppo.records import (
     StepRecord,
@@ -54,7 +54,7 @@ def test_cli_from_config():
     parser = argparse.ArgumentParser()
     add_config_args(parser, ScheduleConfig)
     args = parser.parse_args(["--batch", "12", "--chunk-candidates", "8,16", "--delta", "3"])
-    cfg = config_from_args(ScheduleConfig, args)
+    cfg = ScheduleConfig(**given_options(ScheduleConfig, args))
     assert cfg.batch == 12 and cfg.chunk_candidates == (8, 16) and cfg.fixed_delta == 3
     assert cfg.max_new_tokens == ScheduleConfig().max_new_tokens
     assert "prompt groups trained per step" in parser.format_help()
