@@ -6,7 +6,9 @@ import csv
 import gzip
 import io
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -26,11 +28,20 @@ class LengthTrace:
     path: str | None = None  # the file or bundled name it was loaded from (None: built in memory)
     model: str | None = None  # the 'model' column value it was filtered to
 
+    NO_SOURCE: ClassVar[dict] = {"lengths": None, "lengths_model": None, "sources": {}}  # none, or in memory
+
     def source(self) -> dict:
         """What a run's config stores to load this trace again: path, model filter, content digest."""
         if self.path is None:
-            return {"lengths": None, "lengths_model": None, "sources": {}}
+            return dict(self.NO_SOURCE)
         return {"lengths": self.path, "lengths_model": self.model, "sources": sources_of({"lengths": self.path})}
+
+    @cached_property
+    def _prompt_groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows sorted by prompt, and for each sorted row its prompt's first position and row count (once)."""
+        order = np.argsort(self.prompt_ids, kind="stable")
+        sorted_ids = self.prompt_ids[order]
+        return order, np.searchsorted(sorted_ids, sorted_ids), np.bincount(self.prompt_ids)[sorted_ids]
 
     def sample(self, rng: np.random.Generator, n: int, start: int = 0, group_size: int = 1):
         """``n`` rows: drawn with replacement, or rows ``start .. start+n`` (cycling) of an ordered trace.
@@ -39,9 +50,7 @@ class LengthTrace:
         if self.ordered:
             idx = (start + np.arange(n)) % len(self.response_tokens)
         elif group_size > 1 and self.prompt_ids is not None:
-            order = np.argsort(self.prompt_ids, kind="stable")  # rows grouped by prompt
-            first = np.searchsorted(self.prompt_ids[order], self.prompt_ids[order])  # each row's group start
-            count = np.bincount(self.prompt_ids)[self.prompt_ids[order]]
+            order, first, count = self._prompt_groups
             anchor = rng.integers(0, len(order), size=n // group_size)  # a prompt, weighted by its rows
             pick = first[anchor].repeat(group_size) + (rng.random(n) * count[anchor].repeat(group_size)).astype(int)
             idx = order[pick]

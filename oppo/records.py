@@ -151,14 +151,20 @@ def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Vectorised: sorted by start, an interval opens a new block when it starts after every earlier one ended."""
+    block_starts, block_ends = _union(starts, ends)
+    return float((block_ends - block_starts).sum())
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of [start, end) intervals as disjoint blocks (starts, ends), ascending. Vectorised: sorted by
+    start, an interval opens a new block when it starts after every earlier one ended."""
     if not len(starts):
-        return 0.0
+        return np.zeros(0), np.zeros(0)
     order = np.argsort(starts, kind="stable")
     starts, reach = starts[order], np.maximum.accumulate(ends[order])  # reach: the latest end so far
     first = np.flatnonzero(np.concatenate([[True], starts[1:] > reach[:-1]]))  # each block's first interval
     last = np.append(first[1:], len(starts)) - 1
-    return float((reach[last] - starts[first]).sum())
+    return starts[first], reach[last]
 
 
 @dataclass(frozen=True)
@@ -242,24 +248,29 @@ def hidden_fraction(
 ) -> float:
     """Share of the time of ``hidden`` (role, phase) operations that overlaps ``under`` operations, e.g. the
     reward model's prefill hidden under the actor's decode. 0 when there is no ``hidden`` work."""
-    busy_under = _union([(r.start_s, r.end_s) for r in trace if (r.role, r.phase) == under])
-    total = overlapped = 0.0
-    for row in trace:
-        if (row.role, row.phase) != hidden:
-            continue
-        total += row.end_s - row.start_s
-        overlapped += sum(max(0.0, min(row.end_s, e) - max(row.start_s, s)) for s, e in busy_under)
-    return overlapped / total if total > 0 else 0.0
 
+    def intervals(kind: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+        rows = [(r.start_s, r.end_s) for r in trace if (r.role, r.phase) == kind]
+        pairs = np.asarray(rows, dtype=float).reshape(-1, 2)
+        return pairs[:, 0], pairs[:, 1]
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
+    starts, ends = intervals(hidden)
+    total = float((ends - starts).sum())
+    if total <= 0:
+        return 0.0
+    block_starts, block_ends = _union(*intervals(under))
+    if not len(block_starts):
+        return 0.0
+    lengths = block_ends - block_starts
+    before = np.concatenate([[0.0], np.cumsum(lengths)])  # covered time of the blocks before block k
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        """Time the blocks cover before each t; an interval [a, b) overlaps them for covered(b) - covered(a)."""
+        k = np.searchsorted(block_starts, t, side="right") - 1  # the last block starting at or before t (-1: none)
+        j = np.maximum(k, 0)
+        return np.where(k >= 0, before[j] + np.clip(t - block_starts[j], 0.0, lengths[j]), 0.0)
+
+    return float((covered(ends) - covered(starts)).sum()) / total
 
 
 def time_to_reward(
@@ -287,11 +298,15 @@ def summarize(
     config: dict[str, Any],
     wall_s: float,
     final_window: int = 5,
+    flops_per_token: Mapping[str, float] | None = None,
+    peak_flops: float | None = None,
 ) -> dict[str, Any]:
-    """The ``summary.json`` of a run. ``final_reward`` is the mean reward of the last ``final_window`` steps."""
+    """The ``summary.json`` of a run. ``final_reward`` is the mean reward of the last ``final_window`` steps;
+    ``flops_per_token`` (per role) and ``peak_flops`` (per device) give MFU per stage where both are known."""
     step_s = np.array([s.step_s for s in steps]) if steps else np.zeros(1)
     total_s = steps[-1].end_s - steps[0].start_s if steps else 0.0
-    util = utilization(trace if isinstance(trace, Columns) else Columns.of(trace), total_s)
+    cols = trace if isinstance(trace, Columns) else Columns.of(trace)  # one columnar view for every metric
+    util = utilization(cols, total_s)
     weights = {d: device_count(d) for d in util}
     mean_util = sum(util[d] * weights[d] for d in util) / sum(weights.values()) if util else 0.0
     hist = deferral_histogram(trained)
@@ -313,6 +328,8 @@ def summarize(
         "p99_policy_lag": float(np.percentile(lag, 99)),
         "final_reward": float(np.mean(rewards)) if rewards else float("nan"),
         "wall_s": float(wall_s),
+        "phase_s_per_step": phase_breakdown(cols, len(steps)),
+        "stages": stage_throughput(cols, flops_per_token or {}, peak_flops),
         "config": config,
     }
 

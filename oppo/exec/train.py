@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 from oppo.cli import run_cli
-from oppo.config import ScheduleConfig, add_config_args, given_options, schedule_from, to_dict
+from oppo.config import POLICIES, ScheduleConfig, add_config_args, given_options, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m oppo.exec.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", help="scheduling policy: sync, intra, inter, oppo, tppo (default: oppo)")
+    parser.add_argument("--mode", help=f"scheduling policy: {', '.join(POLICIES)} (default: oppo)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
     add_config_args(parser, ExecConfig)
@@ -145,12 +145,10 @@ class RunLog:
 
     def write(self, trace, wall_s: float, final: bool = False) -> dict:
         from oppo.exec.runner import StepMetrics
-        from oppo.records import Columns, phase_breakdown, stage_throughput, summarize, write_rows, write_run
+        from oppo.records import summarize, write_rows, write_run
 
-        cols = Columns.of(trace)
-        summary = summarize(self.config.schedule.policy, self.steps, cols, self.trained, self.config_dict, wall_s)
-        summary["phase_s_per_step"] = phase_breakdown(cols, len(self.steps))
-        summary["stages"] = stage_throughput(cols, self.flops_per_token, self.peak_flops)
+        summary = summarize(self.config.schedule.policy, self.steps, trace, self.trained, self.config_dict, wall_s,
+                            flops_per_token=self.flops_per_token, peak_flops=self.peak_flops)  # fmt: skip
         summary["reward_first10"], summary["reward_last10"] = self.mean_reward(True), self.mean_reward(False)
         write_run(self.out, self.steps, trace, self.trained, summary)
         write_rows(self.out / "metrics.csv", self.metrics, StepMetrics)

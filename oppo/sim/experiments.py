@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from oppo import records
 from oppo.config import to_dict
 from oppo.lengths import LengthTrace
-from oppo.records import Columns, StepRecord, phase_breakdown, stage_throughput, summarize
+from oppo.records import StepRecord, summarize
 from oppo.sim.hardware import GPUS, model_shape
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.setups import Setup
@@ -43,18 +43,16 @@ def config_dict(config: SimConfig, trace: LengthTrace | None) -> dict:
     """Everything that decides a simulation's records, as its ``config.json`` stores it (``--config`` reads it
     back): schedule, the whole setup, steps, seed, and the length trace (path, model filter, digest), or None
     for the setup's own length model."""
-    source = trace.source() if trace is not None else {"lengths": None, "lengths_model": None, "sources": {}}
+    source = trace.source() if trace is not None else LengthTrace.NO_SOURCE
     return {"schedule": to_dict(config.schedule), "setup": to_dict(config.setup), "steps": config.steps,
             "seed": config.seed} | source  # fmt: skip
 
 
 def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: LengthTrace | None) -> dict:
-    cfg = config_dict(config, trace)
-    cols = Columns.of(result.trace)  # one columnar view for every metric of the trace
-    summary = summarize(config.schedule.policy, result.steps, cols, result.trained, cfg, wall_s)
+    flops, peak = flops_and_peaks(config.setup)
+    summary = summarize(config.schedule.policy, result.steps, result.trace, result.trained,
+                        config_dict(config, trace), wall_s, flops_per_token=flops, peak_flops=peak)  # fmt: skip
     summary["time_to_reward_s"] = time_to_reward(result.steps, config.setup.reward_threshold)
-    summary["phase_s_per_step"] = phase_breakdown(cols, len(result.steps))
-    summary["stages"] = stage_throughput(cols, *flops_and_peaks(config.setup))
     summary["note"] = "simulated; mean_reward comes from a reward-progress model (oppo.sim.workload.RewardCurve)"
     return summary
 
@@ -62,8 +60,8 @@ def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: Lengt
 def flops_and_peaks(setup: Setup) -> tuple[dict[str, float], float | None]:
     """Forward FLOPs per token of each role (2 x parameters) and a GPU's peak FLOP/s (None for the CPU presets,
     whose "GPU" is a calibrated stand-in without a meaningful peak)."""
-    shapes = {"actor": setup.actor, "critic": setup.actor, "reference": setup.actor, "reward": setup.reward}
-    flops = {role: 2.0 * model_shape(shape).params for role, shape in shapes.items() if shape}
+    roles = ("actor", "critic", "reference", "reward")
+    flops = {role: 2.0 * model_shape(setup.shape(role)).params for role in roles if setup.shape(role)}
     return flops, None if setup.gpu == "cpu-core" else GPUS[setup.gpu].peak_flops
 
 

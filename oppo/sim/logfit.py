@@ -23,7 +23,7 @@ import numpy as np
 
 from oppo.lengths import LengthTrace
 from oppo.sim.calibrate import nonnegative_lstsq
-from oppo.sim.framework import Framework, StageCost, micro_batches
+from oppo.sim.framework import ROLE_STAGES, Framework, StageCost, micro_batches
 from oppo.sim.model import SimConfig, simulate
 from oppo.sim.runlogs import LoggedStep, RunLog
 from oppo.sim.setups import Setup
@@ -153,10 +153,7 @@ def calibrate(setup: Setup, log: RunLog, fit_frac: float) -> tuple[Setup, int]:
 
 def _fitted_stages(setup: Setup, log: RunLog) -> list[str]:
     """Stages the log times and the setup runs (a logged stage the setup lacks is an error: wrong setup)."""
-    runs = {"gen", "old_log_prob", "update_actor"} | {
-        stage for stage, role in (("ref", "reference"), ("values", "critic"), ("update_critic", "critic"),
-                                  ("reward", "reward")) if role in setup.roles("ppo")
-    }  # fmt: skip
+    runs = {"gen"} | {stage for role in setup.roles("ppo") for stage in ROLE_STAGES[role] if stage}
     stages = [s for s in log.stages if s != "step"]
     missing = [s for s in stages if s not in runs]
     if missing:

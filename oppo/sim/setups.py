@@ -143,6 +143,10 @@ class Setup:
         roles |= {"rollout": _gpu_range(0, rollout)} if rollout else {}
         return {**roles, "reward": reward} if self.reward else roles
 
+    def shape(self, role: str) -> str | None:
+        """The model shape of a role: the reward model's own, the actor's for every other role."""
+        return self.reward if role == "reward" else self.actor
+
     def roles(self, algo: str) -> tuple[str, ...]:
         """The roles that run under ``algo``: the actor, and the reference, critic (PPO only) and reward model
         where the setup has them."""
@@ -167,11 +171,9 @@ class Setup:
             return calibrated_costs(path, list(self.devices_for(policy)))
         gpu, engine = GPUS[self.gpu], ENGINES[self.engine]
         eff = gpu_efficiencies()[self.gpu].efficiency if self.cost == "fitted" else Efficiency()
-        shapes = {"actor": self.actor, "rollout": self.actor, "critic": self.actor, "reference": self.actor,
-                  "reward": self.reward}  # fmt: skip
         out = {}
         for role, device in self.devices_for(policy).items():
-            roofline = RooflineCost(model_shape(shapes[role]), gpu, device_count(device), engine, eff)
+            roofline = RooflineCost(model_shape(self.shape(role)), gpu, device_count(device), engine, eff)
             out[role] = FrameworkCost(roofline, role, self.framework)
         return out
 
