@@ -112,10 +112,15 @@ class ExecConfig:
     placement: str = opt("colocated", "colocated (one process) or disaggregated (scorer roles in Ray workers)")
     remote_roles: tuple[str, ...] = opt(("reward",), "disaggregated: scorer roles in Ray workers, one device per "
                                         "comma-separated entry; '+' shares a device, e.g. reward+reference,critic")  # fmt: skip
-    ray_address: str | None = opt(None, "disaggregated: join this Ray cluster instead of starting one")
+    ray_address: str | None = opt(None, "join this Ray cluster instead of starting one (--dp > 1 or "
+                                  "disaggregated)")  # fmt: skip
+    dp: int = opt(1, "data-parallel actor ranks: Ray workers joined in one torch.distributed group (gloo on CPU, "
+                  "NCCL on GPU), one core or one GPU each; 1: the actor in this process")  # fmt: skip
+    check_ranks: bool = opt(False, "debug: after every step check that all ranks hold the same weights (a digest)")
 
     def __post_init__(self) -> None:
         check_positive("steps", self.steps)
+        check_positive("dp", self.dp)
         if self.schedule.policy == "async":
             raise ValueError("policy async runs in the simulator only (python -m oppo.sim), not in the executor")
         if self.placement not in PLACEMENTS:

@@ -14,18 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from oppo.exec.config import ModelConfig
 from oppo.exec.tiny import prepared_checkpoints
 
 
+ROLES = ("actor", "reference", "critic", "reward")
+
+
 @dataclass
 class Roles:
-    actor: torch.nn.Module
-    reference: torch.nn.Module
-    critic: torch.nn.Module
-    reward: torch.nn.Module
+    """The models of one process (a role it does not hold is None) and the facts every process shares."""
+
+    actor: torch.nn.Module | None
+    reference: torch.nn.Module | None
+    critic: torch.nn.Module | None
+    reward: torch.nn.Module | None
     pad_id: int
     eos_id: int
     vocab_size: int
@@ -57,44 +62,52 @@ def role_paths(config: ModelConfig) -> dict[str, Path | str]:
     return {"actor": paths["actor"], "reward": paths["reward"], "critic": paths["reward"], "reference": paths["actor"]}
 
 
+def role_class(role: str) -> type:
+    """Causal LM (actor, reference) or 1-label sequence classifier (critic, reward)."""
+    return AutoModelForCausalLM if role in ("actor", "reference") else AutoModelForSequenceClassification
+
+
 def load_role(config: ModelConfig, role: str, device: torch.device | None = None) -> torch.nn.Module:
-    """One role's model from its folder: causal LM (actor, reference) or 1-label classifier (critic, reward)."""
+    """One role's model from its folder, trainable for the actor and the critic only."""
     device = device or resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    cls = AutoModelForCausalLM if role in ("actor", "reference") else AutoModelForSequenceClassification
-    model = cls.from_pretrained(role_paths(config)[role], dtype=dtype, attn_implementation="sdpa").to(device)
+    model = role_class(role).from_pretrained(role_paths(config)[role], dtype=dtype, attn_implementation="sdpa")
+    model = model.to(device)
     model.train(False)
     model.requires_grad_(role in ("actor", "critic"))
     return model
 
 
-def load_roles(config: ModelConfig) -> Roles:
-    """Load the four roles onto the configured device and dtype."""
-    device = resolve_device(config.device)
+def load_roles(config: ModelConfig, device: torch.device | None = None, which: tuple[str, ...] = ROLES) -> Roles:
+    """Load the roles in ``which`` onto ``device`` (default: the configured one) and the configured dtype."""
+    device = device or resolve_device(config.device)
     if config.threads:
         torch.set_num_threads(config.threads)
-    models = {role: load_role(config, role, device) for role in ("actor", "reference", "critic", "reward")}
-    actor = models["actor"]
-    return Roles(
-        **models,
-        pad_id=pad_id_of(actor),
-        eos_id=eos_id_of(actor),
-        vocab_size=actor.config.vocab_size,
-        device=device,
-        dtype=resolve_dtype(config.dtype, device),
-    )
+    models = {role: load_role(config, role, device) if role in which else None for role in ROLES}
+    pad_id, eos_id, vocab_size = token_ids(config)
+    return Roles(**models, pad_id=pad_id, eos_id=eos_id, vocab_size=vocab_size, device=device,
+                 dtype=resolve_dtype(config.dtype, device))  # fmt: skip
 
 
-def eos_id_of(model: torch.nn.Module) -> int:
-    eos_id = model.config.eos_token_id
-    return int(eos_id[0] if isinstance(eos_id, list) else eos_id)
+def token_ids(config: ModelConfig) -> tuple[int, int, int]:
+    """(padding id, EOS id, vocabulary size) of the actor, read from its config alone.
+
+    The padding id is the EOS id where the checkpoint names none: padded positions are always masked out, so any
+    id is correct, and one rule keeps every process padding alike."""
+    hf = AutoConfig.from_pretrained(role_paths(config)["actor"])
+    eos = hf.eos_token_id[0] if isinstance(hf.eos_token_id, list) else hf.eos_token_id
+    pad = hf.pad_token_id if hf.pad_token_id is not None else eos
+    return int(pad), int(eos), int(hf.vocab_size)
 
 
-def pad_id_of(model: torch.nn.Module) -> int:
-    """The padding id (the EOS id where the checkpoint names none). Padded positions are always masked out, so
-    any id is correct; one rule keeps every process padding alike."""
-    pad_id = model.config.pad_token_id
-    return int(pad_id) if pad_id is not None else eos_id_of(model)
+def role_parameters(config: ModelConfig) -> dict[str, int]:
+    """Parameters of each role's model, counted on the meta device (no weights loaded)."""
+    counts = {}
+    for role, path in role_paths(config).items():
+        with torch.device("meta"):
+            model = role_class(role).from_config(AutoConfig.from_pretrained(path))
+        counts[role] = sum(p.numel() for p in model.parameters())
+    return counts
 
 
 def backbone(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,30 +1,46 @@
-"""Disaggregated placement: scorer roles in Ray actors, each on its own device.
+"""Placement on Ray: the data-parallel actor group and scorer roles in their own workers.
 
-The driver process holds the actor (generation and training) and the critic's training; the roles named in
-``--remote-roles`` (default: the reward model) run in Ray actors with one GPU each (``num_gpus=1``) or, on CPU,
-one core each (``num_cpus=1``, torch limited to one thread). Chunks go to a remote scorer as asynchronous actor
-calls, executed in order while the driver decodes the next chunk: true concurrency, no polling. A remote critic
-receives the trained weights at every step start (recorded as ``sync``). Ray appears only in this module.
+``--dp N`` runs the actor, with its colocated reference and critic, as N Ray workers (:class:`RankWorker`, one
+GPU each, ``num_gpus=1``, or one core each on CPU) joined in one ``torch.distributed`` process group: NCCL on
+GPUs, gloo on CPU. Rank 0's weights are broadcast at the start (as DDP does); gradients are all-reduced every
+minibatch (:func:`oppo.exec.update.apply_gradients`). On a cluster (``--ray-address``) the ranks are spread over
+its nodes. The roles named in ``--remote-roles`` with ``--placement disaggregated`` (default: the reward model)
+run in :class:`ScorerWorker` s. Chunks go to remote workers as asynchronous actor calls, executed in order while
+the driver decodes the next chunk: true concurrency, no polling. A remote critic receives the trained weights at
+every step start (recorded as ``sync``). A worker that dies ends the run (:class:`WorkerDied`). Ray appears
+only in this module.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
+from datetime import timedelta
 
 import ray
 import torch
+import torch.distributed as dist
 
 from oppo.exec.config import ExecConfig
-from oppo.exec.models import Roles
-from oppo.exec.runner import Executor, device_name, local_scorers
+from oppo.exec.models import load_roles, resolve_device, token_ids
+from oppo.exec.rank import ActorRank
+from oppo.exec.runner import Executor, RunAborted, device_name, driver_roles, local_parts, rank_roles, scorer_roles
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
 from oppo.records import TraceRow
 
 
-class WorkerDied(RuntimeError):
+class WorkerDied(RunAborted):
     """A remote role's process ended; the run stops with the records written so far."""
+
+
+def _worker_device(label: str) -> tuple[torch.device, str]:
+    """The device Ray gave this worker (its first GPU, else the CPU) and its label in the records."""
+    gpu_ids = ray.get_gpu_ids()
+    if gpu_ids:
+        return torch.device("cuda", 0), f"cuda:{int(gpu_ids[0])}"
+    return resolve_device("cpu"), label
 
 
 @ray.remote
@@ -33,12 +49,10 @@ class ScorerWorker:
     clock (``t0``), so local and remote roles run the same code and record the same rows."""
 
     def __init__(self, model_config, roles: list[str], pad_id: int, t0: float, device_label: str, threads: int):
-        from oppo.exec.models import load_role, resolve_device
+        from oppo.exec.models import load_role
 
         torch.set_num_threads(threads)
-        gpu_ids = ray.get_gpu_ids()
-        device = torch.device("cuda", 0) if gpu_ids else resolve_device("cpu")
-        self.label = f"cuda:{int(gpu_ids[0])}" if gpu_ids else device_label
+        device, self.label = _worker_device(device_label)
         self.rec = Recorder(t0)  # the driver's clock zero: one time axis for every process
         self.scorers = {
             role: LocalScorer.for_role(role, load_role(model_config, role, device).requires_grad_(False), pad_id,
@@ -117,50 +131,155 @@ class RemoteScorer:
         for ref in sent:
             _get(ref, self.role)
 
-    def sync_weights(self, step, model) -> None:
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    def sync_weights(self, step, state: dict) -> None:
+        """Load ``state`` (the trained critic's weights) before this step's calls."""
         self._sent.append(self.worker.load_weights.remote(self.role, step, state))
 
     def collect(self) -> list[TraceRow]:
         return _get(self.worker.collect.remote(), self.role) if self.collects else []
 
 
-class DisaggregatedExecutor(Executor):
-    """The executor with ``remote_roles`` in Ray actors; the loop itself is :class:`Executor`'s."""
+@ray.remote
+class RankWorker:
+    """One rank of the data-parallel actor group: an :class:`ActorRank` in its own process, timed on the driver's
+    clock (``t0``)."""
 
-    def __init__(self, config: ExecConfig, roles: Roles, recorder, lengths=None):
-        """``config.remote_roles``: one entry per worker device; "reward+reference" puts two roles on one device;
-        ``config.ray_address``: an existing cluster to join (default: start a local one)."""
-        ray_address, remote_roles = config.ray_address, config.remote_roles
-        on_gpu = roles.device.type == "cuda"
-        if not ray.is_initialized():
-            env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
-            ray.init(address=ray_address, num_cpus=None if ray_address else max(2, len(remote_roles) + 1),
-                     include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                     runtime_env={"env_vars": env} if env else None)  # fmt: skip
-        self._owns_ray = ray_address is None
-        if not on_gpu:
-            torch.set_num_threads(1)  # one core for the driver: its own "device"
-        scorers = local_scorers(config, roles, recorder)
-        wall_t0 = recorder.t0  # the recorder's zero on the wall clock
-        groups = [[r for r in entry.split("+") if r in scorers] for entry in remote_roles]
-        for k, group in enumerate(g for g in groups if g):
-            options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
-            worker = ScorerWorker.options(**options).remote(config.model, group, roles.pad_id, wall_t0,
-                                                            f"cpu{k + 1}", 1)  # fmt: skip
-            for i, role in enumerate(group):
-                scorers[role] = RemoteScorer(role, worker, collects=i == 0)
-        for role, scorer in scorers.items():  # models loaded before the first step's clock starts
-            if isinstance(scorer, RemoteScorer) and scorer.collects:
-                label, pid = _get(scorer.worker.ready.remote(), role)
-                roles_there = "+".join(r for r, s in scorers.items() if getattr(s, "worker", None) is scorer.worker)
-                print(f"placement: {roles_there} on {label} (worker pid {pid})", file=sys.stderr)
-        super().__init__(config, roles, recorder, lengths, scorers)
-        self.device = device_name(roles.device)
+    def __init__(self, config: ExecConfig, rank: int, world: int, t0: float, label: str, colocated: tuple[str, ...]):
+        if not ray.get_gpu_ids():
+            torch.set_num_threads(1)  # one core per rank
+        device, self.label = _worker_device(label)
+        self.index, self.world, self.backend = rank, world, "nccl" if device.type == "cuda" else "gloo"
+        torch.manual_seed(config.seed)  # a head the checkpoint lacks starts alike everywhere (and is broadcast)
+        roles = load_roles(config.model, device, which=("actor", "reference", "critic"))
+        self.rec = Recorder(t0)
+        self.rank = ActorRank(config, roles, self.rec, self.label, colocated)
+
+    def ready(self) -> tuple[str, int, str]:
+        """The device label, the worker's process id (shown to the user, used to stop it) and its node."""
+        return self.label, os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """An address and a free port on this node for the process group's store (asked of rank 0)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def join(self, address: str, port: int) -> None:
+        """Join the process group, then take rank 0's weights (as DDP does at construction)."""
+        dist.init_process_group(self.backend, init_method=f"tcp://{address}:{port}", rank=self.index,
+                                world_size=self.world, timeout=timedelta(minutes=10))  # fmt: skip
+        with torch.no_grad():
+            for model in (self.rank.roles.actor, self.rank.roles.critic):
+                for p in model.parameters():
+                    dist.broadcast(p.data, src=0)
+
+    def call(self, method: str, *args):
+        return getattr(self.rank, method)(*args)
+
+    def collect(self) -> list[TraceRow]:
+        rows, self.rec.rows = self.rec.rows, []
+        return rows
+
+
+class RayGroup:
+    """The actor group as Ray workers: the methods of :class:`~oppo.exec.rank.LocalGroup`, run on all ranks at
+    once (calls to one worker run in the order they were made)."""
+
+    def __init__(self, config: ExecConfig, t0: float, on_gpu: bool, colocated: tuple[str, ...]) -> None:
+        self.size = config.dp
+        options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
+        if config.ray_address:
+            options["scheduling_strategy"] = "SPREAD"  # over the cluster's nodes
+        self.workers = [RankWorker.options(**options).remote(config, r, self.size, t0, f"cpu{r}", colocated)
+                        for r in range(self.size)]  # fmt: skip
+        self._sent: list = []
+        ready = self._all([w.ready.remote() for w in self.workers])  # models loaded before the clock starts
+        self.labels = [label for label, _, _ in ready]
+        for r, (label, pid, node) in enumerate(ready):
+            print(f"placement: actor rank {r} on {label} (worker pid {pid}, node {node[:8]})", file=sys.stderr)
+        address, port = self._all([self.workers[0].rendezvous.remote()])[0]
+        self._all([w.join.remote(address, port) for w in self.workers])
+
+    def call(self, method: str, args: list[tuple]) -> list:
+        return self._all([w.call.remote(method, *a) for w, a in zip(self.workers, args)])
+
+    def send(self, method: str, args: list[tuple]) -> None:
+        self._sent += [w.call.remote(method, *a) for w, a in zip(self.workers, args)]
+
+    def collect(self) -> list[TraceRow]:
+        sent, self._sent = self._sent, []
+        self._all(sent)
+        return [row for rows in self._all([w.collect.remote() for w in self.workers]) for row in rows]
 
     def close(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+
+    def _all(self, refs: list):
+        try:
+            return ray.get(refs)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as err:
+            raise WorkerDied(f"an actor rank's worker died: {type(err).__name__}") from None
+
+
+class RayExecutor(Executor):
+    """The executor with its actor group (``--dp``) and/or remote scorer roles (``--placement disaggregated``)
+    in Ray workers; the loop itself is :class:`Executor`'s."""
+
+    def __init__(self, config: ExecConfig, recorder: Recorder, lengths=None):
+        """``config.remote_roles``: one entry per worker device; "reward+reference" puts two roles on one device;
+        ``config.ray_address``: an existing cluster to join (default: start a local one)."""
+        device, ids = resolve_device(config.model.device), token_ids(config.model)
+        on_gpu = device.type == "cuda"
+        entries = config.remote_roles if config.placement == "disaggregated" else ()
+        remote = [[r for r in entry.split("+") if r in scorer_roles(config)] for entry in entries]
+        remote = [names for names in remote if names]
+        self._owns_ray = _start_ray(config, on_gpu, len(remote))
+        if not on_gpu:
+            torch.set_num_threads(1)  # one core for the driver: its own "device"
+        elsewhere = tuple(r for names in remote for r in names)
+        if config.dp > 1:
+            group = RayGroup(config, recorder.t0, on_gpu, rank_roles(config, elsewhere))
+            roles = load_roles(config.model, device, which=driver_roles(config, elsewhere))
+            label = device_name(device) if on_gpu else f"cpu{config.dp}"  # the driver's own device
+            scorers = {role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
+                       for role in driver_roles(config, elsewhere)}  # fmt: skip
+        else:
+            group, scorers = local_parts(config, load_roles(config.model, device), recorder, elsewhere)
+        first = config.dp + (config.dp > 1)  # the scorer workers' device labels follow the ranks' and the driver's
+        for k, names in enumerate(remote):
+            options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
+            worker = ScorerWorker.options(**options).remote(config.model, names, ids[0], recorder.t0,
+                                                            f"cpu{first + k}", 1)  # fmt: skip
+            for i, role in enumerate(names):
+                scorers[role] = RemoteScorer(role, worker, collects=i == 0)
+            label, pid = _get(worker.ready.remote(), names[0])  # models loaded before the first step's clock
+            print(f"placement: {'+'.join(names)} on {label} (worker pid {pid})", file=sys.stderr)
+        super().__init__(config, group, scorers, recorder, ids, lengths)
+
+    def close(self) -> None:
+        self.group.close()
         for scorer in self.scorers.values():
             if isinstance(scorer, RemoteScorer) and scorer.collects:
                 ray.kill(scorer.worker)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int) -> bool:
+    """Start a local Ray (or join ``config.ray_address``) with room for the run's workers; True if it was started
+    here. Too few GPUs or cores for the workers is an error, not a wait."""
+    if ray.is_initialized():
+        return False
+    workers = (config.dp if config.dp > 1 else 0) + scorer_workers
+    env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
+    ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, workers + 1),
+             include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             runtime_env={"env_vars": env} if env else None)  # fmt: skip
+    resource = "GPU" if on_gpu else "CPU"
+    have = ray.cluster_resources().get(resource, 0)
+    if have < workers:
+        ray.shutdown()
+        raise ValueError(f"the run needs {workers} {resource}s for its workers (--dp, --remote-roles); the Ray "
+                         f"cluster has {have:g}")  # fmt: skip
+    return config.ray_address is None

@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, total: float | None = None) -> torch.Tensor:
+    """Mean over the masked entries. ``total``: the count to divide by instead of ``mask.sum()``: a data-parallel
+    rank divides its share of a minibatch by the whole minibatch's count, so the ranks' losses sum to the mean."""
+    return (x * mask).sum() / (mask.sum().clamp(min=1) if total is None else max(total, 1.0))
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -64,22 +66,32 @@ def gae(
 
 
 def policy_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    total: float | None = None,  # the denominator of the token mean (see masked_mean)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped surrogate loss (to minimise) and the fraction of clipped positions."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - clip, 1 + clip)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    return loss, masked_mean((clipped > unclipped).float(), mask)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask, total)
+    return loss, masked_mean((clipped > unclipped).float(), mask, total)
 
 
 def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    total: float | None = None,  # the denominator of the token mean (see masked_mean)
 ) -> torch.Tensor:
     """Clipped value loss: 0.5 * max((v - R)^2, (clip(v, old ± clip) - R)^2)."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
-    return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask)
+    return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask, total)
 
 
 def group_advantages(score: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -93,8 +105,10 @@ def group_advantages(score: torch.Tensor, group_ids: torch.Tensor, eps: float = 
     return (score - mean[group]) / (var.sqrt()[group] + eps)
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def kl_k3(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, total: float | None = None
+) -> torch.Tensor:
     """The k3 estimator of KL(pi || ref) per token, exp(d) - d - 1 with d = ref_logp - logp (>= 0, unbiased):
     the KL term of the GRPO loss. Masked mean, a scalar."""
     d = ref_logprobs - logprobs
-    return masked_mean(torch.exp(d) - d - 1, mask)
+    return masked_mean(torch.exp(d) - d - 1, mask, total)

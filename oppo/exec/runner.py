@@ -1,7 +1,10 @@
-"""The executor: runs the scheduler's plans with real models, one PPO step at a time (colocated, one process).
+"""The executor: runs the scheduler's plans with real models, one PPO step at a time.
 
-A step reads top to bottom: 1. admit prompts, 2. streamed scorers take the sequences in flight, 3. generate in
-rounds (streaming each round's tokens), 4. score the trained sequences, 5. PPO update, 6. close the step.
+A step reads top to bottom: 1. admit prompts and deal them to the actor group's ranks, 2. streamed scorers take
+the sequences in flight, 3. generate in rounds (streaming each round's tokens), 4. score the trained sequences,
+5. PPO update, 6. close the step. The driver keeps the scheduling core, the sequences' tokens and the scorers it
+holds (the reward model, and roles in their own workers); the actor group (:mod:`oppo.exec.rank`) decodes,
+scores with the actor and its colocated roles, and trains.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ import torch
 
 from oppo.exec import task
 from oppo.exec.config import ExecConfig
-from oppo.exec.generation import ChunkedDecoder
 from oppo.exec.models import Roles, load_prompts
-from oppo.exec.scoring import LocalScorer, score_once
+from oppo.exec.rank import ActorRank, LocalGroup
+from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
-from oppo.exec.update import Learner
+from oppo.exec.update import deal, minibatches, step_batch
 from oppo.lengths import LengthTrace
 from oppo.scheduler import Scheduler, StepOutcome
+
+
+class RunAborted(RuntimeError):
+    """The run cannot go on (a worker died, ranks diverged); it stops with the records written so far."""
 
 
 @dataclass
@@ -45,54 +52,70 @@ class StepMetrics:
 
 
 class Executor:
-    def __init__(self, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None,
-                 scorers: dict | None = None):  # fmt: skip
-        """``scorers``: a handle per scorer role (local or remote, same methods); default: all local."""
-        self.config, self.roles, self.rec, self.lengths = config, roles, recorder, lengths
+    def __init__(self, config: ExecConfig, group, scorers: dict, recorder: Recorder, token_ids: tuple[int, int, int],
+                 lengths: LengthTrace | None = None):  # fmt: skip
+        """``group``: the actor group (:class:`~oppo.exec.rank.LocalGroup` or a Ray group, same methods);
+        ``scorers``: a handle per scorer role the driver holds (local or remote, same methods); ``token_ids``:
+        (padding id, EOS id, vocabulary size)."""
+        self.config, self.group, self.scorers, self.rec, self.lengths = config, group, scorers, recorder, lengths
+        self.pad_id, _, self.vocab_size = token_ids
         self.scheduler = Scheduler(config.schedule)
         self.data: dict[int, SeqData] = {}
-        self.device = device_name(roles.device)
-        self.learner = Learner(config, roles, recorder, self.device)
-        self.scorers = scorers if scorers is not None else local_scorers(config, roles, recorder)
-        streamed = config.schedule.streamed_scorers if config.schedule.streaming else ()
-        self.streamed = {role: handle for role, handle in self.scorers.items() if role in streamed}
+        self.rank_of: dict[int, int] = {}  # the rank holding each sequence in flight (and its scorer caches)
+        self.streamed_roles = config.schedule.streamed_scorers if config.schedule.streaming else ()
+        self.streamed = {role: handle for role, handle in scorers.items() if role in self.streamed_roles}
         self.prompts = load_prompts(config) if config.task.prompts else None  # token ids per line
+
+    @classmethod
+    def colocated(cls, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None):
+        """Every role in this process, on ``roles.device``."""
+        group, scorers = local_parts(config, roles, recorder)
+        return cls(config, group, scorers, recorder, (roles.pad_id, roles.eos_id, roles.vocab_size), lengths)
 
     def _seed(self, *parts: int) -> int:
         return derived_seed(self.config.seed, *parts)
 
     # -- one step ---------------------------------------------------------------------------------------
     def step(self) -> tuple[StepOutcome, StepMetrics]:
-        rec, sched = self.rec, self.scheduler
+        rec, sched, group = self.rec, self.scheduler, self.group
         plan = sched.plan_step(rec.now())
-        # 1. admit the new prompts
+        # 1. admit the new prompts and deal every sequence in flight to a rank
         for seq_id in plan.new:
             self.data[seq_id] = self._new_sequence(seq_id)
         for seq_id in plan.restarted:  # tailbatch: an aborted sample is generated again from its prompt
             self.data[seq_id].response = []
-        contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
-        # 2. scorers get this step's critic; streamed ones take every sequence in flight (carried ones keep a
-        #    frozen scorer's cache)
+        self._deal(plan)
+        # 2. a critic scoring elsewhere gets this step's weights; streamed scorers take every sequence in flight
+        #    (carried ones keep a frozen scorer's cache)
         if "critic" in self.scorers:
-            self.scorers["critic"].sync_weights(plan.step, self.roles.critic)
+            self.scorers["critic"].sync_weights(plan.step, group.call("critic_state", [()] * group.size)[0])
+        contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
         for scorer in self.streamed.values():
             scorer.begin(plan.step, contexts)
+        group.call("begin", [(plan.step, self._mine(r, contexts), self._decoding(r, plan), self.streamed_roles)
+                             for r in range(group.size)])  # fmt: skip
         # 3. generation in rounds; every complete chunk is streamed to the scorers
         self._generate(plan)
         # 4. score the trained sequences
         trained = sched.select()
         scores = self._score(plan.step, trained)
         # 5. PPO update
-        losses = self.learner.train(plan.step, trained, self.data, scores, self._seed(4, plan.step))
+        losses = self._train(plan.step, trained, scores)
         # 6. close the step
         outcome = sched.close_step(rec.now(), scores["mean_reward"])
+        carried = list(outcome.carried)
+        group.send("end", [(carried,)] * group.size)
         for scorer in self.scorers.values():
-            scorer.end(list(outcome.carried))
+            scorer.end(carried)
             for row in scorer.collect():
                 rec.add(row)
+        for row in group.collect():
+            rec.add(row)
+        if self.config.check_ranks:
+            self._check_ranks(plan.step)
         for t in outcome.trained:
             if t.finished:
-                del self.data[t.seq_id]
+                del self.data[t.seq_id], self.rank_of[t.seq_id]
         return outcome, StepMetrics(plan.step, scores["mean_reward"], scores["rule_score"], scores["kl"], *losses,
                                     response_len=float(np.mean([t.response_tokens for t in trained])))  # fmt: skip
 
@@ -102,65 +125,94 @@ class Executor:
             prompt = self.prompts[group % len(self.prompts)]
         else:
             g = torch.Generator().manual_seed(self._seed(1, group))
-            prompt = task.random_prompts(g, 1, self.config.task.prompt_tokens, self.roles.vocab_size)[0]
+            prompt = task.random_prompts(g, 1, self.config.task.prompt_tokens, self.vocab_size)[0]
         forced = None
         if self.lengths is not None:
             forced = forced_length(self.lengths, self.config.seed, seq_id, self.config.schedule.max_new_tokens)
         return SeqData(prompt=prompt, forced_length=forced)
 
+    def _deal(self, plan) -> None:
+        """Sequences new to the group go to the rank with the least expected work (the tokens it will prefill
+        plus the most it may decode this step, longest first); carried ones stay where their caches are."""
+        work = {i: len(self.data[i].tokens) + plan.budgets.get(i, 0) for i in plan.active}
+        load = [0] * self.group.size
+        for i in plan.active:
+            if i in self.rank_of:
+                load[self.rank_of[i]] += work[i]
+        for i in sorted((i for i in plan.active if i not in self.rank_of), key=lambda i: -work[i]):
+            self.rank_of[i] = min(range(self.group.size), key=load.__getitem__)
+            load[self.rank_of[i]] += work[i]
+
+    def _mine(self, rank: int, rows: list[tuple]) -> list[tuple]:
+        """The rows (seq id first) of sequences dealt to ``rank``."""
+        return [row for row in rows if self.rank_of[row[0]] == rank]
+
+    def _decoding(self, rank: int, plan) -> list[tuple]:
+        """What ``rank`` decodes this step: (seq id, budget, sampling key, forced length, response tokens)."""
+        return [(i, plan.budgets[i], self._seed(3, i), self.data[i].forced_length, len(self.data[i].response))
+                for i in plan.active if i in plan.budgets and self.rank_of[i] == rank]  # fmt: skip
+
     def _generate(self, plan) -> None:
-        rec, sched = self.rec, self.scheduler
-        rows = [i for i in plan.active if i in plan.budgets]
-        if not rows:
+        rec, sched, group = self.rec, self.scheduler, self.group
+        if not any(i in plan.budgets for i in plan.active):
             return
-        with rec.op(plan.step, self.device, "actor", "prefill", batch=len(rows)) as info:
-            contexts = [self.data[i].tokens for i in rows]
-            info["tokens"] = len(rows) * max(map(len, contexts))  # left-padded: every row computes the width
-            decoder = ChunkedDecoder(
-                self.roles.actor, contexts, [plan.budgets[i] for i in rows], self.roles.eos_id, self.roles.pad_id,
-                [self._seed(3, i) for i in rows],  # sampling keyed by sequence: independent of the batch
-                self.config.ppo.temperature, [self.data[i].forced_length for i in rows],
-                [len(self.data[i].response) for i in rows],
-            )  # fmt: skip
         unstreamed: dict[int, list[int]] = {}  # tokens decoded since the last streamed chunk
         while not sched.generation_done:
             n = sched.next_round_tokens()
-            with rec.op(plan.step, self.device, "actor", "decode") as info:
-                # every row of the batch is computed each iteration, stopped ones too (as in HF generate):
-                # tokens processed = iterations x rows; context = cached positions of all rows at the start
-                info["batch"], info["context"] = len(rows), decoder.width * len(rows) + decoder.iterations * len(rows)
-                before = decoder.iterations
-                finished, chunk = decoder.decode(n)
-                info["tokens"] = (decoder.iterations - before) * len(rows)
-            new = {rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
-            for seq_id, tokens in new.items():
-                self.data[seq_id].response.extend(tokens)
-                unstreamed.setdefault(seq_id, []).extend(tokens)
-            sched.report_round(rec.now(), n, {rows[r]: k for r, k in finished.items()})
+            finished: dict[int, int] = {}
+            for done, new in group.call("decode", [(plan.step, n)] * group.size):  # all ranks decode the round
+                finished |= done
+                for seq_id, tokens in new.items():
+                    self.data[seq_id].response.extend(tokens)
+                    unstreamed.setdefault(seq_id, []).extend(tokens)
+            sched.report_round(rec.now(), n, finished)  # over-commit stops every rank at the same check
             if sched.stream_now:
+                group.send("stream", [(plan.step,)] * group.size)  # ranks feed their own scorers
                 for scorer in self.streamed.values():
                     scorer.feed(plan.step, unstreamed)  # a remote scorer prefills while the next rounds decode
                 unstreamed = {}
 
     def _score(self, step: int, trained) -> dict:
         """Old log-probs (current policy), reference log-probs, values and scores of the trained sequences.
-        Scorer roles are asked first, so remote ones work while the actor recomputes its log-probs here."""
+        The driver's scorers are asked first, so remote ones work while the ranks score theirs."""
         seqs = [(t.seq_id, self.data[t.seq_id].tokens, len(self.data[t.seq_id].prompt)) for t in trained]
         ids = [t.seq_id for t in trained]
-        pending = {}
-        for role, scorer in self.scorers.items():
-            pending[role] = scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)
-        with self.rec.op(step, self.device, "actor", "score", batch=len(seqs), tokens=sum(len(s[1]) for s in seqs)):
-            out = {"actor": score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id)}
-        out |= {role: [t.to(self.roles.device) for t in p.get()] for role, p in pending.items()}
+        pending = {role: scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)
+                   for role, scorer in self.scorers.items()}  # fmt: skip
+        by_id: dict[str, dict[int, torch.Tensor]] = {}
+        shares = [self._mine(r, seqs) for r in range(self.group.size)]
+        for share, outputs in zip(shares, self.group.call("score", [(step, share) for share in shares])):
+            for role, tensors in outputs.items():
+                by_id.setdefault(role, {}).update(zip((s[0] for s in share), tensors))
+        out = {role: [rows[i] for i in ids] for role, rows in by_id.items()}
+        out |= {role: [t.cpu() for t in p.get()] for role, p in pending.items()}
         rule = task.rule_score([self.data[i].response for i in ids])
-        score = torch.stack(out["reward"]).float().cpu() if "reward" in out else rule
+        score = torch.stack(out["reward"]).float() if "reward" in out else rule
         finished = torch.tensor([t.finished for t in trained])
         shown = score[finished] if finished.any() else score
         kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
         return {"old_logprobs": out["actor"], "ref_logprobs": out["reference"], "values": out.get("critic"),
                 "score": score, "mean_reward": float(shown.mean()), "rule_score": float(rule.mean()),
                 "kl": float(kl.mean())}  # fmt: skip
+
+    def _train(self, step: int, trained, scores: dict) -> tuple[float, float]:
+        """``epochs`` x ``minibatches`` synchronous data-parallel steps; the mean (policy, value) loss."""
+        batch = step_batch(self.config, trained, self.data, scores, self.pad_id)
+        losses = []
+        for mb in minibatches(len(trained), self.config.ppo, self._seed(4, step)):
+            totals = {k: float(batch[k][mb].sum()) for k in ("mask", "value_mask") if k in batch}
+            shares = deal(mb, batch["attn"][mb].sum(1), self.group.size)
+            parts = [(step, {k: v[share] for k, v in batch.items()}, totals) for share in shares]
+            losses.append(np.sum(self.group.call("train", parts), axis=0))  # each rank's terms of the loss
+        return tuple(float(x) for x in np.mean(losses, axis=0))
+
+    def _check_ranks(self, step: int) -> None:
+        digests = self.group.call("digest", [()] * self.group.size)
+        if len(set(digests)) > 1:
+            raise RunAborted(f"step {step}: the ranks' weights differ (digests {', '.join(digests)})")
+
+    def close(self) -> None:
+        self.group.close()
 
 
 def derived_seed(seed: int, *parts: int) -> int:
@@ -178,9 +230,26 @@ def device_name(device: torch.device) -> str:
     return "cpu0" if device.type == "cpu" else f"cuda:{device.index or 0}"
 
 
-def local_scorers(config: ExecConfig, roles: Roles, recorder: Recorder) -> dict:
-    """Scorer roles in this process: reference, the critic (PPO), and the reward model unless it is a rule."""
+def local_parts(config: ExecConfig, roles: Roles, recorder: Recorder, remote: tuple[str, ...] = ()):
+    """The actor group as one rank in this process, and the driver's scorers, leaving out the ``remote`` roles."""
+    label = device_name(roles.device)
+    rank = ActorRank(config, roles, recorder, label, rank_roles(config, remote))
+    scorers = {role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
+               for role in driver_roles(config, remote)}  # fmt: skip
+    return LocalGroup(rank), scorers
+
+
+def scorer_roles(config: ExecConfig) -> list[str]:
+    """Scorer roles of a run: reference, the critic (PPO), and the reward model unless it is a rule."""
     names = ["reference"] + (["critic"] if config.schedule.algo == "ppo" else [])
-    names += ["reward"] if config.task.reward_kind == "learned" else []
-    device = device_name(roles.device)
-    return {role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, device) for role in names}
+    return names + (["reward"] if config.task.reward_kind == "learned" else [])
+
+
+def rank_roles(config: ExecConfig, remote: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Scorer roles colocated with the actor on each rank: reference and critic, unless they run elsewhere."""
+    return tuple(r for r in scorer_roles(config) if r in ("reference", "critic") and r not in remote)
+
+
+def driver_roles(config: ExecConfig, remote: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Scorer roles in the driver process: the reward model, unless it runs elsewhere."""
+    return tuple(r for r in scorer_roles(config) if r == "reward" and r not in remote)

@@ -221,9 +221,6 @@ class LocalScorer:
     def end(self, carried: list[int]) -> None:
         self.streamer.end(carried)
 
-    def sync_weights(self, step: int, model) -> None:
-        """Nothing to do: a local role shares the trained module."""
-
     def collect(self) -> list:
         """Trace rows recorded elsewhere (none: local rows go straight to the recorder)."""
         return []

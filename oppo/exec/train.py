@@ -76,21 +76,20 @@ def train(config: ExecConfig, out: Path) -> int:
     from transformers.utils import logging as hf_logging
 
     from oppo.exec.models import load_roles
-    from oppo.exec.runner import Executor
+    from oppo.exec.runner import Executor, RunAborted
     from oppo.exec.timing import Recorder
 
     hf_logging.disable_progress_bar()
     torch.manual_seed(config.seed)
     start = time.perf_counter()
-    roles = load_roles(config.model)
     recorder = Recorder()
-    if config.placement == "disaggregated":
-        from oppo.exec.placement import DisaggregatedExecutor, WorkerDied
+    if config.placement == "disaggregated" or config.dp > 1:
+        from oppo.exec.placement import RayExecutor
 
-        executor = DisaggregatedExecutor(config, roles, recorder, lengths)
+        executor = RayExecutor(config, recorder, lengths)
     else:
-        executor, WorkerDied = Executor(config, roles, recorder, lengths), ()
-    log = RunLog(out, config, *stage_costs(roles))
+        executor = Executor.colocated(config, load_roles(config.model), recorder, lengths)
+    log = RunLog(out, config, *stage_costs(config))
     code = 0
     try:
         with tqdm(total=config.steps, desc=config.schedule.policy, unit="step", disable=None) as bar:
@@ -104,12 +103,11 @@ def train(config: ExecConfig, out: Path) -> int:
     except KeyboardInterrupt:
         print(f"interrupted after {len(log.steps)} steps: records so far kept in {out}", file=sys.stderr)
         code = 130
-    except WorkerDied as err:
+    except RunAborted as err:
         print(f"error: {err}; records of {len(log.steps)} steps kept in {out}", file=sys.stderr)
         code = 1
     finally:
-        if hasattr(executor, "close"):
-            executor.close()
+        executor.close()
     summary = log.write(recorder.rows, time.perf_counter() - start, final=True)
     print(
         f"{config.schedule.policy}: {summary['steps']} steps, mean step {summary['mean_step_s']:.3f} s, "
@@ -159,18 +157,19 @@ class RunLog:
         return summary
 
 
-def stage_costs(roles) -> tuple[dict[str, float], float | None]:
+def stage_costs(config: ExecConfig) -> tuple[dict[str, float], float | None]:
     """Forward FLOPs per token of each role (2 x its parameters) and the device's datasheet peak FLOP/s (None on
     a CPU or an unknown GPU: MFU is then not reported)."""
     import torch
 
+    from oppo.exec.models import resolve_device, role_parameters
     from oppo.gpus import gpu_by_device_name
 
-    flops = {role: 2.0 * sum(p.numel() for p in getattr(roles, role).parameters())
-             for role in ("actor", "reference", "critic", "reward")}  # fmt: skip
-    if roles.device.type != "cuda":
+    flops = {role: 2.0 * n for role, n in role_parameters(config.model).items()}
+    device = resolve_device(config.model.device)
+    if device.type != "cuda":
         return flops, None
-    gpu = gpu_by_device_name(torch.cuda.get_device_name(roles.device))
+    gpu = gpu_by_device_name(torch.cuda.get_device_name(device))
     return flops, gpu.peak_flops if gpu else None
 
 

@@ -1,15 +1,21 @@
 """The update of a step: PPO (actor and critic, GAE) or GRPO (actor only, group-relative advantages, KL loss).
 
-:class:`Learner` owns the optimizers; the targets are computed once per step from the scores, then ``epochs`` x
-``minibatches`` updates run over the trained sequences. Math in :mod:`oppo.exec.ppo`.
+The driver turns the step's trained sequences into one batch with its targets (:func:`step_batch`, whitening
+and group statistics over the whole batch), cuts ``epochs`` x ``minibatches`` minibatches and deals each one's
+rows to the data-parallel ranks (:func:`deal`). Each rank's :class:`Learner` takes its share: the loss is divided
+by the minibatch's token count over all ranks and the gradients are summed over the ranks (all-reduce), so N
+ranks take exactly the step one rank takes alone. Math in :mod:`oppo.exec.ppo`.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+import hashlib
 
-from oppo.exec.config import ExecConfig
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from oppo.exec.config import ExecConfig, PPOConfig
 from oppo.exec.models import Roles
 from oppo.exec.ppo import (
     gae,
@@ -24,95 +30,136 @@ from oppo.exec.timing import Recorder
 
 
 class Learner:
+    """One rank's optimizers and its share of each minibatch step."""
+
     def __init__(self, config: ExecConfig, roles: Roles, recorder: Recorder, device: str) -> None:
         self.config, self.roles, self.rec, self.device = config, roles, recorder, device
         self.grpo = config.schedule.algo == "grpo"  # no critic: group-relative advantages, KL in the loss
         self.actor_opt = torch.optim.Adam(roles.actor.parameters(), lr=config.ppo.lr)
         self.critic_opt = None if self.grpo else torch.optim.Adam(roles.critic.parameters(), lr=config.ppo.critic_lr)
 
-    def train(self, step: int, trained, data, scores: dict, seed: int) -> tuple[float, float]:
-        """``epochs`` x ``minibatches`` updates; returns the mean (policy loss, value loss). ``data``: seq id ->
-        its tokens (``prompt``, ``response``); ``scores``: the step's scores (:meth:`Executor._score`)."""
-        cfg, roles = self.config.ppo, self.roles
-        truncated = self.config.schedule.truncated
-        batch = padded_batch(trained, data, roles.pad_id, cfg.tppo_drop_tokens, truncated)
-        batch = {k: v.to(roles.device) for k, v in batch.items()}
-        batch |= (
-            self.grpo_targets(trained, scores, batch["mask"])
-            if self.grpo
-            else self.ppo_targets(trained, scores, batch["mask"])
-        )
-        g = torch.Generator().manual_seed(seed)
-        losses = []
-        for _ in range(cfg.epochs):
-            for mb in torch.randperm(len(trained), generator=g).chunk(cfg.minibatches):
-                mb = mb.to(roles.device)
-                tokens = int(batch["attn"][mb].sum())
-                with self.rec.op(step, self.device, "actor", "train_actor", batch=len(mb), tokens=tokens):
-                    p_loss = self._actor_step(batch, mb)
-                v_loss = 0.0
-                if not self.grpo:
-                    with self.rec.op(step, self.device, "critic", "train_critic", batch=len(mb), tokens=tokens):
-                        v_loss = self._critic_step(batch, mb)
-                losses.append((p_loss, v_loss))
-        return tuple(float(x) for x in np.mean(losses, axis=0))
+    def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, float]:
+        """One minibatch step. ``part``: this rank's rows of the minibatch (:func:`step_batch` tensors, maybe no
+        rows); ``totals``: the minibatch's token counts over all ranks (``mask``, ``value_mask``), the loss
+        denominators. Returns this rank's terms of the (policy, value) losses: the ranks' terms sum to the loss."""
+        part = {k: v.to(self.roles.device) for k, v in part.items()}
+        rows, tokens = part["ids"].shape[0], int(part["attn"].sum())
+        with self.rec.op(step, self.device, "actor", "train_actor", batch=rows, tokens=tokens):
+            p_loss = self._actor_step(part, totals["mask"])
+        v_loss = 0.0
+        if not self.grpo:
+            with self.rec.op(step, self.device, "critic", "train_critic", batch=rows, tokens=tokens):
+                v_loss = self._critic_step(part, totals["value_mask"])
+        return p_loss, v_loss
 
-    def _actor_step(self, batch: dict, mb: torch.Tensor) -> float:
+    def _actor_step(self, part: dict, total: float) -> float:
         cfg, actor = self.config.ppo, self.roles.actor
-        logits = actor(input_ids=batch["ids"][mb], attention_mask=batch["attn"][mb]).logits  # (b, L, V)
-        logp = gather_logprobs(logits.to(batch["adv"].dtype) / cfg.temperature, batch["pos"][mb], batch["targets"][mb])
-        mask = batch["mask"][mb]
-        loss, _ = policy_loss(logp, batch["old_lp"][mb], batch["adv"][mb], mask, cfg.clip)
-        if self.grpo:  # GRPO keeps the policy near the reference through a loss term, not the reward
-            loss = loss + cfg.kl_coef * kl_k3(logp, batch["ref_lp"][mb], mask)
-        optimizer_step(self.actor_opt, loss, actor, cfg.max_grad_norm)
-        return loss.item()
+        self.actor_opt.zero_grad()
+        loss = 0.0
+        if len(part["ids"]):
+            logits = actor(input_ids=part["ids"], attention_mask=part["attn"]).logits  # (b, L, V)
+            logp = gather_logprobs(logits.to(part["adv"].dtype) / cfg.temperature, part["pos"], part["targets"])
+            loss, _ = policy_loss(logp, part["old_lp"], part["adv"], part["mask"], cfg.clip, total)
+            if self.grpo:  # GRPO keeps the policy near the reference through a loss term, not the reward
+                loss = loss + cfg.kl_coef * kl_k3(logp, part["ref_lp"], part["mask"], total)
+            loss.backward()
+            loss = loss.item()
+        apply_gradients(self.actor_opt, actor, cfg.max_grad_norm)
+        return loss
 
-    def _critic_step(self, batch: dict, mb: torch.Tensor) -> float:
+    def _critic_step(self, part: dict, total: float) -> float:
         cfg, critic = self.config.ppo, self.roles.critic
-        hidden = critic.base_model(input_ids=batch["ids"][mb], attention_mask=batch["attn"][mb]).last_hidden_state
-        values = critic.score(hidden).squeeze(-1).to(batch["adv"].dtype).gather(1, batch["pos"][mb])  # (b, T)
-        loss = cfg.value_coef * value_loss(values, batch["old_values"][mb], batch["returns"][mb],
-                                           batch["value_mask"][mb], cfg.value_clip)  # fmt: skip
-        optimizer_step(self.critic_opt, loss, critic, cfg.max_grad_norm)
-        return loss.item()
-
-    def ppo_targets(self, trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Old log-probs, advantages (whitened), returns and loss masks, all (B, T) over response positions."""
-        cfg, device, truncated = self.config.ppo, self.roles.device, self.config.schedule.truncated
-        dtype = scores["values"][0].dtype
-        pad = lambda rows: pad_rows(rows, mask.shape[1]).to(device, dtype)  # noqa: E731
-        old_lp, ref_lp, old_values = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), pad(scores["values"])
-        mask = mask.to(dtype)
-        finished = torch.tensor([t.finished for t in trained], device=device)
-        capped = torch.tensor(
-            [t.response_tokens >= self.config.schedule.max_new_tokens for t in trained], device=device
-        )
-        scored = finished | (capped & (not truncated))  # T-PPO scores a sequence only once it has finished
-        rewards = kl_shaped_rewards(scores["score"].to(device, dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
-        adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~scored if truncated else None)  # EGAE
-        value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
-        return {"old_lp": old_lp, "old_values": old_values, "adv": masked_whiten(adv, mask), "returns": returns,
-                "mask": mask, "value_mask": value_mask}  # fmt: skip
-
-    def grpo_targets(self, trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Old and reference log-probs and the group-relative advantage of each sample on all its tokens."""
-        device = self.roles.device
-        dtype = scores["old_logprobs"][0].dtype
-        pad = lambda rows: pad_rows(rows, mask.shape[1]).to(device, dtype)  # noqa: E731
-        groups = torch.tensor([t.group_id for t in trained])
-        adv = group_advantages(scores["score"].to(dtype), groups).to(device)  # (B,)
-        mask = mask.to(dtype)
-        return {"old_lp": pad(scores["old_logprobs"]), "ref_lp": pad(scores["ref_logprobs"]),
-                "adv": adv[:, None] * mask, "mask": mask}  # fmt: skip
+        self.critic_opt.zero_grad()
+        loss = 0.0
+        if len(part["ids"]):
+            hidden = critic.base_model(input_ids=part["ids"], attention_mask=part["attn"]).last_hidden_state
+            values = critic.score(hidden).squeeze(-1).to(part["adv"].dtype).gather(1, part["pos"])  # (b, T)
+            loss = cfg.value_coef * value_loss(values, part["old_values"], part["returns"], part["value_mask"],
+                                               cfg.value_clip, total)  # fmt: skip
+            loss.backward()
+            loss = loss.item()
+        apply_gradients(self.critic_opt, critic, cfg.max_grad_norm)
+        return loss
 
 
-def optimizer_step(optimizer, loss: torch.Tensor, model: torch.nn.Module, max_norm: float) -> None:
-    optimizer.zero_grad()
-    if loss.requires_grad:
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+def apply_gradients(optimizer, model: torch.nn.Module, max_norm: float) -> None:
+    """Sum the gradients over the data-parallel ranks (one flat all-reduce per model: each rank's loss is already
+    divided by the global token count), then clip and step; every rank then holds the same weights."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]  # a rank with no rows
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        for p, summed in zip(params, _unflatten_dense_tensors(flat, grads)):
+            p.grad = summed
+    if any(p.grad is not None for p in params):
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
+
+
+def weights_digest(*models: torch.nn.Module) -> str:
+    """A digest of the models' parameters, bit for bit: equal on every rank after every data-parallel step."""
+    h = hashlib.sha256()
+    for model in models:
+        for p in model.parameters():
+            h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def step_batch(config: ExecConfig, trained, data, scores: dict, pad_id: int) -> dict[str, torch.Tensor]:
+    """The trained sequences as one right-padded batch (CPU) with their PPO or GRPO targets, computed over the
+    whole batch (advantage whitening, group statistics) whatever the number of ranks."""
+    truncated = config.schedule.truncated
+    batch = padded_batch(trained, data, pad_id, config.ppo.tppo_drop_tokens, truncated)
+    if config.schedule.algo == "grpo":
+        return batch | grpo_targets(trained, scores, batch["mask"])
+    return batch | ppo_targets(config, trained, scores, batch["mask"])
+
+
+def minibatches(n: int, ppo: PPOConfig, seed: int) -> list[torch.Tensor]:
+    """Row indices of each minibatch, ``epochs`` shuffles of ``n`` rows cut into ``minibatches`` pieces."""
+    g = torch.Generator().manual_seed(seed)
+    return [mb for _ in range(ppo.epochs) for mb in torch.randperm(n, generator=g).chunk(ppo.minibatches)]
+
+
+def deal(rows: torch.Tensor, tokens: torch.Tensor, ranks: int) -> list[torch.Tensor]:
+    """Split a minibatch's ``rows`` over ``ranks`` with balanced ``tokens`` (per row): longest first to the least
+    loaded rank. Each share keeps the minibatch's order. One rank takes the minibatch as it is."""
+    if ranks == 1:
+        return [rows]
+    load, owner = [0] * ranks, torch.empty(len(rows), dtype=torch.long)
+    for i in sorted(range(len(rows)), key=lambda i: -int(tokens[i])):  # stable: ties in minibatch order
+        owner[i] = min(range(ranks), key=load.__getitem__)
+        load[owner[i]] += int(tokens[i])
+    return [rows[owner == r] for r in range(ranks)]
+
+
+def ppo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Old log-probs, advantages (whitened), returns and loss masks, all (B, T) over response positions."""
+    cfg, truncated = config.ppo, config.schedule.truncated
+    dtype = scores["values"][0].dtype
+    pad = lambda rows: pad_rows(rows, mask.shape[1]).to(dtype)  # noqa: E731
+    old_lp, ref_lp, old_values = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), pad(scores["values"])
+    mask = mask.to(dtype)
+    finished = torch.tensor([t.finished for t in trained])
+    capped = torch.tensor([t.response_tokens >= config.schedule.max_new_tokens for t in trained])
+    scored = finished | (capped & (not truncated))  # T-PPO scores a sequence only once it has finished
+    rewards = kl_shaped_rewards(scores["score"].to(dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
+    adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~scored if truncated else None)  # EGAE
+    value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
+    return {"old_lp": old_lp, "old_values": old_values, "adv": masked_whiten(adv, mask), "returns": returns,
+            "mask": mask, "value_mask": value_mask}  # fmt: skip
+
+
+def grpo_targets(trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Old and reference log-probs and the group-relative advantage of each sample on all its tokens."""
+    dtype = scores["old_logprobs"][0].dtype
+    pad = lambda rows: pad_rows(rows, mask.shape[1]).to(dtype)  # noqa: E731
+    groups = torch.tensor([t.group_id for t in trained])
+    adv = group_advantages(scores["score"].to(dtype), groups)  # (B,)
+    mask = mask.to(dtype)
+    return {"old_lp": pad(scores["old_logprobs"]), "ref_lp": pad(scores["ref_logprobs"]),
+            "adv": adv[:, None] * mask, "mask": mask}  # fmt: skip
 
 
 def padded_batch(trained, data, pad_id: int, drop: int, truncated: bool) -> dict[str, torch.Tensor]:

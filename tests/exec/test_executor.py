@@ -19,7 +19,7 @@ def run(policy, steps=4, dtype="float64", **schedule):
         seed=7,
     )
     torch.manual_seed(config.seed)
-    executor = Executor(config, load_roles(config.model), Recorder())
+    executor = Executor.colocated(config, load_roles(config.model), Recorder())
     results = [executor.step() for _ in range(steps)]
     return executor, results
 
@@ -39,7 +39,7 @@ def test_intra_equals_sync_in_float64(chunk):
     ]
     assert [m.mean_reward for _, m in intra_steps] == pytest.approx([m.mean_reward for _, m in sync_steps], rel=1e-12)
     for role in ("actor", "critic"):
-        a, b = weights(getattr(sync.roles, role)), weights(getattr(intra.roles, role))
+        a, b = weights(getattr(sync.group.rank.roles, role)), weights(getattr(intra.group.rank.roles, role))
         assert a.dtype == b.dtype == torch.float64
         assert float((a - b).abs().max()) <= 1e-12 * float(a.abs().max()), role
 
@@ -91,18 +91,19 @@ def test_stored_config_roundtrips(tmp_path):
 
 
 def test_grpo_trains_exactly_the_groups_the_core_selected(monkeypatch):
-    from oppo.exec.update import Learner
+    from oppo.exec import runner
 
     seen = []
-    original = Learner.train
+    original = runner.step_batch
 
-    def spy(self, step, trained, data, scores, seed):
+    def spy(config, trained, data, scores, pad_id):
         seen.append(([t.seq_id for t in trained], [data[t.seq_id].prompt for t in trained]))
-        return original(self, step, trained, data, scores, seed)
+        return original(config, trained, data, scores, pad_id)
 
-    monkeypatch.setattr(Learner, "train", spy)
+    monkeypatch.setattr(runner, "step_batch", spy)
     executor, steps = run("oppo", steps=4, dtype="float32", algo="grpo", group_size=3, delta="2", check_tokens=2)
-    assert "critic" not in executor.scorers and executor.learner.critic_opt is None
+    rank = executor.group.rank
+    assert "critic" not in rank.scorers and rank.learner.critic_opt is None
     for (outcome, metrics), (ids, prompts) in zip(steps, seen):
         assert ids == [t.seq_id for t in outcome.trained]  # what the core selected, in its order
         groups = [t.group_id for t in outcome.trained]
@@ -123,18 +124,18 @@ def test_grpo_learns():
 def test_a_sequence_samples_the_same_tokens_whatever_the_batch(monkeypatch):
     """sync decodes B sequences, inter B+Δ: a sequence both train (finished) has the same response, because
     sampling is keyed by sequence, not by the batch's random stream."""
-    from oppo.exec.update import Learner
+    from oppo.exec import runner
 
     responses = {}
-    original = Learner.train
+    original = runner.step_batch
 
-    def spy(self, step, trained, data, scores, seed):
-        responses.setdefault(self.config.schedule.policy, {}).update(
+    def spy(config, trained, data, scores, pad_id):
+        responses.setdefault(config.schedule.policy, {}).update(
             {t.seq_id: list(data[t.seq_id].response) for t in trained if t.finished}
         )
-        return original(self, step, trained, data, scores, seed)
+        return original(config, trained, data, scores, pad_id)
 
-    monkeypatch.setattr(Learner, "train", spy)
+    monkeypatch.setattr(runner, "step_batch", spy)
     run("sync", steps=1)
     run("inter", steps=1, delta="3", check_tokens=2)
     both = set(responses["sync"]) & set(responses["inter"])

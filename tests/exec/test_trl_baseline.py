@@ -22,7 +22,7 @@ def test_two_trl_steps_and_two_oppo_steps():
     assert len(trl_steps) == 2
     assert all(s.step_s > 0 and np.isfinite(s.mean_reward) for s in trl_steps)
     assert all(s.response_tokens in range(4 * 5, 4 * 30 + 1) for s in trl_steps)  # forced lengths: 5, 9 or 30 each
-    executor = Executor(config, load_roles(config.model), Recorder(), lengths)
+    executor = Executor.colocated(config, load_roles(config.model), Recorder(), lengths)
     for _ in range(2):
         outcome, metrics = executor.step()
         assert len(outcome.trained) == 4 and np.isfinite(metrics.mean_reward)

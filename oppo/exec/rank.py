@@ -1,0 +1,129 @@
+"""One data-parallel rank of the actor group: the actor with its colocated scorer roles (reference, critic).
+
+The driver keeps the scheduling core and deals each step's sequences to the ranks. A rank decodes the rows dealt
+to it round by round, feeds their chunks to its own streamed scorers, scores its trained rows (old log-probs and
+the colocated scorers' outputs) and takes its share of every minibatch step (:class:`~oppo.exec.update.Learner`).
+The same class runs in the driver process (:class:`LocalGroup`, one rank) and in Ray workers
+(:class:`oppo.exec.placement.RayGroup`, N ranks joined by ``torch.distributed``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oppo.exec.config import ExecConfig
+from oppo.exec.generation import ChunkedDecoder
+from oppo.exec.models import Roles
+from oppo.exec.scoring import LocalScorer, score_once
+from oppo.exec.timing import Recorder
+from oppo.exec.update import Learner, weights_digest
+
+
+class ActorRank:
+    def __init__(self, config: ExecConfig, roles: Roles, recorder: Recorder, label: str, colocated: tuple[str, ...]):
+        """``label``: this rank's device in the records; ``colocated``: the scorer roles it holds."""
+        self.config, self.roles, self.rec, self.label = config, roles, recorder, label
+        self.learner = Learner(config, roles, recorder, label)
+        self.scorers = {role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, label)
+                        for role in colocated}  # fmt: skip
+        self.streamed: dict[str, LocalScorer] = {}
+        self.decoder: ChunkedDecoder | None = None
+        self.rows: list[int] = []  # sequence id of each decoder row
+        self.unstreamed: dict[int, list[int]] = {}  # tokens decoded since the last streamed chunk
+
+    def begin(self, step: int, contexts: list[tuple], decoding: list[tuple], streamed: tuple[str, ...]) -> None:
+        """Start a step. ``contexts``: (seq id, tokens, prompt length) of this rank's sequences in flight;
+        ``decoding``: (seq id, token budget, sampling key, forced length or None, response tokens so far) of
+        those that decode this step; ``streamed``: the scorer roles fed chunk by chunk."""
+        self.streamed = {role: s for role, s in self.scorers.items() if role in streamed}
+        for scorer in self.streamed.values():
+            scorer.begin(step, contexts)
+        self.rows, self.unstreamed, self.decoder = [row[0] for row in decoding], {}, None
+        if not decoding:
+            return
+        tokens = {seq_id: context for seq_id, context, _ in contexts}
+        rows = [tokens[seq_id] for seq_id in self.rows]
+        with self.rec.op(step, self.label, "actor", "prefill", batch=len(rows)) as info:
+            info["tokens"] = len(rows) * max(map(len, rows))  # left-padded: every row computes the width
+            budgets, keys, forced, done = ([row[k] for row in decoding] for k in range(1, 5))
+            self.decoder = ChunkedDecoder(self.roles.actor, rows, budgets, self.roles.eos_id, self.roles.pad_id,
+                                          keys, self.config.ppo.temperature, forced, done)  # fmt: skip
+
+    def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+        """Up to ``n`` iterations. Returns ({seq id: tokens decoded this round} of those that hit EOS, {seq id:
+        its new tokens})."""
+        decoder = self.decoder
+        if decoder is None:
+            return {}, {}
+        with self.rec.op(step, self.label, "actor", "decode") as info:
+            # every row of the batch is computed each iteration, stopped ones too (as in HF generate):
+            # tokens processed = iterations x rows; context = cached positions of all rows at the start
+            rows = len(self.rows)
+            info["batch"], info["context"] = rows, decoder.width * rows + decoder.iterations * rows
+            before = decoder.iterations
+            finished, chunk = decoder.decode(n)
+            info["tokens"] = (decoder.iterations - before) * rows
+        new = {self.rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
+        for seq_id, tokens in new.items():
+            self.unstreamed.setdefault(seq_id, []).extend(tokens)
+        return {self.rows[r]: k for r, k in finished.items()}, new
+
+    def stream(self, step: int) -> None:
+        """Feed the tokens decoded since the last call to the streamed scorers."""
+        for scorer in self.streamed.values():
+            scorer.feed(step, self.unstreamed)
+        self.unstreamed = {}
+
+    def score(self, step: int, seqs: list[tuple]) -> dict[str, list[torch.Tensor]]:
+        """Per role (``actor``: old log-probs, and each colocated scorer), the outputs of ``seqs`` (seq id,
+        tokens, prompt length), on the CPU."""
+        if not seqs:
+            return {}
+        ids = [seq_id for seq_id, _, _ in seqs]
+        out = {role: (scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)).get()
+               for role, scorer in self.scorers.items()}  # fmt: skip
+        with self.rec.op(step, self.label, "actor", "score", batch=len(seqs), tokens=sum(len(s[1]) for s in seqs)):
+            out["actor"] = score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id)
+        return {role: [t.cpu() for t in outputs] for role, outputs in out.items()}
+
+    def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, float]:
+        return self.learner.train(step, part, totals)
+
+    def end(self, carried: list[int]) -> None:
+        for scorer in self.scorers.values():
+            scorer.end(carried)
+        self.decoder = None
+
+    def critic_state(self) -> dict[str, torch.Tensor]:
+        """The trained critic's weights, for a critic scoring in another process."""
+        return {k: v.detach().cpu() for k, v in self.roles.critic.state_dict().items()}
+
+    def digest(self) -> str:
+        """A digest of the trained weights (actor and, for PPO, critic)."""
+        trained = [self.roles.actor] + ([] if self.learner.grpo else [self.roles.critic])
+        return weights_digest(*trained)
+
+
+class LocalGroup:
+    """The actor group as one rank in the driver process (no process group): calls run in place."""
+
+    size = 1
+
+    def __init__(self, rank: ActorRank) -> None:
+        self.rank = rank
+        self.labels = [rank.label]
+
+    def call(self, method: str, args: list[tuple]) -> list:
+        """``method`` on every rank with its own arguments (one tuple per rank); the ranks' results in order."""
+        return [getattr(self.rank, method)(*args[0])]
+
+    def send(self, method: str, args: list[tuple]) -> None:
+        """``method`` on every rank without waiting for the results (here: run in place)."""
+        self.call(method, args)
+
+    def collect(self) -> list:
+        """Trace rows recorded elsewhere (none: this rank records on the driver's recorder)."""
+        return []
+
+    def close(self) -> None:
+        """Nothing to stop."""
