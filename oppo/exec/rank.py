@@ -94,9 +94,9 @@ class ActorRank:
             scorer.end(carried)
         self.decoder = None
 
-    def critic_state(self) -> dict[str, torch.Tensor]:
-        """The trained critic's weights, for a critic scoring in another process."""
-        return {k: v.detach().cpu() for k, v in self.roles.critic.state_dict().items()}
+    def state(self, role: str) -> dict[str, torch.Tensor]:
+        """A role's weights on the CPU (the trained critic, for a critic scoring in another process)."""
+        return {k: v.detach().cpu() for k, v in getattr(self.roles, role).state_dict().items()}
 
     def digest(self) -> str:
         """A digest of the trained weights (actor and, for PPO, critic)."""
