@@ -5,7 +5,8 @@ predicted by the simulator calibrated on the ``sync`` run.
 
 1. ``pytest -m gpu`` (bf16 autocast, CUDA synchronisation in timing, the CUDA scoring path);
 2. per model shape (Qwen2.5-0.5B and -1.5B configs, random weights, saved and loaded through ``from_pretrained``):
-   ``sync``, ``intra``, ``inter``, ``oppo`` in bf16 with AlpacaEval lengths forced;
+   ``sync``, ``intra``, ``inter``, ``oppo`` in bf16 with AlpacaEval lengths forced, the actor as ``--dp`` ranks
+   (default: one per GPU present; with more than one, ranks are Ray workers joined by NCCL);
 3. the simulator calibrated on each ``sync`` trace predicts the other policies (``oppo.fidelity``);
 4. one table: measured vs predicted step time, decode tokens/s, MFU of decode and of the actor update.
 
@@ -35,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="B (default: 32)")
     parser.add_argument("--max-new-tokens", type=int, default=192, help="response cap (default: 192)")
     parser.add_argument("--chunk", default="64", help="streamed chunk size (default: 64)")
-    parser.add_argument("--dp", type=int, default=1, help="data-parallel actor ranks (default: 1)")
+    parser.add_argument("--dp", type=int, default=0, help="data-parallel actor ranks, one GPU each (default: 0, "
+                        "every GPU present)")  # fmt: skip
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu first")
     return parser
 
@@ -48,16 +50,21 @@ def check_args(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"unknown model shape(s) {unknown or 'none'}; choose from {', '.join(HF_SHAPES)}")
     if min(args.steps, args.batch, args.max_new_tokens) < 1:
         raise ValueError("--steps, --batch and --max-new-tokens must be >= 1")
-    if args.dp != 1:
-        raise ValueError("--dp above 1 needs the data-parallel actor group, which the executor does not have yet")
+    if args.dp < 0:
+        raise ValueError(f"--dp must be >= 0 (0: every GPU present), got {args.dp}")
     return models
 
 
-def require_cuda() -> None:
+def require_cuda(dp: int) -> int:
+    """The ranks to run (``dp``, or every GPU present for 0); no CUDA, or too few GPUs, is an error."""
     import torch
 
     if not torch.cuda.is_available():
         raise ValueError("gpu_validate needs CUDA: torch.cuda.is_available() is False on this machine")
+    gpus = torch.cuda.device_count()
+    if dp > gpus:
+        raise ValueError(f"--dp {dp} needs {dp} GPUs; this machine has {gpus}")
+    return dp or gpus
 
 
 def run_policies(model: str, args: argparse.Namespace, out: Path) -> dict[str, Path]:
@@ -71,7 +78,7 @@ def run_policies(model: str, args: argparse.Namespace, out: Path) -> dict[str, P
         schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens,
                                     chunk=args.chunk, delta=str(max(1, args.batch // 4)), check_tokens=16)  # fmt: skip
         config = ExecConfig(
-            schedule=schedule, steps=args.steps,
+            schedule=schedule, steps=args.steps, dp=args.dp,
             model=ModelConfig(preset="hf", actor=str(paths["actor"]), reward=str(paths["reward"]), device="cuda",
                               dtype="bfloat16"),
             task=TaskConfig(lengths="alpaca_eval", lengths_model="alpaca-7b", prompt_tokens=64),
@@ -101,7 +108,7 @@ def _percent(stage: dict) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     models = check_args(args)
-    require_cuda()
+    args.dp = require_cuda(args.dp)
     from oppo.fidelity import fidelity
     from oppo.lengths import load_lengths
     from oppo.sim.cli import format_table
@@ -120,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_policies(model, args, out)
         report = fidelity(runs, lengths, out / model / "profile.json")
         rows += table(model, runs, report)
-    print(f"pytest -m gpu: {tests}")
+    print(f"pytest -m gpu: {tests}; actor ranks: {args.dp}")
     print(format_table(rows))
     print(f"({time.perf_counter() - start:.0f} s)")
-    (out / "gpu_validate.json").write_text(json.dumps({"pytest_gpu": tests, "rows": rows}, indent=2) + "\n")
+    (out / "gpu_validate.json").write_text(
+        json.dumps({"pytest_gpu": tests, "dp": args.dp, "rows": rows}, indent=2) + "\n"
+    )
     return 0
 
 

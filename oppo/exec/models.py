@@ -19,7 +19,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 from oppo.exec.config import ModelConfig
 from oppo.exec.tiny import prepared_checkpoints
 
-
 ROLES = ("actor", "reference", "critic", "reward")
 
 

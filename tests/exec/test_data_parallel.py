@@ -123,7 +123,9 @@ def test_dead_rank_ends_run_with_records(tmp_path):
                                 stderr=err_file, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 420  # generous: Ray's start and the model loads crawl on a loaded machine
-        while time.monotonic() < deadline and not ((out / "steps.csv").exists() and len(rank_pids(log.read_text())) == 2):
+        while time.monotonic() < deadline and not (
+            (out / "steps.csv").exists() and len(rank_pids(log.read_text())) == 2
+        ):
             time.sleep(0.2)
         pids = rank_pids(log.read_text())
         assert len(pids) == 2 and (out / "steps.csv").exists(), f"no rank pids or no steps yet:\n{log.read_text()}"

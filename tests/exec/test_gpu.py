@@ -31,3 +31,33 @@ def test_short_run_on_cuda_bf16(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     mfu = summary["stages"]["actor/train_actor"]["mfu"]  # a known datacenter GPU reports its MFU
     assert mfu is None or 0 < mfu < 1
+
+
+def test_reward_worker_on_cuda_equals_colocated_in_float32(tmp_path):
+    """The reward model in a Ray worker (``num_gpus=1``, sharing the one GPU with the driver) against all roles in
+    one process: same rewards (float32 on the GPU, tolerance 1e-4)."""
+    pytest.importorskip("ray")
+    import csv
+
+    from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+    from oppo.exec.train import train
+
+    rewards = {}
+    for placement in ("colocated", "disaggregated"):
+        config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), steps=3, seed=3, placement=placement,
+                            model=ModelConfig(device="cuda", dtype="float32"))  # fmt: skip
+        assert train(config, tmp_path / placement) == 0
+        rewards[placement] = [float(r["mean_reward"]) for r in csv.DictReader(open(tmp_path / placement / "steps.csv"))]
+    assert rewards["disaggregated"] == pytest.approx(rewards["colocated"], abs=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_ranks_over_nccl_stay_identical(tmp_path):
+    """--dp 2 on two GPUs: NCCL all-reduce; the ranks' weights are compared bit for bit after every step."""
+    pytest.importorskip("ray")
+    from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+    from oppo.exec.train import train
+
+    config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), steps=3, dp=2, check_ranks=True,
+                        model=ModelConfig(device="cuda"))  # fmt: skip
+    assert train(config, tmp_path / "dp2") == 0

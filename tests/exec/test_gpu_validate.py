@@ -31,7 +31,7 @@ def test_help_names_every_option():
     [
         (("--models", "gpt-9"), "unknown model shape"),
         (("--steps", "0"), "must be >= 1"),
-        (("--dp", "2"), "--dp above 1"),
+        (("--dp", "-1"), "--dp must be >= 0"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path, extra, message):
