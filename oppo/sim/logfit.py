@@ -11,6 +11,8 @@ per_unit_s and fixed_s (>= 0) per stage, by least squares of the relative error,
 steps; :func:`predict_stages` applies a setup's layer as it is. Within one run the micro-batch count is constant,
 so for the forward and update stages its overhead and a per-step constant cannot be told apart: the constant is
 attributed to the micro-batches (``fixed_s`` 0), which is what transfers to a run with another batch size.
+A logged stage that times several of ours at once (OpenRLHF's ``make_experience``, ``ppo_train``) is fitted as
+one: the same terms for each of its parts, against the sum of their rooflines.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from oppo.lengths import LengthTrace
 from oppo.sim.calibrate import nonnegative_lstsq
 from oppo.sim.framework import ROLE_STAGES, Framework, StageCost, micro_batches
 from oppo.sim.model import SimConfig, simulate
-from oppo.sim.runlogs import LoggedStep, RunLog
+from oppo.sim.runlogs import COMPOSITES, LoggedStep, RunLog
 from oppo.sim.setups import Setup
 
 # stage -> the (role, phase) operations of a sync replay that make it
@@ -52,15 +54,22 @@ class Replay:
 
 
 def step_lengths(step: LoggedStep, n: int, cap: int) -> np.ndarray:
-    """``n`` response lengths whose mean, max and min are the logged ones (a lognormal shape between them)."""
+    """``n`` response lengths whose mean, max and min are the logged ones (a lognormal shape between them). A log
+    without the max (OpenRLHF) gives the cap where responses were clipped, else the lognormal's expected max."""
     z = np.array([statistics.NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)])
     low = step.response_min if step.response_min is not None else 1.0
-    high = max(step.response_max, low)
+    high = max(step.response_max if step.response_max is not None else _expected_max(step, z[-1], cap), low)
     x = np.exp(LENGTH_SIGMA * z)
     for _ in range(20):  # scale the middle to the logged mean, keeping the extremes at the logged min and max
         x = np.clip(x * step.response_mean / max(x.mean(), 1e-9), low, high)
         x[0], x[-1] = low, high
     return np.clip(np.rint(x), 1, cap).astype(np.int64)
+
+
+def _expected_max(step: LoggedStep, z_max: float, cap: int) -> float:
+    if step.clipped:
+        return float(cap)
+    return min(cap, step.response_mean * np.exp(LENGTH_SIGMA * z_max - LENGTH_SIGMA**2 / 2))  # lognormal mean -> max
 
 
 def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
@@ -104,14 +113,21 @@ def _units(setup: Setup, lengths: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def predict_stages(setup: Setup, replayed: Replay, stages: list[str]) -> dict[str, np.ndarray]:
-    """Seconds of each stage per step under the setup's framework layer."""
-    out = {}
-    for stage in stages:
-        cost = setup.framework.stage(stage)
-        small = cost.half_efficiency_tokens / np.maximum(replayed.micro_batch_tokens[stage], 1.0)
-        seconds = replayed.roofline[stage] / cost.efficiency * (1 + small) + replayed.units[stage] * cost.per_unit_s
-        out[stage] = seconds + cost.fixed_s + (replayed.tokens * cost.per_token_s if stage == "gen" else 0.0)
-    return out
+    """Seconds of each logged stage per step under the setup's framework layer (a composite: its parts' sum)."""
+    return {stage: sum(_predict_part(setup, replayed, part) for part in _parts(setup, stage)) for stage in stages}
+
+
+def _predict_part(setup: Setup, replayed: Replay, stage: str) -> np.ndarray:
+    cost = setup.framework.stage(stage)
+    small = cost.half_efficiency_tokens / np.maximum(replayed.micro_batch_tokens[stage], 1.0)
+    seconds = replayed.roofline[stage] / cost.efficiency * (1 + small) + replayed.units[stage] * cost.per_unit_s
+    return seconds + cost.fixed_s + (replayed.tokens * cost.per_token_s if stage == "gen" else 0.0)
+
+
+def _parts(setup: Setup, stage: str) -> list[str]:
+    """Our stages a logged stage times, among those the setup runs."""
+    runs = {"gen"} | {s for role in setup.roles("ppo") for s in ROLE_STAGES[role] if s}
+    return [part for part in COMPOSITES.get(stage, (stage,)) if part in runs]
 
 
 def fit_stage(roofline: np.ndarray, mb_tokens: np.ndarray, measured: np.ndarray, tokens: np.ndarray | None = None):
@@ -145,17 +161,19 @@ def calibrate(setup: Setup, log: RunLog, fit_frac: float) -> tuple[Setup, int]:
     fitted = {}
     for stage in _fitted_stages(setup, log):
         measured = np.array([s.stages[stage] for s in steps[:n_fit]])
+        parts = _parts(setup, stage)  # a composite's parts share one micro-batch size: one set of terms
+        roofline = sum(replayed.roofline[part] for part in parts)
         tokens = replayed.tokens if stage == "gen" else None
-        fitted[stage] = fit_stage(replayed.roofline[stage], replayed.micro_batch_tokens[stage], measured, tokens)
+        cost = fit_stage(roofline, replayed.micro_batch_tokens[parts[0]], measured, tokens)
+        fitted |= dict.fromkeys(parts, cost)
     framework = dataclasses.replace(setup.framework, **fitted)
     return dataclasses.replace(setup, framework=framework, name=f"{setup.name}-calibrated"), n_fit
 
 
 def _fitted_stages(setup: Setup, log: RunLog) -> list[str]:
     """Stages the log times and the setup runs (a logged stage the setup lacks is an error: wrong setup)."""
-    runs = {"gen"} | {stage for role in setup.roles("ppo") for stage in ROLE_STAGES[role] if stage}
     stages = [s for s in log.stages if s != "step"]
-    missing = [s for s in stages if s not in runs]
+    missing = [s for s in stages if not _parts(setup, s)]
     if missing:
         raise ValueError(f"{log.source}: the log times {', '.join(missing)} but the setup runs no such stage")
     return stages

@@ -1,14 +1,19 @@
-"""Per-step logs of real RL training runs: verl console logs, and per-step CSV / JSON-lines metric dumps.
+"""Per-step logs of real RL training runs: verl and OpenRLHF console logs, and per-step CSV / JSON-lines dumps.
 
 A verl console log prints one line per step, ``step:N - timing/gen:18.859 - ... - response_length/mean:313.8 -
-...`` (2024 names ``timing/…``, current ones ``timing_s/…``), among Ray's prefixes and the run's other output; a
-metric dump (e.g. a W&B export) has one row per step whose columns are the framework's metric names with ``/`` or
-``_``. Both become :class:`RunLog`: per step, the seconds of each stage under our names and the length statistics
-the simulator replays. Steps that also tested or saved a checkpoint are left out (their step time includes it).
+...`` (2024 names ``timing/…``, current ones ``timing_s/…``), among Ray's prefixes and the run's other output.
+OpenRLHF (2025-26) prints ``✨ Global step N: {'timing/generation': 41.2, 'timing/make_experience': 9.8, ...}``,
+a Python dict per step, with coarser stages: generation, the weight broadcast into vLLM, experience making (old
+log-probs, reference, values and reward together), the PPO update (actor and critic together) and only the mean
+response length. A metric dump (e.g. a W&B export) has one row per step whose columns are the framework's metric
+names with ``/`` or ``_`` (a ``train/`` prefix is ignored). All become :class:`RunLog`: per step, the seconds of
+each logged stage under our names and the length statistics the simulator replays. Steps that also tested or
+saved a checkpoint are left out (their step time includes it).
 """
 
 from __future__ import annotations
 
+import ast
 import csv
 import gzip
 import io
@@ -18,31 +23,49 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# our stage -> the framework's timing metric (after "timing_s_" / "timing_"); "gen" includes weight resharding
+# logged stage -> the framework's timing metrics (after "timing_s_" / "timing_") summed into it: the first group
+# a row has. "gen" includes the weight resharding (verl) or broadcast (OpenRLHF) into the rollout engine.
 STAGES = {
-    "gen": "gen",
-    "old_log_prob": "old_log_prob",
-    "ref": "ref",
-    "values": "values",
-    "reward": "reward",
-    "update_actor": "update_actor",
-    "update_critic": "update_critic",
-    "step": "step",
+    "gen": (("gen",), ("generation", "broadcast"), ("generation",)),
+    "old_log_prob": (("old_log_prob",),),
+    "ref": (("ref",),),
+    "values": (("values",),),
+    "reward": (("reward",),),
+    "update_actor": (("update_actor",),),
+    "update_critic": (("update_critic",),),
+    "make_experience": (("make_experience",),),
+    "ppo_train": (("ppo_train",),),
+    "step": (("step",), ("step_total",)),
+}
+# a logged stage that times several of ours at once (OpenRLHF) -> ours
+COMPOSITES = {
+    "make_experience": ("old_log_prob", "ref", "values", "reward"),
+    "ppo_train": ("update_actor", "update_critic"),
 }
 EXCLUDING = ("testing", "save_checkpoint")  # a step with these timings is not a training step's time
-LENGTHS = ("response_length_mean", "response_length_max", "response_length_min", "prompt_length_mean")
+LENGTHS = {  # statistic -> its metric names, first found wins (verl, OpenRLHF)
+    "mean": ("response_length_mean", "rollout_response_length_mean", "response_length"),
+    "max": ("response_length_max",),
+    "min": ("response_length_min",),
+    "prompt": ("prompt_length_mean",),
+    "clipped": ("response_length_clip_ratio", "rollout_truncated_rate"),  # share of responses at the cap
+}
+STEP_KEYS = ("step", "global_step")
+PREFIXES = ("", "train_")  # a W&B export of OpenRLHF names its metrics train/...
 STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
+GLOBAL_STEP_LINE = re.compile(r"Global step (\d+): (\{.*\})\s*$")
 METRIC = re.compile(r"^([A-Za-z0-9_/()\-.@]+):(\S+)$")
 
 
 @dataclass(frozen=True)
 class LoggedStep:
     step: int
-    stages: dict[str, float]  # our stage name -> seconds, the stages the log has
+    stages: dict[str, float]  # logged stage name -> seconds, the stages the log has
     response_mean: float
-    response_max: float
+    response_max: float | None  # None: not logged (OpenRLHF)
     response_min: float | None
     prompt_mean: float | None
+    clipped: float | None = None  # share of responses that hit the length cap, where logged
 
 
 @dataclass(frozen=True)
@@ -93,21 +116,37 @@ def _key(name: str) -> str:
 
 
 def _console_rows(text: str) -> list[dict[str, str]]:
-    """Metrics of every ``step:N - name:value - ...`` line; lines of one step are merged (verl prints test
-    scores on a line of their own)."""
+    """Metrics of every verl ``step:N - name:value - ...`` line and every OpenRLHF ``Global step N: {...}`` line;
+    lines of one step are merged (verl prints test scores on a line of their own)."""
     steps: dict[int, dict[str, str]] = {}
     for line in text.splitlines():
-        match = STEP_LINE.search(line)
+        match = STEP_LINE.search(line) or GLOBAL_STEP_LINE.search(line)
         if not match:
             continue
-        metrics = {}
-        for part in match.group(2).split(" - "):
-            kv = METRIC.match(part.strip())
-            if kv:
-                metrics[_key(kv.group(1))] = kv.group(2)
+        metrics = _dict_metrics(match.group(2)) if match.re is GLOBAL_STEP_LINE else _dash_metrics(match.group(2))
         if metrics:
             steps.setdefault(int(match.group(1)), {"step": match.group(1)}).update(metrics)
     return list(steps.values())
+
+
+def _dash_metrics(text: str) -> dict[str, str]:
+    metrics = {}
+    for part in text.split(" - "):
+        kv = METRIC.match(part.strip())
+        if kv:
+            metrics[_key(kv.group(1))] = kv.group(2)
+    return metrics
+
+
+def _dict_metrics(text: str) -> dict[str, str]:
+    """The numbers of a printed Python dict (a line cut short or holding other objects gives none)."""
+    try:
+        values = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    if not isinstance(values, dict):
+        return {}
+    return {_key(str(k)): str(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _csv_rows(path: Path, text: str) -> list[dict[str, str]]:
@@ -133,33 +172,46 @@ def _jsonl_rows(path: Path, text: str) -> list[dict[str, str]]:
     return rows
 
 
-def _timing(row: dict[str, str], stage: str) -> str | None:
-    for prefix in ("timing_s_", "timing_"):
-        if prefix + stage in row:
-            return row[prefix + stage]
+def _value(row: dict[str, str], *names: str) -> tuple[str, str] | None:
+    """(name, text) of the first of ``names`` the row has a value for (any of :data:`PREFIXES` before it)."""
+    for name in names:
+        for prefix in PREFIXES:
+            if row.get(prefix + name) not in (None, ""):
+                return prefix + name, row[prefix + name]
+    return None
+
+
+def _timing(path: Path, row: dict[str, str], stage: str) -> float | None:
+    """Seconds of a logged stage: the sum of the first of its metric groups the row has in full."""
+    for group in STAGES.get(stage, ((stage,),)):
+        found = [_value(row, f"timing_s_{m}", f"timing_{m}") for m in group]
+        if all(found):
+            return sum(_number(path, row, text, name) for name, text in found)
     return None
 
 
 def _run_log(path: Path, rows: list[dict[str, str]]) -> RunLog:
     if not rows:
-        raise ValueError(f"{path}: no steps found (expected 'step:N - timing_s/gen:...' lines or a step column)")
-    if not any(_timing(row, s) is not None for row in rows for s in STAGES):
-        raise ValueError(f"{path}: no timing columns (expected timing_s/gen, timing/gen, ... per step)")
+        raise ValueError(f"{path}: no steps found (expected 'step:N - timing_s/gen:...' or 'Global step N: {{...}}' "
+                         "lines, or a step column)")  # fmt: skip
+    if not any(_timing(path, row, s) is not None for row in rows for s in STAGES):
+        raise ValueError(f"{path}: no timing columns (expected timing_s/gen, timing/gen, timing/generation, ...)")
     steps = []
     for row in rows:
-        if any(_timing(row, s) not in (None, "") for s in EXCLUDING):
+        if any(_timing(path, row, s) is not None for s in EXCLUDING):
             continue
-        stages = {stage: _number(path, row, _timing(row, metric), f"timing {metric}")
-                  for stage, metric in STAGES.items() if _timing(row, metric) not in (None, "")}  # fmt: skip
+        stages = {stage: t for stage in STAGES if (t := _timing(path, row, stage)) is not None}
         if not stages:  # e.g. a line of test scores only
             continue
-        missing = [k for k in ("response_length_mean", "response_length_max") if row.get(k) in (None, "")]
-        if missing:
-            raise ValueError(f"{path}: step {row.get('step')}: missing {', '.join(missing)}")
-        lengths = {k: _number(path, row, row[k], k) if row.get(k) not in (None, "") else None for k in LENGTHS}
-        steps.append(LoggedStep(int(_number(path, row, row.get("step", str(len(steps))), "step")), stages,
-                                lengths["response_length_mean"], lengths["response_length_max"],
-                                lengths["response_length_min"], lengths["prompt_length_mean"]))  # fmt: skip
+        lengths = {stat: _number(path, row, found[1], found[0]) if (found := _value(row, *names)) else None
+                   for stat, names in LENGTHS.items()}  # fmt: skip
+        if lengths["mean"] is None:
+            raise ValueError(f"{path}: step {row.get('step')}: missing the mean response length "
+                             "(response_length/mean)")  # fmt: skip
+        step = _value(row, *STEP_KEYS)
+        steps.append(LoggedStep(int(_number(path, row, step[1], "step")) if step else len(steps), stages,
+                                lengths["mean"], lengths["max"], lengths["min"], lengths["prompt"],
+                                lengths["clipped"]))  # fmt: skip
     if not steps:
         raise ValueError(f"{path}: no training step with timings (all excluded: testing or checkpoint steps)")
     return RunLog(str(path), tuple(sorted(steps, key=lambda s: s.step)))

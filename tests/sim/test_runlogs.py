@@ -13,7 +13,7 @@ import pytest
 
 from oppo.sim.framework import StageCost
 from oppo.sim.logfit import calibrate, fidelity, predict_stages, replay
-from oppo.sim.runlogs import load_run_log
+from oppo.sim.runlogs import LoggedStep, load_run_log
 from oppo.sim.setups import load_setup
 
 DATA = Path(__file__).with_name("data")
@@ -46,6 +46,22 @@ def test_parses_current_names_and_drops_testing_steps(tmp_path):
     gz = tmp_path / "run.log.gz"
     gz.write_bytes(gzip.compress((DATA / "verl_current_names.log").read_bytes()))
     assert load_run_log(gz).steps == log.steps
+
+
+def test_parses_openrlhf_console_lines_and_its_wandb_names(tmp_path):
+    log = load_run_log(DATA / "openrlhf_global_step.log")
+    assert [s.step for s in log.steps] == [1, 2]  # the last line was cut short: no step
+    first = log.steps[0]
+    assert first.stages == pytest.approx(
+        {"gen": 41.206 + 1.904, "make_experience": 9.812, "ppo_train": 25.377, "step": 78.299}, abs=1e-9
+    )  # generation and the weight broadcast into vLLM are one stage, as verl's gen includes resharding
+    assert (first.response_mean, first.response_max, first.clipped) == (231.6, None, 0.012)
+    assert log.stages == ["gen", "make_experience", "ppo_train", "step"]
+    export = tmp_path / "wandb.csv"  # OpenRLHF logs train/<metric> to W&B
+    export.write_text("train/global_step,train/timing/generation,train/timing/broadcast,train/timing/ppo_train,"
+                      "train/rollout/response_length_mean\n4,40,2,25,230\n")  # fmt: skip
+    (step,) = load_run_log(export).steps
+    assert (step.step, step.stages, step.response_mean) == (4, {"gen": 42.0, "ppo_train": 25.0}, 230.0)
 
 
 def test_metric_dumps_csv_and_jsonl(tmp_path):
@@ -104,6 +120,39 @@ def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):
         for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
             assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
     report, _, _ = fidelity(fitted, load_run_log(path), n_fit)
+    assert report["step"]["median_abs_err"] < 1e-6
+
+
+def test_fit_of_composite_stages_recovers_shared_terms(tmp_path):
+    """OpenRLHF times the four forward passes as one stage and both updates as one: a log synthesised with one set
+    of terms per composite, in OpenRLHF's console format without the max length, is fitted back to those terms."""
+    setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
+    forward, update = StageCost(efficiency=0.4, half_efficiency_tokens=3000.0), StageCost(efficiency=0.25)
+    known = {"gen": StageCost(efficiency=0.5, per_token_s=1e-4, fixed_s=4.0)}
+    known |= dict.fromkeys(("old_log_prob", "ref", "values"), forward) | dict.fromkeys(
+        ("update_actor", "update_critic"), update
+    )
+    truth = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **known))
+    rng = np.random.default_rng(0)
+    # no max or prompt length logged: a step whose responses were clipped decodes to the cap, the others to a
+    # lognormal max; prompts take the setup's length
+    steps = [LoggedStep(i, {}, float(m), None, None, None, clipped=0.02 * (i % 3 == 0))
+             for i, m in enumerate(rng.uniform(150, 300, 20))]  # fmt: skip
+    stages = predict_stages(truth, replay(truth, steps), ["gen", "make_experience", "ppo_train"])
+    lines = [f"INFO 08-13 19:02:47 ppo_trainer.py:545] ✨ Global step {s.step}: "
+             + repr({"timing/generation": float(stages["gen"][i]), "timing/make_experience":
+                     float(stages["make_experience"][i]), "timing/ppo_train": float(stages["ppo_train"][i]),
+                     "rollout/response_length_mean": s.response_mean, "rollout/truncated_rate": s.clipped})
+             for i, s in enumerate(steps)]  # fmt: skip
+    path = tmp_path / "openrlhf.log"
+    path.write_text("\n".join(lines))
+    fitted, n_fit = calibrate(setup, load_run_log(path), fit_frac=0.6)
+    for stage, cost in known.items():
+        got = fitted.framework.stage(stage)
+        for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
+            assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
+    report, _, _ = fidelity(fitted, load_run_log(path), n_fit)
+    assert set(report["stages"]) == {"gen", "make_experience", "ppo_train"}
     assert report["step"]["median_abs_err"] < 1e-6
 
 
