@@ -152,3 +152,24 @@ class FrameworkCost:
     def fixed_s(self, stages) -> float:
         """Seconds per step of the given stages (weight resharding, cache allocation, ...)."""
         return sum(self.framework.stage(s).fixed_s for s in stages if s)
+
+
+# TRL's PPOTrainer (1.12) as the paper ran it: its defaults give the structure (local_rollout_forward_batch_size
+# 64, per_device_train_batch_size 8, gradient_checkpointing on, 4 PPO epochs in the setup). The efficiency terms
+# are TRANSFERRED, not fitted to the paper: those calibrated on the verl Gemma-2 2B run (HF models under FSDP,
+# micro-batched forwards and updates like TRL's under ZeRO-3; `python -m oppo.sim calibrate-log --log
+# gemma-2-2b-it-ppo-bsz512_4-prompt1024-resp-512-0.640.log.gz --setup verl-gemma-2-2b-gsm8k`), the larger of the
+# two logged models; old log-probs and the reward model take the reference's (the same forward). Generation is
+# the engine's (HF generate under ZeRO-3, :data:`oppo.sim.hardware.ENGINES`).
+TRL = Framework(
+    forward_micro_batch=64,
+    train_micro_batch=8,
+    gradient_checkpointing=True,
+    old_log_prob=StageCost(half_efficiency_tokens=4256.0),
+    ref=StageCost(half_efficiency_tokens=4256.0),
+    values=StageCost(half_efficiency_tokens=3845.0),
+    reward=StageCost(half_efficiency_tokens=4256.0),
+    update_actor=StageCost(half_efficiency_tokens=3325.0),
+    update_critic=StageCost(half_efficiency_tokens=2703.0),
+)
+FRAMEWORKS = {"roofline": Framework(), "trl": TRL}  # a setup's [framework] table may start from one (base = NAME)

@@ -24,7 +24,7 @@ from oppo.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir
 from oppo.records import device_count
 from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
-from oppo.sim.framework import Framework, FrameworkCost
+from oppo.sim.framework import FRAMEWORKS, TRL, Framework, FrameworkCost
 from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape
 from oppo.sim.workload import LengthModel, RewardCurve
 
@@ -188,15 +188,15 @@ def _gpu_range(first: int, end: int) -> str:
 
 
 def paper_7b_h200() -> Setup:
-    """Stack-Exchange, Qwen2.5-7B-Instruct actor/critic/reference, 7B reward, 8 x H200 (7 + 1), B = 112."""
-    return Setup("paper-7b-h200", "h200", "qwen2.5-7b", "qwen2.5-7b", batch=112, max_new_tokens=1024)
+    """Stack-Exchange, Qwen2.5-7B-Instruct actor/critic/reference, 7B reward, 8 x H200 (7 + 1), B = 112, TRL."""
+    return Setup("paper-7b-h200", "h200", "qwen2.5-7b", "qwen2.5-7b", batch=112, max_new_tokens=1024, framework=TRL)
 
 
 def paper_3b_a100() -> Setup:
-    """Stack-Exchange, Qwen2.5-3B-Instruct, 8 x A100-80GB (7 + 1)."""
+    """Stack-Exchange, Qwen2.5-3B-Instruct, 8 x A100-80GB (7 + 1), TRL."""
     return Setup(
         "paper-3b-a100", "a100", "qwen2.5-3b", "qwen2.5-3b", batch=112, max_new_tokens=1024, reward_threshold=5.0,
-        reward_curve=RewardCurve(final=5.6, tau_steps=400.0),
+        reward_curve=RewardCurve(final=5.6, tau_steps=400.0), framework=TRL,
     )  # fmt: skip
 
 
@@ -204,7 +204,7 @@ def paper_7b_gh200_gsm8k() -> Setup:
     """GSM8K, Qwen2.5-7B, 4 x GH200, rule-based reward (no reward model)."""
     return Setup(
         "paper-7b-gh200-gsm8k", "gh200", "qwen2.5-7b", None, batch=64, max_new_tokens=512, window_tokens=128,
-        placement=Placement(actor_gpus=4, reward_gpus=0), reward_threshold=0.6,
+        placement=Placement(actor_gpus=4, reward_gpus=0), reward_threshold=0.6, framework=TRL,
         lengths=LengthModel(median_tokens=92, sigma=0.4, prompt_tokens=59),
         reward_curve=RewardCurve(start=0.1, final=0.8, tau_steps=150.0, noise=0.02),
     )  # fmt: skip
@@ -214,7 +214,7 @@ def paper_7b_a100_2x4() -> Setup:
     """2 nodes x 4 A100-40GB, 7B (paper Table 4: TRL 498.30 s vs OPPO 111.08 s per step)."""
     return Setup(
         "paper-7b-a100-2x4", "a100-40gb", "qwen2.5-7b", "qwen2.5-7b", batch=64, max_new_tokens=1024,
-        placement=Placement(actor_gpus=7, reward_gpus=1),
+        placement=Placement(actor_gpus=7, reward_gpus=1), framework=TRL,
     )  # fmt: skip
 
 
@@ -351,6 +351,9 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
         if isinstance(obj, Setup) and key == "reward" and value == "rule":
             value = None  # no reward model: a rule scores the responses
         current = getattr(obj, key)
+        if isinstance(obj, Setup) and key == "framework" and isinstance(value, dict) and "base" in value:
+            value = dict(value)  # [framework] base = "roofline" | "trl": start from that layer, not the base's
+            current = lookup(FRAMEWORKS, value.pop("base"), f"{where} [framework] base")
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: [{key}] must be a table")

@@ -3,9 +3,7 @@ and a rank that dies ends the run cleanly. Rank processes are found by the ids t
 (``placement: actor rank R on DEVICE (worker pid N, node ID)``): the tests stop only processes they started."""
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +18,7 @@ from oppo.exec.models import load_roles  # noqa: E402
 from oppo.exec.runner import Executor, RunAborted  # noqa: E402
 from oppo.exec.timing import Recorder  # noqa: E402
 from oppo.exec.update import deal, weights_digest  # noqa: E402
-from tests.exec.test_placement import alive  # noqa: E402
+from tests.exec.test_placement import alive, kill_mid_run  # noqa: E402
 
 RANK_LINE = re.compile(r"actor rank (\d+) on (\S+) \(worker pid (\d+), node (\w+)\)")
 
@@ -117,25 +115,10 @@ def rank_pids(stderr: str) -> list[int]:
 
 
 def test_dead_rank_ends_run_with_records(tmp_path):
-    out, log = tmp_path / "dies", tmp_path / "stderr.txt"
-    with open(log, "w") as err_file:
-        proc = subprocess.Popen([*TRAIN, "--steps", "100000", "--out", str(out)], stdout=subprocess.DEVNULL,
-                                stderr=err_file, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 420  # generous: Ray's start and the model loads crawl on a loaded machine
-        while time.monotonic() < deadline and not (
-            (out / "steps.csv").exists() and len(rank_pids(log.read_text())) == 2
-        ):
-            time.sleep(0.2)
-        pids = rank_pids(log.read_text())
-        assert len(pids) == 2 and (out / "steps.csv").exists(), f"no rank pids or no steps yet:\n{log.read_text()}"
-        os.kill(pids[1], signal.SIGKILL)  # a rank this run started, by its id
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = log.read_text()
-    assert proc.returncode == 1, err
+    out = tmp_path / "dies"
+    cmd = [*TRAIN, "--steps", "100000", "--out", str(out)]
+    code, err, pids = kill_mid_run(cmd, out, tmp_path / "stderr.txt", rank_pids, count=2, victim=1)
+    assert code == 1, err
     assert "actor rank's worker died" in err
     assert json.loads((out / "summary.json").read_text())["steps"] >= 10
     deadline = time.monotonic() + 30  # the other rank exits with the run

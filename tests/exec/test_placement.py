@@ -59,24 +59,33 @@ def test_disaggregated_matches_colocated(tmp_path):
     assert not alive(pids[0])
 
 
-def test_dead_worker_ends_run_with_records(tmp_path):
-    out, log = tmp_path / "dies", tmp_path / "stderr.txt"
-    cmd = [*TRAIN, "--steps", "100000", "--placement", "disaggregated", "--out", str(out)]
+def kill_mid_run(cmd: list[str], out, log, pids_of, count: int, victim: int) -> tuple[int, str, list[int]]:
+    """Start ``cmd``; once it has written steps and printed ``count`` worker pids (``pids_of(stderr)``), kill the
+    ``victim``-th worker, by its id. Returns the run's exit code, its stderr and the pids."""
     with open(log, "w") as err_file:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
     try:
         deadline = time.monotonic() + 420  # generous: Ray's start and the model loads crawl on a loaded machine
-        while time.monotonic() < deadline and not ((out / "steps.csv").exists() and worker_pids(log.read_text())):
+        while time.monotonic() < deadline and not (
+            (out / "steps.csv").exists() and len(pids_of(log.read_text())) == count
+        ):
             time.sleep(0.2)
-        pids = worker_pids(log.read_text())
-        assert len(pids) == 1 and (out / "steps.csv").exists(), f"no worker pid or no steps yet:\n{log.read_text()}"
-        (pid,) = pids
-        os.kill(pid, signal.SIGKILL)  # the worker this run started, by its id
+        pids = pids_of(log.read_text())
+        assert len(pids) == count and (out / "steps.csv").exists(), (
+            f"no worker pids or no steps yet:\n{log.read_text()}"
+        )
+        os.kill(pids[victim], signal.SIGKILL)  # a worker this run started, by its id
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    err = log.read_text()
-    assert proc.returncode == 1, err
+    return proc.returncode, log.read_text(), pids
+
+
+def test_dead_worker_ends_run_with_records(tmp_path):
+    out = tmp_path / "dies"
+    cmd = [*TRAIN, "--steps", "100000", "--placement", "disaggregated", "--out", str(out)]
+    code, err, _ = kill_mid_run(cmd, out, tmp_path / "stderr.txt", worker_pids, count=1, victim=0)
+    assert code == 1, err
     assert "reward worker died" in err
     assert json.loads((out / "summary.json").read_text())["steps"] >= 10

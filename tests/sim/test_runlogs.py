@@ -97,6 +97,16 @@ def test_bad_logs_exit_2_with_one_line(tmp_path, content, message):
     assert not (tmp_path / "out").exists()
 
 
+def fit_back(setup, path, known: dict) -> dict:
+    """Calibrate ``setup`` on the log at ``path``; every ``known`` stage term is recovered. The fidelity report."""
+    fitted, n_fit = calibrate(setup, load_run_log(path), fit_frac=0.6)
+    for stage, cost in known.items():
+        got = fitted.framework.stage(stage)
+        for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
+            assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
+    return fidelity(fitted, load_run_log(path), n_fit)[0]
+
+
 def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):
     """Stage times predicted by a setup with known framework terms, written as a log, fitted back."""
     real = load_run_log(DATA / "verl_2024_gemma_excerpt.log")
@@ -114,12 +124,7 @@ def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):
                                           "response_length/mean": s.response_mean, "response_length/max": s.response_max,
                                           "response_length/min": s.response_min, "prompt_length/mean": s.prompt_mean})
                               for i, s in enumerate(steps)))  # fmt: skip
-    fitted, n_fit = calibrate(setup, load_run_log(path), fit_frac=0.6)
-    for stage, cost in known.items():
-        got = fitted.framework.stage(stage)
-        for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
-            assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
-    report, _, _ = fidelity(fitted, load_run_log(path), n_fit)
+    report = fit_back(setup, path, known)
     assert report["step"]["median_abs_err"] < 1e-6
 
 
@@ -146,12 +151,7 @@ def test_fit_of_composite_stages_recovers_shared_terms(tmp_path):
              for i, s in enumerate(steps)]  # fmt: skip
     path = tmp_path / "openrlhf.log"
     path.write_text("\n".join(lines))
-    fitted, n_fit = calibrate(setup, load_run_log(path), fit_frac=0.6)
-    for stage, cost in known.items():
-        got = fitted.framework.stage(stage)
-        for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
-            assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
-    report, _, _ = fidelity(fitted, load_run_log(path), n_fit)
+    report = fit_back(setup, path, known)
     assert set(report["stages"]) == {"gen", "make_experience", "ppo_train"}
     assert report["step"]["median_abs_err"] < 1e-6
 
