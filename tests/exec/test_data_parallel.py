@@ -23,10 +23,11 @@ from tests.exec.test_placement import alive, kill_mid_run  # noqa: E402
 RANK_LINE = re.compile(r"actor rank (\d+) on (\S+) \(worker pid (\d+), node (\w+)\)")
 
 
-def config_for(policy: str, dp: int) -> ExecConfig:
-    schedule = default_schedule(policy=policy, batch=4, max_new_tokens=24, delta="2", check_tokens=4)
+def config_for(policy: str, dp: int, algo: str, placement: str) -> ExecConfig:
+    groups = {"algo": "grpo", "group_size": 2} if algo == "grpo" else {}
+    schedule = default_schedule(policy=policy, batch=4, max_new_tokens=24, delta="2", check_tokens=4, **groups)
     return ExecConfig(schedule=schedule, model=ModelConfig(dtype="float64"), steps=4, seed=7, dp=dp,
-                      check_ranks=dp > 1)  # fmt: skip
+                      check_ranks=dp > 1, placement=placement)  # fmt: skip
 
 
 def flat_weights(executor, role: str) -> torch.Tensor:
@@ -34,11 +35,11 @@ def flat_weights(executor, role: str) -> torch.Tensor:
     return torch.cat([v.flatten() for v in state.values()])
 
 
-def run(policy: str, dp: int):
+def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated"):
     """Rewards per step and the final actor and critic weights of a float64 run with ``dp`` ranks."""
-    config = config_for(policy, dp)
+    config = config_for(policy, dp, algo, placement)
     torch.manual_seed(config.seed)
-    if dp == 1:
+    if dp == 1 and placement == "colocated":
         executor = Executor.colocated(config, load_roles(config.model), Recorder())
     else:
         from oppo.exec.placement import RayExecutor
@@ -47,24 +48,31 @@ def run(policy: str, dp: int):
     try:
         steps = [executor.step() for _ in range(config.steps)]
         weights = {role: flat_weights(executor, role) for role in ("actor", "critic")}
-        devices = {row.device for row in executor.rec.rows if row.role == "actor"}
+        devices = {(row.role, row.device) for row in executor.rec.rows}
     finally:
         executor.close()
     return [m.mean_reward for _, m in steps], [[t.seq_id for t in o.trained] for o, _ in steps], weights, devices
 
 
-@pytest.mark.parametrize("policy", ["sync", "oppo"])
-def test_two_ranks_take_the_steps_of_one_in_float64(policy):
+@pytest.mark.parametrize(
+    "policy, algo, placement",
+    [("sync", "ppo", "colocated"), ("oppo", "ppo", "colocated"), ("oppo", "grpo", "colocated"),
+     ("oppo", "ppo", "disaggregated")],
+)  # fmt: skip
+def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement):
     """Same trained sequences, rewards and final weights to 1e-10 relative: the loss is normalised by the
     minibatch's global token count and the gradients are summed over the ranks. (Two ranks reduce the gradient
     in another order than one batch: the last bits may differ.) The two-rank run checks every step that its
-    ranks hold bit-identical weights (``check_ranks``)."""
-    one_rewards, one_ids, one_weights, _ = run(policy, dp=1)
-    two_rewards, two_ids, two_weights, devices = run(policy, dp=2)
+    ranks hold bit-identical weights (``check_ranks``). GRPO: group advantages over the whole batch; with the
+    reward model in its own worker, the two-rank run streams to it as the one-rank run does locally."""
+    one_rewards, one_ids, one_weights, _ = run(policy, 1, algo)
+    two_rewards, two_ids, two_weights, devices = run(policy, 2, algo, placement)
     assert two_ids == one_ids
     assert two_rewards == pytest.approx(one_rewards, rel=1e-10)
-    assert devices == {"cpu0", "cpu1"}  # one device per rank in the records
-    for role in ("actor", "critic"):
+    assert {d for role, d in devices if role == "actor"} == {"cpu0", "cpu1"}  # one device per rank in the records
+    # the reward model: on the driver (the device after the ranks), or in its own worker
+    assert ("reward", "cpu3" if placement == "disaggregated" else "cpu2") in devices
+    for role in ("actor",) if algo == "grpo" else ("actor", "critic"):
         a, b = one_weights[role], two_weights[role]
         assert a.dtype == b.dtype == torch.float64
         assert float((a - b).abs().max()) <= 1e-10 * float(a.abs().max()), role
