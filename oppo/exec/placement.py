@@ -206,6 +206,9 @@ class RayGroup:
     def send(self, method: str, args: list[tuple]) -> None:
         self._sent += [w.call.remote(method, *a) for w, a in zip(self.workers, args)]
 
+    def first(self, method: str, *args):
+        return self._all([self.workers[0].call.remote(method, *args)])[0]
+
     def collect(self) -> list[TraceRow]:
         sent, self._sent = self._sent, []
         self._all(sent)

@@ -121,6 +121,10 @@ class LocalGroup:
         """``method`` on every rank without waiting for the results (here: run in place)."""
         self.call(method, args)
 
+    def first(self, method: str, *args):
+        """``method`` on rank 0 only (every rank holds the same weights)."""
+        return getattr(self.rank, method)(*args)
+
     def collect(self) -> list:
         """Trace rows recorded elsewhere (none: this rank records on the driver's recorder)."""
         return []

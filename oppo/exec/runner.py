@@ -88,7 +88,7 @@ class Executor:
         # 2. a critic scoring elsewhere gets this step's weights; streamed scorers take every sequence in flight
         #    (carried ones keep a frozen scorer's cache)
         if "critic" in self.scorers:
-            self.scorers["critic"].sync_weights(plan.step, group.call("state", [("critic",)] * group.size)[0])
+            self.scorers["critic"].sync_weights(plan.step, group.first("state", "critic"))
         contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
         for scorer in self.streamed.values():
             scorer.begin(plan.step, contexts)

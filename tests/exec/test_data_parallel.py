@@ -31,7 +31,7 @@ def config_for(policy: str, dp: int, algo: str, placement: str) -> ExecConfig:
 
 
 def flat_weights(executor, role: str) -> torch.Tensor:
-    state = executor.group.call("state", [(role,)] * executor.group.size)[0]
+    state = executor.group.first("state", role)
     return torch.cat([v.flatten() for v in state.values()])
 
 
