@@ -9,6 +9,7 @@ import pytest
 from oppo.lengths import LengthTrace
 from oppo.records import summarize
 from oppo.sim import SimConfig, load_setup, simulate
+from oppo.sim.framework import TRL, Framework
 from oppo.sim.setups import Placement
 
 GOLDEN = Path(__file__).with_name("golden_summary.json")
@@ -152,3 +153,16 @@ def test_length_drift_shortens_responses():
 def test_every_preset_simulates(name):
     result = simulate(small("oppo", setup=name, steps=3))
     assert len(result.steps) == 3 and all(s.step_s > 0 for s in result.steps)
+
+
+def test_framework_layer_base_in_a_setup_toml(tmp_path):
+    """Paper presets carry TRL's layer and a TOML over them keeps it; ``[framework] base`` starts from another."""
+    assert load_setup("paper-7b-h200").framework == TRL
+    path = tmp_path / "bare.toml"
+    path.write_text('base = "paper-7b-h200"\n[framework]\nbase = "roofline"\ntrain_micro_batch = 4\n')
+    assert load_setup(str(path)).framework == dataclasses.replace(Framework(), train_micro_batch=4)
+    path.write_text("[framework]\ntrain_micro_batch = 4\n")
+    assert load_setup(str(path)).framework == dataclasses.replace(TRL, train_micro_batch=4)
+    path.write_text('[framework]\nbase = "deepspeed"\n')
+    with pytest.raises(ValueError, match="unknown .*base 'deepspeed'"):
+        load_setup(str(path))
