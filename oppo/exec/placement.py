@@ -275,6 +275,9 @@ def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int) -> bool:
     if ray.is_initialized():
         return False
     workers = (config.dp if config.dp > 1 else 0) + scorer_workers
+    # Ray lowers its workers' CPU priority (niceness 15) by default; ours do the run's compute and must not yield
+    # to the driver or to other work on the machine. Read by the raylet this starts (a joined cluster keeps its own).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
     ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, workers + 1),
              include_dashboard=False, log_to_driver=False, logging_level="ERROR",
