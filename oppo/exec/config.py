@@ -116,11 +116,19 @@ class ExecConfig:
                                   "disaggregated)")  # fmt: skip
     dp: int = opt(1, "data-parallel actor ranks: Ray workers joined in one torch.distributed group (gloo on CPU, "
                   "NCCL on GPU), one core or one GPU each; 1: the actor in this process")  # fmt: skip
+    shard: bool = opt(False, "--dp > 1: shard the actor's and critic's parameters, gradients and Adam states over "
+                      "the ranks (FSDP2); generation and scoring gather the weights once per step")  # fmt: skip
     check_ranks: bool = opt(False, "debug: after every step check that all ranks hold the same weights (a digest)")
 
     def __post_init__(self) -> None:
         check_positive("steps", self.steps)
         check_positive("dp", self.dp)
+        if self.shard and self.dp < 2:
+            raise ValueError("--shard needs --dp 2 or more")
+        rows = self.schedule.batch * self.schedule.group_size // self.ppo.minibatches
+        if self.shard and rows < self.dp:  # every rank takes part in every sharded step (collectives)
+            raise ValueError(f"--shard needs a minibatch of at least --dp rows: batch x group size / minibatches "
+                             f"= {rows} < {self.dp}")  # fmt: skip
         if self.schedule.policy == "async":
             raise ValueError("policy async runs in the simulator only (python -m oppo.sim), not in the executor")
         if self.placement not in PLACEMENTS:

@@ -3,7 +3,8 @@
 ``--dp N`` runs the actor, with its colocated reference and critic, as N Ray workers (:class:`RankWorker`, one
 GPU each, ``num_gpus=1``, or one core each on CPU) joined in one ``torch.distributed`` process group: NCCL on
 GPUs, gloo on CPU. Rank 0's weights are broadcast at the start (as DDP does); gradients are all-reduced every
-minibatch (:func:`oppo.exec.update.apply_gradients`). On a cluster (``--ray-address``) the ranks are spread over
+minibatch (:func:`oppo.exec.update.apply_gradients`), or, with ``--shard``, reduce-scattered by FSDP2
+(:mod:`oppo.exec.sharding`). On a cluster (``--ray-address``) the ranks are spread over
 its nodes. The roles named in ``--remote-roles`` with ``--placement disaggregated`` (default: the reward model)
 run in :class:`ScorerWorker` s. Chunks go to remote workers as asynchronous actor calls, executed in order while
 the driver decodes the next chunk: true concurrency, no polling. A remote critic receives the trained weights at
@@ -16,15 +17,13 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from datetime import timedelta
 
 import ray
 import torch
-import torch.distributed as dist
 
 from oppo.exec.config import ExecConfig
 from oppo.exec.models import load_roles, resolve_device, token_ids
-from oppo.exec.rank import ActorRank
+from oppo.exec.rank import ActorRank, join_group
 from oppo.exec.runner import Executor, RunAborted, device_name, driver_roles, local_parts, rank_roles, scorer_roles
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
@@ -148,11 +147,12 @@ class RankWorker:
         if not ray.get_gpu_ids():
             torch.set_num_threads(1)  # one core per rank
         device, self.label = _worker_device(label)
+        self.config, self.colocated = config, colocated
         self.index, self.world, self.backend = rank, world, "nccl" if device.type == "cuda" else "gloo"
         torch.manual_seed(config.seed)  # a head the checkpoint lacks starts alike everywhere (and is broadcast)
-        roles = load_roles(config.model, device, which=("actor", "reference", "critic"))
+        self.roles = load_roles(config.model, device, which=("actor", "reference", "critic"))
         self.rec = Recorder(t0)
-        self.rank = ActorRank(config, roles, self.rec, self.label, colocated)
+        self.rank: ActorRank | None = None  # made once the group is joined (the optimizers need final parameters)
 
     def ready(self) -> tuple[str, int, str]:
         """The device label, the worker's process id (shown to the user, used to stop it) and its node."""
@@ -165,13 +165,11 @@ class RankWorker:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def join(self, address: str, port: int) -> None:
-        """Join the process group, then take rank 0's weights (as DDP does at construction)."""
-        dist.init_process_group(self.backend, init_method=f"tcp://{address}:{port}", rank=self.index,
-                                world_size=self.world, timeout=timedelta(minutes=10))  # fmt: skip
-        with torch.no_grad():
-            for model in (self.rank.roles.actor, self.rank.roles.critic):
-                for p in model.parameters():
-                    dist.broadcast(p.data, src=0)
+        """Join the process group, take rank 0's weights (as DDP does at construction), shard them if asked."""
+        # (torch.distributed is used in oppo.exec.rank, not here: Ray pickles this class with the globals its
+        # methods name, and torch.distributed.config, a name this method would reach, cannot be pickled)
+        join_group(self.backend, address, port, self.index, self.world)
+        self.rank = ActorRank.joined(self.config, self.roles, self.rec, self.label, self.colocated)
 
     def call(self, method: str, *args):
         return getattr(self.rank, method)(*args)
@@ -186,7 +184,7 @@ class RayGroup:
     once (calls to one worker run in the order they were made)."""
 
     def __init__(self, config: ExecConfig, t0: float, on_gpu: bool, colocated: tuple[str, ...]) -> None:
-        self.size = config.dp
+        self.size, self.sharded = config.dp, config.shard
         options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
         if config.ray_address:
             options["scheduling_strategy"] = "SPREAD"  # over the cluster's nodes
@@ -207,6 +205,8 @@ class RayGroup:
         self._sent += [w.call.remote(method, *a) for w, a in zip(self.workers, args)]
 
     def first(self, method: str, *args):
+        if self.sharded:  # gathering sharded weights takes every rank; rank 0 answers
+            return self.call(method, [args] * self.size)[0]
         return self._all([self.workers[0].call.remote(method, *args)])[0]
 
     def collect(self) -> list[TraceRow]:

@@ -9,8 +9,12 @@ The same class runs in the driver process (:class:`LocalGroup`, one rank) and in
 
 from __future__ import annotations
 
-import torch
+from datetime import timedelta
 
+import torch
+import torch.distributed as dist
+
+from oppo.exec import sharding
 from oppo.exec.config import ExecConfig
 from oppo.exec.generation import ChunkedDecoder
 from oppo.exec.models import Roles
@@ -26,15 +30,35 @@ class ActorRank:
         self.learner = Learner(config, roles, recorder, label)
         self.scorers = {role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, label)
                         for role in colocated}  # fmt: skip
+        self.trained = [roles.actor] + ([] if self.learner.grpo else [roles.critic])
+        self.sharded = sharding.is_sharded(roles.actor)
+        self.gathered = False  # sharded models' weights gathered for this step's generation and scoring
         self.streamed: dict[str, LocalScorer] = {}
         self.decoder: ChunkedDecoder | None = None
         self.rows: list[int] = []  # sequence id of each decoder row
         self.unstreamed: dict[int, list[int]] = {}  # tokens decoded since the last streamed chunk
 
+    @classmethod
+    def joined(cls, config: ExecConfig, roles: Roles, recorder: Recorder, label: str, colocated: tuple[str, ...]):
+        """A rank of a joined process group: rank 0's weights are taken (as DDP does at construction), and the
+        trained models are sharded with ``config.shard``, before the optimizers see their parameters."""
+        with torch.no_grad():
+            for model in (roles.actor, roles.critic):
+                for p in model.parameters():
+                    dist.broadcast(p.data, src=0)
+        if config.shard:
+            for model in [roles.actor] + ([roles.critic] if config.schedule.algo == "ppo" else []):
+                sharding.shard(model)
+        return cls(config, roles, recorder, label, colocated)
+
     def begin(self, step: int, contexts: list[tuple], decoding: list[tuple], streamed: tuple[str, ...]) -> None:
         """Start a step. ``contexts``: (seq id, tokens, prompt length) of this rank's sequences in flight;
         ``decoding``: (seq id, token budget, sampling key, forced length or None, response tokens so far) of
         those that decode this step; ``streamed``: the scorer roles fed chunk by chunk."""
+        if self.sharded:
+            for model in self.trained:
+                sharding.gather(model)
+            self.gathered = True
         self.streamed = {role: s for role, s in self.scorers.items() if role in streamed}
         for scorer in self.streamed.values():
             scorer.begin(step, contexts)
@@ -87,6 +111,10 @@ class ActorRank:
         return {role: [t.cpu() for t in outputs] for role, outputs in out.items()}
 
     def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, float]:
+        if self.gathered:  # the update gathers one layer at a time
+            for model in self.trained:
+                sharding.release(model)
+            self.gathered = False
         return self.learner.train(step, part, totals)
 
     def end(self, carried: list[int]) -> None:
@@ -94,14 +122,21 @@ class ActorRank:
             scorer.end(carried)
         self.decoder = None
 
-    def state(self, role: str) -> dict[str, torch.Tensor]:
-        """A role's weights on the CPU (the trained critic, for a critic scoring in another process)."""
-        return {k: v.detach().cpu() for k, v in getattr(self.roles, role).state_dict().items()}
+    def state(self, role: str) -> dict[str, torch.Tensor] | None:
+        """A role's whole weights on the CPU (the trained critic, for a critic scoring in another process). Sharded
+        weights are gathered (every rank takes part) and only rank 0 answers."""
+        state = {k: sharding.full(v.detach()).cpu() for k, v in getattr(self.roles, role).state_dict().items()}
+        return None if self.sharded and dist.get_rank() != 0 else state
 
     def digest(self) -> str:
         """A digest of the trained weights (actor and, for PPO, critic)."""
-        trained = [self.roles.actor] + ([] if self.learner.grpo else [self.roles.critic])
-        return weights_digest(*trained)
+        return weights_digest(*self.trained)
+
+
+def join_group(backend: str, address: str, port: int, rank: int, world: int) -> None:
+    """Join the run's process group (``backend``: gloo or nccl) through the TCP store at ``address:port``."""
+    dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(minutes=10))  # fmt: skip
 
 
 class LocalGroup:

@@ -26,6 +26,7 @@ from oppo.exec.ppo import (
     policy_loss,
     value_loss,
 )
+from oppo.exec.sharding import full, is_sharded
 from oppo.exec.timing import Recorder
 
 
@@ -84,9 +85,10 @@ class Learner:
 
 def apply_gradients(optimizer, model: torch.nn.Module, max_norm: float) -> None:
     """Sum the gradients over the data-parallel ranks (one flat all-reduce per model: each rank's loss is already
-    divided by the global token count), then clip and step; every rank then holds the same weights."""
+    divided by the global token count), then clip and step; every rank then holds the same weights. A sharded
+    model's gradients were already summed, shard by shard, in its backward pass."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1 and not is_sharded(model):
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]  # a rank with no rows
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -98,11 +100,12 @@ def apply_gradients(optimizer, model: torch.nn.Module, max_norm: float) -> None:
 
 
 def weights_digest(*models: torch.nn.Module) -> str:
-    """A digest of the models' parameters, bit for bit: equal on every rank after every data-parallel step."""
+    """A digest of the models' whole parameters, bit for bit: equal on every rank after every data-parallel step
+    (a collective for sharded models: every rank calls it)."""
     h = hashlib.sha256()
     for model in models:
         for p in model.parameters():
-            h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            h.update(full(p.detach()).cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 

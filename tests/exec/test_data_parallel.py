@@ -23,11 +23,11 @@ from tests.exec.test_placement import alive, kill_mid_run  # noqa: E402
 RANK_LINE = re.compile(r"actor rank (\d+) on (\S+) \(worker pid (\d+), node (\w+)\)")
 
 
-def config_for(policy: str, dp: int, algo: str, placement: str) -> ExecConfig:
+def config_for(policy: str, dp: int, algo: str, placement: str, shard: bool = False) -> ExecConfig:
     groups = {"algo": "grpo", "group_size": 2} if algo == "grpo" else {}
     schedule = default_schedule(policy=policy, batch=4, max_new_tokens=24, delta="2", check_tokens=4, **groups)
     return ExecConfig(schedule=schedule, model=ModelConfig(dtype="float64"), steps=4, seed=7, dp=dp,
-                      check_ranks=dp > 1, placement=placement)  # fmt: skip
+                      check_ranks=dp > 1, placement=placement, shard=shard)  # fmt: skip
 
 
 def flat_weights(executor, role: str) -> torch.Tensor:
@@ -35,9 +35,9 @@ def flat_weights(executor, role: str) -> torch.Tensor:
     return torch.cat([v.flatten() for v in state.values()])
 
 
-def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated"):
+def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", shard: bool = False):
     """Rewards per step and the final actor and critic weights of a float64 run with ``dp`` ranks."""
-    config = config_for(policy, dp, algo, placement)
+    config = config_for(policy, dp, algo, placement, shard)
     torch.manual_seed(config.seed)
     if dp == 1 and placement == "colocated":
         executor = Executor.colocated(config, load_roles(config.model), Recorder())
@@ -55,18 +55,19 @@ def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated"):
 
 
 @pytest.mark.parametrize(
-    "policy, algo, placement",
-    [("sync", "ppo", "colocated"), ("oppo", "ppo", "colocated"), ("oppo", "grpo", "colocated"),
-     ("oppo", "ppo", "disaggregated")],
+    "policy, algo, placement, shard",
+    [("sync", "ppo", "colocated", False), ("oppo", "ppo", "colocated", False), ("oppo", "grpo", "colocated", False),
+     ("oppo", "ppo", "disaggregated", False), ("oppo", "ppo", "colocated", True), ("oppo", "grpo", "colocated", True)],
 )  # fmt: skip
-def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement):
+def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard):
     """Same trained sequences, rewards and final weights to 1e-10 relative: the loss is normalised by the
     minibatch's global token count and the gradients are summed over the ranks. (Two ranks reduce the gradient
     in another order than one batch: the last bits may differ.) The two-rank run checks every step that its
     ranks hold bit-identical weights (``check_ranks``). GRPO: group advantages over the whole batch; with the
-    reward model in its own worker, the two-rank run streams to it as the one-rank run does locally."""
+    reward model in its own worker, the two-rank run streams to it as the one-rank run does locally. Sharded
+    (FSDP2): parameters, gradients and Adam states split over the ranks, gradients reduce-scattered."""
     one_rewards, one_ids, one_weights, _ = run(policy, 1, algo)
-    two_rewards, two_ids, two_weights, devices = run(policy, 2, algo, placement)
+    two_rewards, two_ids, two_weights, devices = run(policy, 2, algo, placement, shard)
     assert two_ids == one_ids
     assert two_rewards == pytest.approx(one_rewards, rel=1e-10)
     assert {d for role, d in devices if role == "actor"} == {"cpu0", "cpu1"}  # one device per rank in the records
@@ -82,6 +83,17 @@ def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement):
 def flat_weights_at_start(role: str) -> torch.Tensor:
     roles = load_roles(ModelConfig(dtype="float64"), which=(role,))
     return torch.cat([v.flatten() for v in getattr(roles, role).state_dict().values()])
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [({"shard": True, "dp": 1}, "--shard needs --dp 2"), ({"shard": True, "dp": 4}, "at least --dp rows"),
+     ({"dp": 0}, "dp must be > 0")],
+)  # fmt: skip
+def test_bad_data_parallel_settings_are_refused(changes, message):
+    schedule = default_schedule(batch=4)  # minibatches of 2 rows
+    with pytest.raises(ValueError, match=message):
+        ExecConfig(schedule=schedule, **{"dp": 2} | changes)
 
 
 def test_deal_balances_tokens_and_keeps_order():
