@@ -48,6 +48,8 @@ class StepMetrics:
     kl: float  # mean per-token log(pi / pi_ref) of the trained tokens
     policy_loss: float
     value_loss: float
+    actor_grad_norm: float  # before clipping, mean over the step's minibatches
+    critic_grad_norm: float
     response_len: float  # mean response tokens of the trained sequences
 
 
@@ -195,15 +197,17 @@ class Executor:
                 "score": score, "mean_reward": float(shown.mean()), "rule_score": float(rule.mean()),
                 "kl": float(kl.mean())}  # fmt: skip
 
-    def _train(self, step: int, trained, scores: dict) -> tuple[float, float]:
-        """``epochs`` x ``minibatches`` synchronous data-parallel steps; the mean (policy, value) loss."""
+    def _train(self, step: int, trained, scores: dict) -> tuple[float, ...]:
+        """``epochs`` x ``minibatches`` synchronous data-parallel steps; the mean (policy, value) loss and (actor,
+        critic) gradient norm."""
         batch = step_batch(self.config, trained, self.data, scores, self.pad_id)
         losses = []
         for mb in minibatches(len(trained), self.config.ppo, self._seed(4, step)):
             totals = {k: float(batch[k][mb].sum()) for k in ("mask", "value_mask") if k in batch}
             shares = deal(mb, batch["attn"][mb].sum(1), self.group.size)
             parts = [(step, {k: v[share] for k, v in batch.items()}, totals) for share in shares]
-            losses.append(np.sum(self.group.call("train", parts), axis=0))  # each rank's terms of the loss
+            results = self.group.call("train", parts)
+            losses.append((*np.sum(results, axis=0)[:2], *results[0][2:]))  # the ranks' loss terms; rank 0's norms
         return tuple(float(x) for x in np.mean(losses, axis=0))
 
     def _check_ranks(self, step: int) -> None:

@@ -39,21 +39,22 @@ class Learner:
         self.actor_opt = torch.optim.Adam(roles.actor.parameters(), lr=config.ppo.lr)
         self.critic_opt = None if self.grpo else torch.optim.Adam(roles.critic.parameters(), lr=config.ppo.critic_lr)
 
-    def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, float]:
+    def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, ...]:
         """One minibatch step. ``part``: this rank's rows of the minibatch (:func:`step_batch` tensors, maybe no
         rows); ``totals``: the minibatch's token counts over all ranks (``mask``, ``value_mask``), the loss
-        denominators. Returns this rank's terms of the (policy, value) losses: the ranks' terms sum to the loss."""
+        denominators. Returns this rank's terms of the (policy, value) losses (the ranks' terms sum to the loss)
+        and the (actor, critic) gradient norms before clipping (the same on every rank)."""
         part = {k: v.to(self.roles.device) for k, v in part.items()}
         rows, tokens = part["ids"].shape[0], int(part["attn"].sum())
         with self.rec.op(step, self.device, "actor", "train_actor", batch=rows, tokens=tokens):
-            p_loss = self._actor_step(part, totals["mask"])
-        v_loss = 0.0
+            p_loss, p_norm = self._actor_step(part, totals["mask"])
+        v_loss = v_norm = 0.0
         if not self.grpo:
             with self.rec.op(step, self.device, "critic", "train_critic", batch=rows, tokens=tokens):
-                v_loss = self._critic_step(part, totals["value_mask"])
-        return p_loss, v_loss
+                v_loss, v_norm = self._critic_step(part, totals["value_mask"])
+        return p_loss, v_loss, p_norm, v_norm
 
-    def _actor_step(self, part: dict, total: float) -> float:
+    def _actor_step(self, part: dict, total: float) -> tuple[float, float]:
         cfg, actor = self.config.ppo, self.roles.actor
         self.actor_opt.zero_grad()
         loss = 0.0
@@ -65,10 +66,9 @@ class Learner:
                 loss = loss + cfg.kl_coef * kl_k3(logp, part["ref_lp"], part["mask"], total)
             loss.backward()
             loss = loss.item()
-        apply_gradients(self.actor_opt, actor, cfg.max_grad_norm)
-        return loss
+        return loss, apply_gradients(self.actor_opt, actor, cfg.max_grad_norm)
 
-    def _critic_step(self, part: dict, total: float) -> float:
+    def _critic_step(self, part: dict, total: float) -> tuple[float, float]:
         cfg, critic = self.config.ppo, self.roles.critic
         self.critic_opt.zero_grad()
         loss = 0.0
@@ -79,14 +79,14 @@ class Learner:
                                                cfg.value_clip, total)  # fmt: skip
             loss.backward()
             loss = loss.item()
-        apply_gradients(self.critic_opt, critic, cfg.max_grad_norm)
-        return loss
+        return loss, apply_gradients(self.critic_opt, critic, cfg.max_grad_norm)
 
 
-def apply_gradients(optimizer, model: torch.nn.Module, max_norm: float) -> None:
+def apply_gradients(optimizer, model: torch.nn.Module, max_norm: float) -> float:
     """Sum the gradients over the data-parallel ranks (one flat all-reduce per model: each rank's loss is already
     divided by the global token count), then clip and step; every rank then holds the same weights. A sharded
-    model's gradients were already summed, shard by shard, in its backward pass."""
+    model's gradients were already summed, shard by shard, in its backward pass. Returns the gradients' norm
+    before clipping (0 when there are none)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if dist.is_initialized() and dist.get_world_size() > 1 and not is_sharded(model):
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]  # a rank with no rows
@@ -94,9 +94,11 @@ def apply_gradients(optimizer, model: torch.nn.Module, max_norm: float) -> None:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         for p, summed in zip(params, _unflatten_dense_tensors(flat, grads)):
             p.grad = summed
-    if any(p.grad is not None for p in params):
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-        optimizer.step()
+    if not any(p.grad is not None for p in params):
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    optimizer.step()
+    return float(full(norm))
 
 
 def weights_digest(*models: torch.nn.Module) -> str:

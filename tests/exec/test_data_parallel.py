@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -51,7 +52,8 @@ def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", s
         devices = {(row.role, row.device) for row in executor.rec.rows}
     finally:
         executor.close()
-    return [m.mean_reward for _, m in steps], [[t.seq_id for t in o.trained] for o, _ in steps], weights, devices
+    observed = [(m.mean_reward, m.actor_grad_norm, m.critic_grad_norm) for _, m in steps]  # per step
+    return observed, [[t.seq_id for t in o.trained] for o, _ in steps], weights, devices
 
 
 @pytest.mark.parametrize(
@@ -66,10 +68,12 @@ def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, sha
     ranks hold bit-identical weights (``check_ranks``). GRPO: group advantages over the whole batch; with the
     reward model in its own worker, the two-rank run streams to it as the one-rank run does locally. Sharded
     (FSDP2): parameters, gradients and Adam states split over the ranks, gradients reduce-scattered."""
-    one_rewards, one_ids, one_weights, _ = run(policy, 1, algo)
-    two_rewards, two_ids, two_weights, devices = run(policy, 2, algo, placement, shard)
+    one_observed, one_ids, one_weights, _ = run(policy, 1, algo)
+    two_observed, two_ids, two_weights, devices = run(policy, 2, algo, placement, shard)
     assert two_ids == one_ids
-    assert two_rewards == pytest.approx(one_rewards, rel=1e-10)
+    # rewards and the gradients' norms (before clipping: a sum over ranks taken as a mean would show here)
+    assert np.ravel(two_observed) == pytest.approx(np.ravel(one_observed), rel=1e-10)
+    assert min(norm for _, norm, _ in one_observed) > 0
     assert {d for role, d in devices if role == "actor"} == {"cpu0", "cpu1"}  # one device per rank in the records
     # the reward model: on the driver (the device after the ranks), or in its own worker
     assert ("reward", "cpu3" if placement == "disaggregated" else "cpu2") in devices
