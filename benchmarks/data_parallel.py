@@ -1,4 +1,4 @@
-"""The data-parallel actor group on this machine: one policy with ``--dp 1`` and ``--dp N``, side by side.
+"""The data-parallel actor group on this machine: one policy with ``--dp 1``, ``--dp N`` and ``--dp N --shard``.
 
     python benchmarks/data_parallel.py --preset small-cpu --dp 2 --steps 8
 
@@ -20,10 +20,11 @@ PHASES = ("actor/prefill", "actor/decode", "actor/score", "reference/score", "cr
           "actor/train_actor", "critic/train_critic")  # fmt: skip
 
 
-def run(args, dp: int) -> dict:
+def run(args, dp: int, shard: bool = False) -> dict:
     schedule = default_schedule(policy=args.policy, batch=args.batch, max_new_tokens=args.max_new_tokens)
-    config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps, dp=dp)
-    out = Path(args.out) / f"{args.preset}-{args.policy}-dp{dp}"
+    config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps, dp=dp,
+                        shard=shard)  # fmt: skip
+    out = Path(args.out) / f"{args.preset}-{args.policy}-dp{dp}{'-shard' * shard}"
     train(config, out)
     summary = json.loads((out / "summary.json").read_text())
     step_s = [float(r["step_s"]) for r in csv.DictReader(open(out / "steps.csv"))]
@@ -44,17 +45,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", default="runs/bench-data-parallel")
     args = parser.parse_args()
-    results = {dp: run(args, dp) for dp in (1, args.dp)}
-    base = results[1]["step_s"]
+    results = {"1": run(args, 1), str(args.dp): run(args, args.dp), f"{args.dp} shard": run(args, args.dp, True)}
+    base = results["1"]["step_s"]
     print(f"\n{args.preset}, {args.policy}, B={args.batch}, cap {args.max_new_tokens}, steps 1..{args.steps - 1}")
-    print(f"{'ranks':<6} {'step_s':>7} {'vs dp 1':>8} {'rounds':>7}  busy fraction per device")
+    print(f"{'ranks':<8} {'step_s':>7} {'vs dp 1':>8} {'rounds':>7}  busy fraction per device")
     for dp, r in results.items():
         busy = ", ".join(f"{d}: {u:.0%}" for d, u in r["busy"].items())
-        print(f"{dp:<6} {r['step_s']:>7.3f} {base / r['step_s']:>7.2f}x {r['rounds']:>7.1f}  {busy}")
+        print(f"{dp:<8} {r['step_s']:>7.3f} {base / r['step_s']:>7.2f}x {r['rounds']:>7.1f}  {busy}")
     print("\nseconds per step by phase, summed over devices")
-    print(f"{'phase':<20}" + "".join(f"{'dp ' + str(dp):>9}" for dp in results))
+    print(f"{'phase':<20}" + "".join(f"{'dp ' + dp:>12}" for dp in results))
     for phase in PHASES:
-        print(f"{phase:<20}" + "".join(f"{r['phases'].get(phase, 0.0):>9.3f}" for r in results.values()))
+        print(f"{phase:<20}" + "".join(f"{r['phases'].get(phase, 0.0):>12.3f}" for r in results.values()))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def shard(model: torch.nn.Module) -> None:
     fully_shard(score_head(model))
     for unit in _units(model):
         unit.set_gradient_divide_factor(1.0)  # a sum over ranks, not a mean
+        unit.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no pre-multiplied sum)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
