@@ -52,12 +52,14 @@ def test_reward_worker_on_cuda_equals_colocated_in_float32(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_two_ranks_over_nccl_stay_identical(tmp_path):
-    """--dp 2 on two GPUs: NCCL all-reduce; the ranks' weights are compared bit for bit after every step."""
+@pytest.mark.parametrize("shard", [False, True])
+def test_two_ranks_over_nccl_stay_identical(tmp_path, shard):
+    """--dp 2 on two GPUs: NCCL all-reduce (or FSDP2's reduce-scatter); the ranks' whole weights are compared bit
+    for bit after every step."""
     pytest.importorskip("ray")
     from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
     from oppo.exec.train import train
 
     config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), steps=3, dp=2, check_ranks=True,
-                        model=ModelConfig(device="cuda"))  # fmt: skip
+                        shard=shard, model=ModelConfig(device="cuda"))  # fmt: skip
     assert train(config, tmp_path / "dp2") == 0
