@@ -30,7 +30,7 @@ class ActorRank:
         self.learner = Learner(config, roles, recorder, label)
         self.scorers = {role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, label)
                         for role in colocated}  # fmt: skip
-        self.trained = [roles.actor] + ([] if self.learner.grpo else [roles.critic])
+        self.trained = trained_models(config, roles)
         self.sharded = sharding.is_sharded(roles.actor)
         self.gathered = False  # sharded models' weights gathered for this step's generation and scoring
         self.streamed: dict[str, LocalScorer] = {}
@@ -47,7 +47,7 @@ class ActorRank:
                 for p in model.parameters():
                     dist.broadcast(p.data, src=0)
         if config.shard:
-            for model in [roles.actor] + ([roles.critic] if config.schedule.algo == "ppo" else []):
+            for model in trained_models(config, roles):
                 sharding.shard(model)
         return cls(config, roles, recorder, label, colocated)
 
@@ -56,8 +56,9 @@ class ActorRank:
         ``decoding``: (seq id, token budget, sampling key, forced length or None, response tokens so far) of
         those that decode this step; ``streamed``: the scorer roles fed chunk by chunk."""
         if self.sharded:
-            for model in self.trained:
-                sharding.gather(model)
+            with self.rec.op(step, self.label, "actor", "sync", batch=len(self.trained)):  # a weight all-gather
+                for model in self.trained:
+                    sharding.gather(model)
             self.gathered = True
         self.streamed = {role: s for role, s in self.scorers.items() if role in streamed}
         for scorer in self.streamed.values():
@@ -131,6 +132,11 @@ class ActorRank:
     def digest(self) -> str:
         """A digest of the trained weights (actor and, for PPO, critic)."""
         return weights_digest(*self.trained)
+
+
+def trained_models(config: ExecConfig, roles: Roles) -> list[torch.nn.Module]:
+    """The models a rank trains: the actor, and the critic under PPO."""
+    return [roles.actor] + ([roles.critic] if config.schedule.algo == "ppo" else [])
 
 
 def join_group(backend: str, address: str, port: int, rank: int, world: int) -> None:
