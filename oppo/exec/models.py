@@ -101,12 +101,15 @@ def token_ids(config: ModelConfig) -> tuple[int, int, int]:
 
 def role_parameters(config: ModelConfig) -> dict[str, int]:
     """Parameters of each role's model, counted on the meta device (no weights loaded)."""
-    counts = {}
-    for role, path in role_paths(config).items():
-        with torch.device("meta"):
-            model = role_class(role).from_config(AutoConfig.from_pretrained(path))
-        counts[role] = sum(p.numel() for p in model.parameters())
-    return counts
+    paths = role_paths(config)
+    counts: dict[tuple, int] = {}  # (class, folder) -> parameters: roles sharing a checkpoint are built once
+    for role, path in paths.items():
+        key = (role_class(role), str(path))
+        if key not in counts:
+            with torch.device("meta"):
+                model = key[0].from_config(AutoConfig.from_pretrained(path))
+            counts[key] = sum(p.numel() for p in model.parameters())
+    return {role: counts[(role_class(role), str(path))] for role, path in paths.items()}
 
 
 def backbone(model: torch.nn.Module) -> torch.nn.Module:

@@ -24,7 +24,16 @@ import torch
 from oppo.exec.config import ExecConfig
 from oppo.exec.models import load_roles, resolve_device, token_ids
 from oppo.exec.rank import ActorRank, join_group
-from oppo.exec.runner import Executor, RunAborted, device_name, driver_roles, local_parts, rank_roles, scorer_roles
+from oppo.exec.runner import (
+    Executor,
+    RunAborted,
+    device_name,
+    driver_roles,
+    driver_scorers,
+    local_parts,
+    rank_roles,
+    scorer_roles,
+)
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
 from oppo.records import TraceRow
@@ -150,7 +159,7 @@ class RankWorker:
         self.config, self.colocated = config, colocated
         self.index, self.world, self.backend = rank, world, "nccl" if device.type == "cuda" else "gloo"
         torch.manual_seed(config.seed)  # a head the checkpoint lacks starts alike everywhere (and is broadcast)
-        self.roles = load_roles(config.model, device, which=("actor", "reference", "critic"))
+        self.roles = load_roles(config.model, device, which=("actor", "critic", *colocated))
         self.rec = Recorder(t0)
         self.rank: ActorRank | None = None  # made once the group is joined (the optimizers need final parameters)
 
@@ -185,7 +194,7 @@ class RayGroup:
 
     def __init__(self, config: ExecConfig, t0: float, on_gpu: bool, colocated: tuple[str, ...]) -> None:
         self.size, self.sharded = config.dp, config.shard
-        options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
+        options = _one_device(on_gpu)
         if config.ray_address:
             options["scheduling_strategy"] = "SPREAD"  # over the cluster's nodes
         self.workers = [RankWorker.options(**options).remote(config, r, self.size, t0, f"cpu{r}", colocated)
@@ -223,6 +232,21 @@ class RayGroup:
             return ray.get(refs)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as err:
             raise WorkerDied(f"an actor rank's worker died: {type(err).__name__}") from None
+        except ray.exceptions.RayTaskError:  # a collective with a dead rank fails on the live ones first
+            dead = self._dead()
+            if dead:
+                raise WorkerDied(f"an actor rank's worker died: rank {dead[0]}") from None
+            raise
+
+    def _dead(self) -> list[int]:
+        """The ranks whose worker no longer answers (a live one answers at once: its call just failed)."""
+        dead = []
+        for r, worker in enumerate(self.workers):
+            try:
+                ray.get(worker.ready.remote(), timeout=60)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.GetTimeoutError):
+                dead.append(r)
+        return dead
 
 
 class RayExecutor(Executor):
@@ -241,19 +265,19 @@ class RayExecutor(Executor):
         if not on_gpu:
             torch.set_num_threads(1)  # one core for the driver: its own "device"
         elsewhere = tuple(r for names in remote for r in names)
+        on_driver = driver_roles(config, elsewhere)
         if config.dp > 1:
             group = RayGroup(config, recorder.t0, on_gpu, rank_roles(config, elsewhere))
-            roles = load_roles(config.model, device, which=driver_roles(config, elsewhere))
             label = device_name(device) if on_gpu else f"cpu{config.dp}"  # the driver's own device
-            scorers = {role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
-                       for role in driver_roles(config, elsewhere)}  # fmt: skip
-        else:
-            group, scorers = local_parts(config, load_roles(config.model, device), recorder, elsewhere)
+            roles = load_roles(config.model, device, which=on_driver)
+            scorers = driver_scorers(config, roles, recorder, label, elsewhere)
+        else:  # the one rank here: the trained models, its colocated scorers and the driver's (not the remote ones)
+            which = ("actor", "critic", *rank_roles(config, elsewhere), *on_driver)
+            group, scorers = local_parts(config, load_roles(config.model, device, which=which), recorder, elsewhere)
         first = config.dp + (config.dp > 1)  # the scorer workers' device labels follow the ranks' and the driver's
         for k, names in enumerate(remote):
-            options = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
-            worker = ScorerWorker.options(**options).remote(config.model, names, ids[0], recorder.t0,
-                                                            f"cpu{first + k}", 1)  # fmt: skip
+            worker = ScorerWorker.options(**_one_device(on_gpu)).remote(config.model, names, ids[0], recorder.t0,
+                                                                        f"cpu{first + k}", 1)  # fmt: skip
             for i, role in enumerate(names):
                 scorers[role] = RemoteScorer(role, worker, collects=i == 0)
             label, pid = _get(worker.ready.remote(), names[0])  # models loaded before the first step's clock
@@ -267,6 +291,11 @@ class RayExecutor(Executor):
                 ray.kill(scorer.worker)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _one_device(on_gpu: bool) -> dict:
+    """Ray resources of a worker that owns one device: a GPU, or on CPU one core."""
+    return {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
 
 
 def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int) -> bool:

@@ -43,7 +43,7 @@ class ActorRank:
         """A rank of a joined process group: rank 0's weights are taken (as DDP does at construction), and the
         trained models are sharded with ``config.shard``, before the optimizers see their parameters."""
         with torch.no_grad():
-            for model in (roles.actor, roles.critic):
+            for model in (roles.actor, roles.critic):  # (the reference loads alike everywhere)
                 for p in model.parameters():
                     dist.broadcast(p.data, src=0)
         if config.shard:

@@ -238,9 +238,13 @@ def local_parts(config: ExecConfig, roles: Roles, recorder: Recorder, remote: tu
     """The actor group as one rank in this process, and the driver's scorers, leaving out the ``remote`` roles."""
     label = device_name(roles.device)
     rank = ActorRank(config, roles, recorder, label, rank_roles(config, remote))
-    scorers = {role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
-               for role in driver_roles(config, remote)}  # fmt: skip
-    return LocalGroup(rank), scorers
+    return LocalGroup(rank), driver_scorers(config, roles, recorder, label, remote)
+
+
+def driver_scorers(config: ExecConfig, roles: Roles, recorder: Recorder, label: str, remote: tuple[str, ...] = ()):
+    """The scorer roles the driver process holds (the reward model, unless it is a rule or ``remote``)."""
+    return {role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
+            for role in driver_roles(config, remote)}  # fmt: skip
 
 
 def scorer_roles(config: ExecConfig) -> list[str]:

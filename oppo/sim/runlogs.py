@@ -194,14 +194,14 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> RunLog:
     if not rows:
         raise ValueError(f"{path}: no steps found (expected 'step:N - timing_s/gen:...' or 'Global step N: {{...}}' "
                          "lines, or a step column)")  # fmt: skip
-    if not any(_timing(path, row, s) is not None for row in rows for s in STAGES):
+    timed = [{stage: t for stage in (*STAGES, *EXCLUDING) if (t := _timing(path, row, stage)) is not None}
+             for row in rows]  # fmt: skip
+    if not any(timed):
         raise ValueError(f"{path}: no timing columns (expected timing_s/gen, timing/gen, timing/generation, ...)")
     steps = []
-    for row in rows:
-        if any(_timing(path, row, s) is not None for s in EXCLUDING):
-            continue
-        stages = {stage: t for stage in STAGES if (t := _timing(path, row, stage)) is not None}
-        if not stages:  # e.g. a line of test scores only
+    for row, times in zip(rows, timed):
+        stages = {stage: t for stage, t in times.items() if stage in STAGES}
+        if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
         lengths = {stat: _number(path, row, found[1], found[0]) if (found := _value(row, *names)) else None
                    for stat, names in LENGTHS.items()}  # fmt: skip

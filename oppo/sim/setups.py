@@ -342,6 +342,9 @@ def setup_from_dict(data: dict[str, Any], where: str) -> Setup:
     return _override(paper_7b_h200(), data, where)
 
 
+NAMED_TABLES = {Framework: FRAMEWORKS}  # table types a TOML table may start from by name (``base = NAME``)
+
+
 def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(obj)}
     changes = {}
@@ -351,9 +354,10 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
         if isinstance(obj, Setup) and key == "reward" and value == "rule":
             value = None  # no reward model: a rule scores the responses
         current = getattr(obj, key)
-        if isinstance(obj, Setup) and key == "framework" and isinstance(value, dict) and "base" in value:
-            value = dict(value)  # [framework] base = "roofline" | "trl": start from that layer, not the base's
-            current = lookup(FRAMEWORKS, value.pop("base"), f"{where} [framework] base")
+        named = NAMED_TABLES.get(type(current))
+        if named and isinstance(value, dict) and "base" in value:  # e.g. [framework] base = "roofline" | "trl"
+            value = dict(value)  # start from that named table, not the base setup's
+            current = lookup(named, value.pop("base"), f"{where} [{key}] base")
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: [{key}] must be a table")
