@@ -16,14 +16,21 @@ from pathlib import Path
 from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
 from oppo.exec.train import train
 
-PHASES = ("actor/prefill", "actor/decode", "actor/score", "reference/score", "critic/score", "reward/prefill",
-          "actor/train_actor", "critic/train_critic")  # fmt: skip
+PHASES = (
+    "actor/prefill",
+    "actor/decode",
+    "actor/score",
+    "reference/score",
+    "critic/score",
+    "reward/prefill",
+    "actor/train_actor",
+    "critic/train_critic",
+)
 
 
 def run(args, dp: int, shard: bool = False) -> dict:
     schedule = default_schedule(policy=args.policy, batch=args.batch, max_new_tokens=args.max_new_tokens)
-    config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps, dp=dp,
-                        shard=shard)  # fmt: skip
+    config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps, dp=dp, shard=shard)
     out = Path(args.out) / f"{args.preset}-{args.policy}-dp{dp}{'-shard' * shard}"
     train(config, out)
     summary = json.loads((out / "summary.json").read_text())
@@ -31,8 +38,12 @@ def run(args, dp: int, shard: bool = False) -> dict:
     rounds = Counter(
         (r["step"], r["device"]) for r in csv.DictReader(open(out / "trace.csv")) if r["phase"] == "decode"
     )
-    return {"step_s": sum(step_s[1:]) / max(len(step_s) - 1, 1), "busy": summary["utilization"],
-            "phases": summary["phase_s_per_step"], "rounds": sum(rounds.values()) / max(len(rounds), 1)}  # fmt: skip
+    return {
+        "step_s": sum(step_s[1:]) / max(len(step_s) - 1, 1),
+        "busy": summary["utilization"],
+        "phases": summary["phase_s_per_step"],
+        "rounds": sum(rounds.values()) / max(len(rounds), 1),
+    }
 
 
 def main() -> None:

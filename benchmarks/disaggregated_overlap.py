@@ -33,13 +33,25 @@ def main() -> None:
     args = parser.parse_args()
     results = {}
     for policy in args.policies.split(","):
-        schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens,
-                                    chunk=args.chunk, check_tokens=8, delta_init=2, delta_max=max(2, args.batch // 4),
-                                    streamed_scorers=("reward", "reference", "critic"))  # fmt: skip
-        config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps,
-                            ppo=PPOConfig(epochs=args.epochs, minibatches=1), placement="disaggregated",
-                            remote_roles=tuple(args.remote_roles.split(",")),
-                            task=TaskConfig(lengths="alpaca_eval", lengths_model=args.lengths_model))  # fmt: skip
+        schedule = default_schedule(
+            policy=policy,
+            batch=args.batch,
+            max_new_tokens=args.max_new_tokens,
+            chunk=args.chunk,
+            check_tokens=8,
+            delta_init=2,
+            delta_max=max(2, args.batch // 4),
+            streamed_scorers=("reward", "reference", "critic"),
+        )
+        config = ExecConfig(
+            schedule=schedule,
+            model=ModelConfig(preset=args.preset),
+            steps=args.steps,
+            ppo=PPOConfig(epochs=args.epochs, minibatches=1),
+            placement="disaggregated",
+            remote_roles=tuple(args.remote_roles.split(",")),
+            task=TaskConfig(lengths="alpaca_eval", lengths_model=args.lengths_model),
+        )
         out = Path(args.out) / f"{args.preset}-{policy}"
         train(config, out)
         summary = json.loads((out / "summary.json").read_text())
@@ -49,8 +61,10 @@ def main() -> None:
         step_s = [float(r["step_s"]) for r in steps[1:]] or [float(r["step_s"]) for r in steps]
         results[policy] = (sum(step_s) / len(step_s), hidden_fraction(trace), summary["utilization"])
     base = results.get("sync", next(iter(results.values())))[0]
-    print(f"\n{args.preset}, disaggregated (remote: {args.remote_roles}), B={args.batch}, "
-          f"{args.lengths_model} lengths cap {args.max_new_tokens}, chunk {args.chunk}, steps 1..{args.steps - 1}")  # fmt: skip
+    print(
+        f"\n{args.preset}, disaggregated (remote: {args.remote_roles}), B={args.batch}, "
+        f"{args.lengths_model} lengths cap {args.max_new_tokens}, chunk {args.chunk}, steps 1..{args.steps - 1}"
+    )
     print(f"{'policy':<7} {'step_s':>8} {'vs sync':>8} {'reward prefill hidden':>22}  busy fraction per device")
     for policy, (step_s, hidden, util) in results.items():
         busy = ", ".join(f"{d}: {u:.0%}" for d, u in util.items())

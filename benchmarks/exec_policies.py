@@ -36,9 +36,15 @@ def main() -> None:
     for policy in args.policies.split(","):
         assert policy in POLICIES, policy
         schedule = default_schedule(
-            policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens, chunk=args.chunk,
-            check_tokens=8, delta_init=args.batch // 4, delta_max=args.batch // 4, window_tokens=args.max_new_tokens // 4,
-        )  # fmt: skip
+            policy=policy,
+            batch=args.batch,
+            max_new_tokens=args.max_new_tokens,
+            chunk=args.chunk,
+            check_tokens=8,
+            delta_init=args.batch // 4,
+            delta_max=args.batch // 4,
+            window_tokens=args.max_new_tokens // 4,
+        )
         model = ModelConfig(preset=args.preset, threads=args.threads)
         config = ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed, task=task)
         out = Path(args.out) / f"{args.preset}-{policy}"
@@ -49,14 +55,18 @@ def main() -> None:
 
 def report(summaries: dict, args) -> None:
     base = summaries.get("sync", next(iter(summaries.values())))["mean_step_s"]
-    print(f"\npreset {args.preset}, B={args.batch}, lengths {args.lengths_model} (cap {args.max_new_tokens}), "
-          f"{args.steps} steps each")  # fmt: skip
+    print(
+        f"\npreset {args.preset}, B={args.batch}, lengths {args.lengths_model} (cap {args.max_new_tokens}), "
+        f"{args.steps} steps each"
+    )
     print(f"{'policy':<7} {'mean_s':>8} {'p50_s':>8} {'vs sync':>8} {'tok/s':>8} {'deferrals':>10}  deferral hist")
     for policy, s in summaries.items():
         tokens = s.get("decoded_tokens_per_s") or _tokens_per_s(Path(args.out) / f"{args.preset}-{policy}")
         hist = ", ".join(f"{k}: {v:.0%}" for k, v in s["deferral_hist"].items())
-        print(f"{policy:<7} {s['mean_step_s']:>8.3f} {s['p50_step_s']:>8.3f} {base / s['mean_step_s']:>7.2f}x "
-              f"{tokens:>8.0f} {s['mean_deferrals']:>10.2f}  {hist}")  # fmt: skip
+        print(
+            f"{policy:<7} {s['mean_step_s']:>8.3f} {s['p50_step_s']:>8.3f} {base / s['mean_step_s']:>7.2f}x "
+            f"{tokens:>8.0f} {s['mean_deferrals']:>10.2f}  {hist}"
+        )
     print("\nseconds per step by role/phase:")
     keys = sorted({k for s in summaries.values() for k in s["phase_s_per_step"]})
     print(f"{'':<22}" + "".join(f"{p:>9}" for p in summaries))

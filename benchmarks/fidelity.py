@@ -34,24 +34,36 @@ def main() -> None:
     lengths = load_lengths(task.lengths, model=task.lengths_model)
     runs = {}
     for policy in args.policies.split(","):
-        schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens,
-                                    chunk=args.chunk, delta=args.delta, check_tokens=8)  # fmt: skip
+        schedule = default_schedule(
+            policy=policy,
+            batch=args.batch,
+            max_new_tokens=args.max_new_tokens,
+            chunk=args.chunk,
+            delta=args.delta,
+            check_tokens=8,
+        )
         config = ExecConfig(schedule=schedule, model=ModelConfig(preset=args.preset), steps=args.steps, task=task)
         runs[policy] = Path(args.out) / f"{args.preset}-{policy}"
         train(config, runs[policy])
     report = fidelity(runs, lengths, Path(args.out) / f"{args.preset}-profile.json")
-    print(f"\n{args.preset}: calibrated on sync only; B={args.batch}, {args.lengths_model} lengths cap "
-          f"{args.max_new_tokens}, chunk {args.chunk}, delta {args.delta}, steps 1..{args.steps - 1}")  # fmt: skip
     print(
-        f"{'policy':<7} {'measured_s':>11} {'predicted_s':>12} {'median_err':>11} {'speedup':>8} {'predicted':>10} {'err':>6}"
+        f"\n{args.preset}: calibrated on sync only; B={args.batch}, {args.lengths_model} lengths cap "
+        f"{args.max_new_tokens}, chunk {args.chunk}, delta {args.delta}, steps 1..{args.steps - 1}"
+    )
+    print(
+        f"{'policy':<7} {'measured_s':>11} {'predicted_s':>12} {'median_err':>11} "
+        f"{'speedup':>8} {'predicted':>10} {'err':>6}"
     )
     for policy, r in report.items():
-        print(f"{policy:<7} {r['measured_step_s']:>11.3f} {r['predicted_step_s']:>12.3f} {r['median_step_err']:>10.1%} "
-              f"{r['measured_speedup']:>7.2f}x {r['predicted_speedup']:>9.2f}x {r['speedup_err']:>6.1%}")  # fmt: skip
+        print(
+            f"{policy:<7} {r['measured_step_s']:>11.3f} {r['predicted_step_s']:>12.3f} {r['median_step_err']:>10.1%} "
+            f"{r['measured_speedup']:>7.2f}x {r['predicted_speedup']:>9.2f}x {r['speedup_err']:>6.1%}"
+        )
     print("\nGPU profile fits (held-out 20% of rows):")
     for name, fit in gpu_efficiencies().items():
         print(
-            f"  {name:<10} median error {fit.heldout_median_abs_err:.1%}, p90 {fit.heldout_p90_abs_err:.1%} (from {fit.gpu})"
+            f"  {name:<10} median error {fit.heldout_median_abs_err:.1%}, "
+            f"p90 {fit.heldout_p90_abs_err:.1%} (from {fit.gpu})"
         )
 
 

@@ -36,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="B (default: 32)")
     parser.add_argument("--max-new-tokens", type=int, default=192, help="response cap (default: 192)")
     parser.add_argument("--chunk", default="64", help="streamed chunk size (default: 64)")
-    parser.add_argument("--dp", type=int, default=0, help="data-parallel actor ranks, one GPU each (default: 0, "
-                        "every GPU present)")  # fmt: skip
+    parser.add_argument(
+        "--dp", type=int, default=0, help="data-parallel actor ranks, one GPU each (default: 0, every GPU present)"
+    )
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu first")
     return parser
 
@@ -75,14 +76,23 @@ def run_policies(model: str, args: argparse.Namespace, out: Path) -> dict[str, P
     paths = random_checkpoints(model, out / "checkpoints" / model)
     runs = {}
     for policy in POLICIES:
-        schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens,
-                                    chunk=args.chunk, delta=str(max(1, args.batch // 4)), check_tokens=16)  # fmt: skip
+        schedule = default_schedule(
+            policy=policy,
+            batch=args.batch,
+            max_new_tokens=args.max_new_tokens,
+            chunk=args.chunk,
+            delta=str(max(1, args.batch // 4)),
+            check_tokens=16,
+        )
         config = ExecConfig(
-            schedule=schedule, steps=args.steps, dp=args.dp,
-            model=ModelConfig(preset="hf", actor=str(paths["actor"]), reward=str(paths["reward"]), device="cuda",
-                              dtype="bfloat16"),
+            schedule=schedule,
+            steps=args.steps,
+            dp=args.dp,
+            model=ModelConfig(
+                preset="hf", actor=str(paths["actor"]), reward=str(paths["reward"]), device="cuda", dtype="bfloat16"
+            ),
             task=TaskConfig(lengths="alpaca_eval", lengths_model="alpaca-7b", prompt_tokens=64),
-        )  # fmt: skip
+        )
         runs[policy] = out / model / policy
         train(config, runs[policy])
     return runs
@@ -94,10 +104,18 @@ def table(model: str, runs: dict[str, Path], report: dict) -> list[dict]:
         summary = json.loads((run / "summary.json").read_text())
         stages, r = summary["stages"], report[policy]
         decode, train = stages.get("actor/decode", {}), stages.get("actor/train_actor", {})
-        rows.append({"model": model, "policy": policy, "measured_s": round(r["measured_step_s"], 3),
-                     "predicted_s": round(r["predicted_step_s"], 3), "step_err": f"{r['median_step_err']:.1%}",
-                     "decode_tok_s": round(decode.get("tokens_per_s", 0.0)), "mfu_decode": _percent(decode),
-                     "mfu_train": _percent(train)})  # fmt: skip
+        rows.append(
+            {
+                "model": model,
+                "policy": policy,
+                "measured_s": round(r["measured_step_s"], 3),
+                "predicted_s": round(r["predicted_step_s"], 3),
+                "step_err": f"{r['median_step_err']:.1%}",
+                "decode_tok_s": round(decode.get("tokens_per_s", 0.0)),
+                "mfu_decode": _percent(decode),
+                "mfu_train": _percent(train),
+            }
+        )
     return rows
 
 
@@ -118,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     tests = "skipped"
     if not args.skip_tests:
-        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"],
-                             capture_output=True, text=True)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"],
+            capture_output=True,
+            text=True,
+        )
         tests = (res.stdout.strip().splitlines() or ["(no output)"])[-1]
     lengths = load_lengths("alpaca_eval", model="alpaca-7b")
     rows = []

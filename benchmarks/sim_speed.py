@@ -18,8 +18,22 @@ from pathlib import Path
 
 
 def timed_run(policy: str, steps: int, batch: int, lengths: str | None, out: Path) -> tuple[float, float, int]:
-    cmd = [sys.executable, "-m", "oppo.sim", "run", "--setup", "paper-7b-h200", "--policy", policy,
-           "--steps", str(steps), "--batch", str(batch), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "oppo.sim",
+        "run",
+        "--setup",
+        "paper-7b-h200",
+        "--policy",
+        policy,
+        "--steps",
+        str(steps),
+        "--batch",
+        str(batch),
+        "--out",
+        str(out),
+    ]
     cmd += ["--lengths", lengths] if lengths else []
     start = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
@@ -38,7 +52,8 @@ def main() -> None:
     parser.add_argument("--lengths", help="a length trace (default: the setup's lognormal lengths)")
     args = parser.parse_args()
     print(
-        f"{'policy':<8} {'steps':>6} {'batch':>6} {'command_s':>10} {'simulate_s':>11} {'steps/s':>8} {'trace rows':>11}"
+        f"{'policy':<8} {'steps':>6} {'batch':>6} {'command_s':>10} "
+        f"{'simulate_s':>11} {'steps/s':>8} {'trace rows':>11}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for policy in args.policies.split(","):
@@ -47,8 +62,10 @@ def main() -> None:
             ]
             wall = statistics.median(r[0] for r in runs)
             sim_s = statistics.median(r[1] for r in runs)
-            print(f"{policy:<8} {args.steps:>6} {args.batch:>6} {wall:>10.2f} {sim_s:>11.2f} "
-                  f"{args.steps / sim_s:>8.1f} {runs[0][2]:>11}")  # fmt: skip
+            print(
+                f"{policy:<8} {args.steps:>6} {args.batch:>6} {wall:>10.2f} {sim_s:>11.2f} "
+                f"{args.steps / sim_s:>8.1f} {runs[0][2]:>11}"
+            )
 
 
 if __name__ == "__main__":

@@ -27,16 +27,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--lengths", default="traces/hh_rlhf_harmless_lengths.csv.gz",
-                        help="trace whose lengths are forced on every run ('' for natural lengths)")  # fmt: skip
+    parser.add_argument(
+        "--lengths",
+        default="traces/hh_rlhf_harmless_lengths.csv.gz",
+        help="trace whose lengths are forced on every run ('' for natural lengths)",
+    )
     parser.add_argument("--threshold", type=float, default=0.0, help="reward threshold for time-to-reward")
     parser.add_argument("--out", default="runs/bench-trl")
     args = parser.parse_args()
     lengths = load_lengths(args.lengths) if args.lengths else None
     model = ModelConfig(preset=args.preset, threads=1)
     results = {}
-    config = ExecConfig(schedule=default_schedule(policy="sync", batch=args.batch, max_new_tokens=args.max_new_tokens),
-                        model=model, steps=args.steps)  # fmt: skip
+    config = ExecConfig(
+        schedule=default_schedule(policy="sync", batch=args.batch, max_new_tokens=args.max_new_tokens),
+        model=model,
+        steps=args.steps,
+    )
     trl_steps = run_trl(config, lengths)
     results["trl"] = (
         [s.step_s for s in trl_steps],
@@ -53,8 +59,10 @@ def main() -> None:
         results[policy] = ([float(s["step_s"]) for s in steps], [float(s["mean_reward"]) for s in steps], tokens)
     base = np.mean(results["trl"][0][1:])
     base_ttr = time_to_reward(results["trl"][1], results["trl"][0], args.threshold)
-    print(f"\n{args.preset}: B={args.batch}, cap {args.max_new_tokens}, lengths {args.lengths or 'natural'}, "
-          f"{args.steps} steps each, threshold {args.threshold}")  # fmt: skip
+    print(
+        f"\n{args.preset}: B={args.batch}, cap {args.max_new_tokens}, lengths {args.lengths or 'natural'}, "
+        f"{args.steps} steps each, threshold {args.threshold}"
+    )
     print(
         f"{'run':<15} {'step_s':>8} {'vs TRL':>7} {'tok/s':>8} {'reward last10':>14} {'time to thr':>12} {'vs TRL':>7}"
     )
@@ -62,9 +70,11 @@ def main() -> None:
         mean = np.mean(times[1:])
         ttr = time_to_reward(rewards, times, args.threshold)
         ratio = f"{base_ttr / ttr:.2f}x" if ttr and base_ttr else "-"
-        print(f"{'oppo.exec ' + name if name != 'trl' else 'TRL':<15} {mean:>8.3f} {base / mean:>6.2f}x "
-              f"{np.sum(tokens[1:]) / np.sum(times[1:]):>8.0f} {np.mean(rewards[-10:]):>14.3f} "
-              f"{'-' if ttr is None else f'{ttr:.1f} s':>12} {ratio:>7}")  # fmt: skip
+        print(
+            f"{'oppo.exec ' + name if name != 'trl' else 'TRL':<15} {mean:>8.3f} {base / mean:>6.2f}x "
+            f"{np.sum(tokens[1:]) / np.sum(times[1:]):>8.0f} {np.mean(rewards[-10:]):>14.3f} "
+            f"{'-' if ttr is None else f'{ttr:.1f} s':>12} {ratio:>7}"
+        )
 
 
 if __name__ == "__main__":

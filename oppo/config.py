@@ -37,8 +37,11 @@ class ScheduleConfig:
     """How one PPO step is scheduled: the policy and its controllers. Token counts are response tokens."""
 
     policy: str = opt("oppo", f"scheduling policy: {', '.join(POLICIES)}")
-    algo: str = opt("ppo", "ppo (one sample per prompt, critic) or grpo (--group-size samples per prompt, "
-                    "group-relative advantages, no critic)")  # fmt: skip
+    algo: str = opt(
+        "ppo",
+        "ppo (one sample per prompt, critic) or grpo (--group-size samples per prompt, "
+        "group-relative advantages, no critic)",
+    )
     group_size: int = opt(1, "G: samples per prompt; the prompt group is the unit of admission and training")
     batch: int = opt(8, "B: prompt groups trained per step (prompts, not tokens; B x G sequences)")
     max_new_tokens: int = opt(256, "cap on response tokens per sequence, over all the steps it spans")
@@ -49,8 +52,11 @@ class ScheduleConfig:
     check_tokens: int = opt(16, "over-commit checks for B finished sequences every this many tokens")
     streamed_scorers: tuple[str, ...] = opt(("reward",), f"scorers fed chunk by chunk: subset of {SCORERS}")
     delta: str = opt("auto", "over-commit Δ in prompts, or 'auto' for the --delta-controller")
-    delta_controller: str = opt("slope", "Δ controller when --delta auto: slope (paper Eq. 4), alg1 (Alg. 1) or "
-                                "tail (from the observed length distribution)")  # fmt: skip
+    delta_controller: str = opt(
+        "slope",
+        "Δ controller when --delta auto: slope (paper Eq. 4), alg1 (Alg. 1) or "
+        "tail (from the observed length distribution)",
+    )
     delta_init: int = opt(4, "initial Δ of the controller (prompts)")
     delta_min: int = opt(0, "lower bound on Δ (prompts)")
     delta_max: int = opt(8, "upper bound on Δ (prompts, <= batch)")
@@ -61,20 +67,33 @@ class ScheduleConfig:
     tail_tolerance: float = opt(0.1, "tail controller: share of the largest tail cut it may give up for a smaller Δ")
     max_deferrals: int = opt(3, "starvation bound (>= 1): a sequence deferred this many steps is waited for")
     window_tokens: int = opt(64, "tppo: at most this many new tokens per sequence per step")
-    staleness: int = opt(1, "async: generation runs ahead of training by at most this many policy versions "
-                         "(1: one-step-off)")  # fmt: skip
+    staleness: int = opt(
+        1, "async: generation runs ahead of training by at most this many policy versions (1: one-step-off)"
+    )
 
     def __post_init__(self) -> None:
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("algo", self.algo, ALGOS)
         if (self.algo == "ppo") != (self.group_size == 1):
-            raise ValueError(f"algo {self.algo} needs group_size {'1' if self.algo == 'ppo' else '>= 2'}, "
-                             f"got {self.group_size}")  # fmt: skip
+            raise ValueError(
+                f"algo {self.algo} needs group_size {'1' if self.algo == 'ppo' else '>= 2'}, got {self.group_size}"
+            )
         if self.truncated and self.group_size > 1:
             raise ValueError("tppo trains segments of single sequences; it does not support group sampling")
         _check_choice("delta_controller", self.delta_controller, DELTA_CONTROLLERS)
-        positive = ("batch", "group_size", "staleness", "max_new_tokens", "explore_period_steps", "explore_trials", "check_tokens",
-                    "delta_window", "delta_inc", "delta_dec", "window_tokens")  # fmt: skip
+        positive = (
+            "batch",
+            "group_size",
+            "staleness",
+            "max_new_tokens",
+            "explore_period_steps",
+            "explore_trials",
+            "check_tokens",
+            "delta_window",
+            "delta_inc",
+            "delta_dec",
+            "window_tokens",
+        )
         for name in positive:
             check_positive(name, getattr(self, name))
         if self.max_deferrals < 1 or self.delta_min < 0:
@@ -181,8 +200,11 @@ def add_config_args(
 
 def given_options(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fields of ``cls`` the user set on the command line (options left out parse to None)."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-            if f.name not in skip and getattr(args, f.name, None) is not None}  # fmt: skip
+    return {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if f.name not in skip and getattr(args, f.name, None) is not None
+    }
 
 
 def _show(value: Any) -> str:

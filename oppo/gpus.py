@@ -36,8 +36,17 @@ GPUS = {
 }
 
 # Names as torch.cuda.get_device_name() prints them -> table entries (first match wins)
-DEVICE_NAMES = (("B200", "b200"), ("H200", "h200"), ("GH200", "gh200"), ("H100", "h100"), ("MI300X", "mi300x"),
-                ("A100-SXM4-40GB", "a100-40gb"), ("A100", "a100"), ("L40S", "l40s"), ("A40", "a40"))  # fmt: skip
+DEVICE_NAMES = (
+    ("B200", "b200"),
+    ("H200", "h200"),
+    ("GH200", "gh200"),
+    ("H100", "h100"),
+    ("MI300X", "mi300x"),
+    ("A100-SXM4-40GB", "a100-40gb"),
+    ("A100", "a100"),
+    ("L40S", "l40s"),
+    ("A40", "a40"),
+)
 
 
 def gpu_by_device_name(device_name: str) -> GPU | None:

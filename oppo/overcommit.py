@@ -161,6 +161,7 @@ def make_delta_controller(config) -> FixedDelta | SlopeDelta | Alg1Delta | TailD
     if config.delta_controller == "alg1":
         return Alg1Delta(**bounds)
     if config.delta_controller == "tail":
-        return TailDelta(**bounds, batch=config.batch, confidence=config.tail_confidence,
-                         tolerance=config.tail_tolerance)  # fmt: skip
+        return TailDelta(
+            **bounds, batch=config.batch, confidence=config.tail_confidence, tolerance=config.tail_tolerance
+        )
     return SlopeDelta(**bounds, inc=config.delta_inc, dec=config.delta_dec)

@@ -117,8 +117,16 @@ def speed_vs_staleness(rows: Sequence[Mapping], path: str | Path, title: str = "
     util = [r["mean_util"] for r in rows]
     for r in rows:
         ax.plot([r["mean_lag"], r["p99_lag"]], [r["speedup"]] * 2, color="#999999", lw=1, zorder=1)
-    points = ax.scatter([r["mean_lag"] for r in rows], [r["speedup"] for r in rows], c=util, cmap="viridis",
-                        vmin=0, vmax=1, s=60, zorder=2)  # fmt: skip
+    points = ax.scatter(
+        [r["mean_lag"] for r in rows],
+        [r["speedup"] for r in rows],
+        c=util,
+        cmap="viridis",
+        vmin=0,
+        vmax=1,
+        s=60,
+        zorder=2,
+    )
     for r in rows:
         ax.annotate(r["policy"], (r["mean_lag"], r["speedup"]), textcoords="offset points", xytext=(5, 5))
     fig.colorbar(points, ax=ax, label="mean utilisation")

@@ -195,8 +195,16 @@ class Columns:
         phases, phase_code = _codes(column(3))
         pairs, stage_code = np.unique(role_code * len(phases) + phase_code, return_inverse=True)
         stages = [f"{roles[pair // len(phases)]}/{phases[pair % len(phases)]}" for pair in pairs]
-        return cls(column(0, np.int64), device_code, stage_code, column(4, float), column(5, float),
-                   column(7, float), devices, stages)  # fmt: skip
+        return cls(
+            column(0, np.int64),
+            device_code,
+            stage_code,
+            column(4, float),
+            column(5, float),
+            column(7, float),
+            devices,
+            stages,
+        )
 
     def operations(self) -> tuple[np.ndarray, np.ndarray]:
         """One index per operation (rows of one op on a group of devices share step, stage and start): the row of
@@ -237,8 +245,10 @@ def phase_breakdown(trace: Sequence[TraceRow] | Columns, steps: int) -> dict[str
     cols = trace if isinstance(trace, Columns) else Columns.of(trace)
     ops, _ = cols.operations()
     seconds = np.bincount(cols.stage[ops], weights=(cols.end - cols.start)[ops], minlength=len(cols.stages))
-    return {stage: float(seconds[code]) / max(steps, 1) for code, stage in sorted(enumerate(cols.stages),
-                                                                                   key=lambda item: item[1])}  # fmt: skip
+    return {
+        stage: float(seconds[code]) / max(steps, 1)
+        for code, stage in sorted(enumerate(cols.stages), key=lambda item: item[1])
+    }
 
 
 def hidden_fraction(
@@ -355,11 +365,19 @@ def trace_events(trace: Sequence[TraceRow], max_rows: int = TRACE_EVENTS_MAX_ROW
         {"name": "thread_name", "ph": "M", "pid": 0, "tid": i, "args": {"name": d}} for d, i in lane.items()
     ]
     events += [
-        {"name": f"{r.role}/{r.phase}", "cat": r.phase, "ph": "X", "pid": 0, "tid": lane[r.device],
-         "ts": r.start_s * 1e6, "dur": (r.end_s - r.start_s) * 1e6,
-         "args": {"step": r.step, "batch": r.batch_size, "tokens": r.num_tokens, "context": r.context_tokens}}
-        for r in trace if r.step in kept
-    ]  # fmt: skip
+        {
+            "name": f"{r.role}/{r.phase}",
+            "cat": r.phase,
+            "ph": "X",
+            "pid": 0,
+            "tid": lane[r.device],
+            "ts": r.start_s * 1e6,
+            "dur": (r.end_s - r.start_s) * 1e6,
+            "args": {"step": r.step, "batch": r.batch_size, "tokens": r.num_tokens, "context": r.context_tokens},
+        }
+        for r in trace
+        if r.step in kept
+    ]
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"steps": len(kept), "of": len(steps)}}
 
 
@@ -389,8 +407,10 @@ def stage_throughput(
             continue
         flops = (3.0 if phase.startswith("train") else 1.0) * flops_per_token.get(role, 0.0) * tokens[code]
         peak = peak_seconds[code] * peak_flops if peak_flops else 0.0
-        out[stage] = {"tokens_per_s": float(tokens[code] / seconds[code]) if seconds[code] > 0 else 0.0,
-                      "mfu": float(flops / peak) if flops and peak > 0 else None}  # fmt: skip
+        out[stage] = {
+            "tokens_per_s": float(tokens[code] / seconds[code]) if seconds[code] > 0 else 0.0,
+            "mfu": float(flops / peak) if flops and peak > 0 else None,
+        }
     return out
 
 

@@ -309,8 +309,17 @@ class Scheduler:
         total = plan.prefix_tokens[seq_id] + self._decoded(seq_id) if seq_id in self._running else seq.generated_tokens
         step = self.step
         # positional, in TrainedSeq's field order (half a million of these in a long simulation)
-        return TrainedSeq(step, seq_id, seq.group_id, seq.admitted_step, step - seq.admitted_step, total,
-                          total - plan.prefix_tokens[seq_id], seq.finished, step - seq.first_version)  # fmt: skip
+        return TrainedSeq(
+            step,
+            seq_id,
+            seq.group_id,
+            seq.admitted_step,
+            step - seq.admitted_step,
+            total,
+            total - plan.prefix_tokens[seq_id],
+            seq.finished,
+            step - seq.first_version,
+        )
 
     def _require_plan(self) -> StepPlan:
         if self.plan is None:

@@ -20,26 +20,82 @@ SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "interm
 BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 HF_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-7b": dict(num_hidden_layers=28, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4,
-                       intermediate_size=18944, vocab_size=152064, dtype="bfloat16"),
-    "qwen2.5-3b": dict(num_hidden_layers=36, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2,
-                       intermediate_size=11008, vocab_size=151936, dtype="bfloat16"),
-    "qwen2.5-1.5b": dict(num_hidden_layers=28, hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
-                         intermediate_size=8960, vocab_size=151936, dtype="bfloat16"),
-    "qwen2.5-0.5b": dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, dtype="bfloat16"),
-    "gemma-2-2b": dict(num_hidden_layers=26, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4,
-                       intermediate_size=9216, vocab_size=256000, dtype="bfloat16"),
-    "llama-2-7b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
-                       intermediate_size=11008, vocab_size=32000, dtype="bfloat16"),
+    "qwen2.5-7b": dict(
+        num_hidden_layers=28,
+        hidden_size=3584,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        dtype="bfloat16",
+    ),
+    "qwen2.5-3b": dict(
+        num_hidden_layers=36,
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        intermediate_size=11008,
+        vocab_size=151936,
+        dtype="bfloat16",
+    ),
+    "qwen2.5-1.5b": dict(
+        num_hidden_layers=28,
+        hidden_size=1536,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        dtype="bfloat16",
+    ),
+    "qwen2.5-0.5b": dict(
+        num_hidden_layers=24,
+        hidden_size=896,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        dtype="bfloat16",
+    ),
+    "gemma-2-2b": dict(
+        num_hidden_layers=26,
+        hidden_size=2304,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=9216,
+        vocab_size=256000,
+        dtype="bfloat16",
+    ),
+    "llama-2-7b": dict(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        intermediate_size=11008,
+        vocab_size=32000,
+        dtype="bfloat16",
+    ),
     # The executor's presets (Llama architecture, untied embeddings, float32 on CPU).
     # tiny-cpu: ~30k parameters, a default run finishes in a few minutes on 2 cores
-    "tiny-cpu": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=128, vocab_size=64, dtype="float32"),
+    "tiny-cpu": dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=64,
+        dtype="float32",
+    ),
     # small-cpu: ~25M parameters
-    "small-cpu": dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8, num_key_value_heads=4,
-                      intermediate_size=1536, vocab_size=512, dtype="float32"),
-}  # fmt: skip
+    "small-cpu": dict(
+        num_hidden_layers=8,
+        hidden_size=512,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1536,
+        vocab_size=512,
+        dtype="float32",
+    ),
+}
 
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:

@@ -121,8 +121,11 @@ def test_lengths_errors(tmp_path, text, message):
 def test_trace_events_one_lane_per_device_and_whole_steps():
     from oppo.records import trace_events
 
-    rows = [TraceRow(s, d, "actor", "decode", s + 0.1 * i, s + 0.1 * i + 0.05, 4, 4, 0)
-            for s in range(3) for i, d in enumerate(["gpu0", "gpu1", "gpu10", "gpu2"])]  # fmt: skip
+    rows = [
+        TraceRow(s, d, "actor", "decode", s + 0.1 * i, s + 0.1 * i + 0.05, 4, 4, 0)
+        for s in range(3)
+        for i, d in enumerate(["gpu0", "gpu1", "gpu10", "gpu2"])
+    ]
     events = trace_events(rows, max_rows=9)
     lanes = {e["args"]["name"]: e["tid"] for e in events["traceEvents"] if e["ph"] == "M"}
     assert list(lanes) == ["gpu0", "gpu1", "gpu2", "gpu10"]  # numeric order, one lane each

@@ -28,8 +28,20 @@ def installed(tmp_path_factory):
     shutil.copytree(ROOT / "oppo", src / "oppo", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"),
-         str(src)])  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ]
+    )
     (wheel,) = (tmp / "dist").glob("oppo-*.whl")
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=False)
@@ -50,12 +62,58 @@ def test_wheel_carries_its_data(installed, tmp_path):
 
 
 def test_both_clis_run_from_another_directory(installed, tmp_path):
-    run([str(installed), "-m", "oppo.sim", "run", "--setup", "tiny-cpu", "--steps", "3", "--lengths", "alpaca_eval",
-         "--out", "sim"], cwd=tmp_path)  # fmt: skip
-    run([str(installed), "-m", "oppo.sim", "compare", "--setup", "paper-7b-h200", "--steps", "2", "--batch", "16",
-         "--policies", "sync,oppo"], cwd=tmp_path)  # fmt: skip
-    run([str(installed), "-m", "oppo.exec.train", "--mode", "oppo", "--steps", "2", "--batch", "2",
-         "--lengths", "gsm8k", "--out", "exec"], cwd=tmp_path)  # fmt: skip
+    run(
+        [
+            str(installed),
+            "-m",
+            "oppo.sim",
+            "run",
+            "--setup",
+            "tiny-cpu",
+            "--steps",
+            "3",
+            "--lengths",
+            "alpaca_eval",
+            "--out",
+            "sim",
+        ],
+        cwd=tmp_path,
+    )
+    run(
+        [
+            str(installed),
+            "-m",
+            "oppo.sim",
+            "compare",
+            "--setup",
+            "paper-7b-h200",
+            "--steps",
+            "2",
+            "--batch",
+            "16",
+            "--policies",
+            "sync,oppo",
+        ],
+        cwd=tmp_path,
+    )
+    run(
+        [
+            str(installed),
+            "-m",
+            "oppo.exec.train",
+            "--mode",
+            "oppo",
+            "--steps",
+            "2",
+            "--batch",
+            "2",
+            "--lengths",
+            "gsm8k",
+            "--out",
+            "exec",
+        ],
+        cwd=tmp_path,
+    )
     for run_dir in ("sim", "exec"):
         summary = json.loads((tmp_path / run_dir / "summary.json").read_text())
         assert summary["steps"] in (2, 3)

@@ -144,8 +144,9 @@ def test_april_fixed_overprovisioning_resumes_unfinished_first():
 def test_tailbatch_aborts_long_prompts_and_runs_them_in_a_long_round():
     """RollPacker tail batching: short rounds over-provision and keep the first B; aborted prompts queue until a
     full batch of them runs alone, without over-provisioning, to the end."""
-    s = Scheduler(ScheduleConfig(policy="tailbatch", batch=2, delta_max=2, delta_init=2, max_new_tokens=50,
-                                 check_tokens=2))  # fmt: skip
+    s = Scheduler(
+        ScheduleConfig(policy="tailbatch", batch=2, delta_max=2, delta_init=2, max_new_tokens=50, check_tokens=2)
+    )
     lengths = {0: 30, 1: 1, 2: 2, 3: 40, 4: 1, 5: 25, 6: 2, 7: 2, 8: 1, 9: 1, 10: 1}
     plan, out, _ = run_step(s, lengths)
     assert plan.active == (0, 1, 2, 3) and ids(out) == [1, 2] and out.carried == ()
@@ -163,8 +164,9 @@ def test_tailbatch_aborts_long_prompts_and_runs_them_in_a_long_round():
 
 
 def test_tailbatch_long_round_leaves_completed_groups_for_the_next_short_round():
-    s = Scheduler(ScheduleConfig(policy="tailbatch", batch=2, delta_max=2, delta_init=2, max_new_tokens=50,
-                                 check_tokens=2))  # fmt: skip
+    s = Scheduler(
+        ScheduleConfig(policy="tailbatch", batch=2, delta_max=2, delta_init=2, max_new_tokens=50, check_tokens=2)
+    )
     lengths = {0: 1, 1: 1, 2: 1, 3: 30, 4: 1, 5: 30, 6: 1, 7: 1, 8: 1, 9: 1}
     _, out, _ = run_step(s, lengths)
     assert ids(out) == [0, 1] and out.carried == (2,) and list(s.long_queue) == [[3]]

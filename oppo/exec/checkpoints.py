@@ -22,8 +22,15 @@ def qwen2_config(shape: str | dict, num_labels: int | None = None) -> Qwen2Confi
     fields = dict(HF_SHAPES[shape] if isinstance(shape, str) else shape)
     fields.pop("dtype", None)  # the executor chooses the dtype it loads in
     extra = {"num_labels": num_labels} if num_labels else {}
-    return Qwen2Config(**fields, max_position_embeddings=32768, pad_token_id=PAD, eos_token_id=EOS,
-                       bos_token_id=EOS, tie_word_embeddings=False, **extra)  # fmt: skip
+    return Qwen2Config(
+        **fields,
+        max_position_embeddings=32768,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=EOS,
+        tie_word_embeddings=False,
+        **extra,
+    )
 
 
 def random_checkpoints(shape: str | dict, out: str | Path, seed: int = 0) -> dict[str, Path]:
@@ -33,8 +40,10 @@ def random_checkpoints(shape: str | dict, out: str | Path, seed: int = 0) -> dic
     if all((p / "config.json").exists() for p in paths.values()):
         return paths
     torch.manual_seed(seed)
-    for role, model in (("actor", lambda: Qwen2ForCausalLM(qwen2_config(shape))),
-                        ("reward", lambda: Qwen2ForSequenceClassification(qwen2_config(shape, num_labels=1)))):  # fmt: skip
+    for role, model in (
+        ("actor", lambda: Qwen2ForCausalLM(qwen2_config(shape))),
+        ("reward", lambda: Qwen2ForSequenceClassification(qwen2_config(shape, num_labels=1))),
+    ):
         built = model().to(torch.bfloat16)
         built.save_pretrained(paths[role])
         del built

@@ -76,10 +76,14 @@ class PPOConfig:
 class TaskConfig:
     reward_kind: str = opt("learned", "learned (transformer RM trained on synthetic preferences) or rule")
     prompt_tokens: int = opt(8, "prompt length in tokens (synthetic prompts; the cap for --prompts)")
-    prompts: str | None = opt(None, "text file, one prompt per line, tokenized by the actor's tokenizer "
-                              "(default: synthetic prompts)")  # fmt: skip
-    lengths: str | None = opt(None, "force response lengths from this trace (EOS at the traced length): a CSV "
-                              "file or a bundled trace (alpaca_eval, gsm8k, hh_rlhf_harmless)")  # fmt: skip
+    prompts: str | None = opt(
+        None, "text file, one prompt per line, tokenized by the actor's tokenizer (default: synthetic prompts)"
+    )
+    lengths: str | None = opt(
+        None,
+        "force response lengths from this trace (EOS at the traced length): a CSV "
+        "file or a bundled trace (alpaca_eval, gsm8k, hh_rlhf_harmless)",
+    )
     lengths_model: str | None = opt(None, "keep only trace rows whose 'model' column equals this")
 
     def __post_init__(self) -> None:
@@ -94,8 +98,17 @@ class TaskConfig:
 
 def default_schedule(**overrides) -> ScheduleConfig:
     """The executor's default schedule: tiny models, short responses, small chunks."""
-    defaults = dict(batch=8, max_new_tokens=48, chunk_candidates=(4, 8, 16), explore_period_steps=30,
-                    check_tokens=4, delta_init=2, delta_max=4, delta_window=3, window_tokens=16)  # fmt: skip
+    defaults = dict(
+        batch=8,
+        max_new_tokens=48,
+        chunk_candidates=(4, 8, 16),
+        explore_period_steps=30,
+        check_tokens=4,
+        delta_init=2,
+        delta_max=4,
+        delta_window=3,
+        window_tokens=16,
+    )
     return schedule_from(defaults, **overrides)
 
 
@@ -110,14 +123,22 @@ class ExecConfig:
     steps: int = opt(200, "PPO steps")
     seed: int = opt(0, "seed of prompts, sampling and minibatches")
     placement: str = opt("colocated", "colocated (one process) or disaggregated (scorer roles in Ray workers)")
-    remote_roles: tuple[str, ...] = opt(("reward",), "disaggregated: scorer roles in Ray workers, one device per "
-                                        "comma-separated entry; '+' shares a device, e.g. reward+reference,critic")  # fmt: skip
-    ray_address: str | None = opt(None, "join this Ray cluster instead of starting one (--dp > 1 or "
-                                  "disaggregated)")  # fmt: skip
-    dp: int = opt(1, "data-parallel actor ranks: Ray workers joined in one torch.distributed group (gloo on CPU, "
-                  "NCCL on GPU), one core or one GPU each; 1: the actor in this process")  # fmt: skip
-    shard: bool = opt(False, "--dp > 1: shard the actor's and critic's parameters, gradients and Adam states over "
-                      "the ranks (FSDP2); generation and scoring gather the weights once per step")  # fmt: skip
+    remote_roles: tuple[str, ...] = opt(
+        ("reward",),
+        "disaggregated: scorer roles in Ray workers, one device per "
+        "comma-separated entry; '+' shares a device, e.g. reward+reference,critic",
+    )
+    ray_address: str | None = opt(None, "join this Ray cluster instead of starting one (--dp > 1 or disaggregated)")
+    dp: int = opt(
+        1,
+        "data-parallel actor ranks: Ray workers joined in one torch.distributed group (gloo on CPU, "
+        "NCCL on GPU), one core or one GPU each; 1: the actor in this process",
+    )
+    shard: bool = opt(
+        False,
+        "--dp > 1: shard the actor's and critic's parameters, gradients and Adam states over "
+        "the ranks (FSDP2); generation and scoring gather the weights once per step",
+    )
     check_ranks: bool = opt(False, "debug: after every step check that all ranks hold the same weights (a digest)")
 
     def __post_init__(self) -> None:
@@ -127,8 +148,10 @@ class ExecConfig:
             raise ValueError("--shard needs --dp 2 or more")
         rows = self.schedule.batch * self.schedule.group_size // self.ppo.minibatches
         if self.shard and rows < self.dp:  # every rank takes part in every sharded step (collectives)
-            raise ValueError(f"--shard needs a minibatch of at least --dp rows: batch x group size / minibatches "
-                             f"= {rows} < {self.dp}")  # fmt: skip
+            raise ValueError(
+                f"--shard needs a minibatch of at least --dp rows: batch x group size / minibatches "
+                f"= {rows} < {self.dp}"
+            )
         if self.schedule.policy == "async":
             raise ValueError("policy async runs in the simulator only (python -m oppo.sim), not in the executor")
         if self.placement not in PLACEMENTS:

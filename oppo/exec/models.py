@@ -55,8 +55,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def role_paths(config: ModelConfig) -> dict[str, Path | str]:
     """Checkpoint folder of each role (preparing the tiny presets at first use)."""
     if config.preset == "hf":
-        return {"actor": config.actor, "reward": config.reward, "critic": config.critic or config.reward,
-                "reference": config.reference or config.actor}  # fmt: skip
+        return {
+            "actor": config.actor,
+            "reward": config.reward,
+            "critic": config.critic or config.reward,
+            "reference": config.reference or config.actor,
+        }
     paths = prepared_checkpoints(config.preset)
     return {"actor": paths["actor"], "reward": paths["reward"], "critic": paths["reward"], "reference": paths["actor"]}
 
@@ -84,8 +88,14 @@ def load_roles(config: ModelConfig, device: torch.device | None = None, which: t
         torch.set_num_threads(config.threads)
     models = {role: load_role(config, role, device) if role in which else None for role in ROLES}
     pad_id, eos_id, vocab_size = token_ids(config)
-    return Roles(**models, pad_id=pad_id, eos_id=eos_id, vocab_size=vocab_size, device=device,
-                 dtype=resolve_dtype(config.dtype, device))  # fmt: skip
+    return Roles(
+        **models,
+        pad_id=pad_id,
+        eos_id=eos_id,
+        vocab_size=vocab_size,
+        device=device,
+        dtype=resolve_dtype(config.dtype, device),
+    )
 
 
 def token_ids(config: ModelConfig) -> tuple[int, int, int]:

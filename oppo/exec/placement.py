@@ -63,10 +63,11 @@ class ScorerWorker:
         device, self.label = _worker_device(device_label)
         self.rec = Recorder(t0)  # the driver's clock zero: one time axis for every process
         self.scorers = {
-            role: LocalScorer.for_role(role, load_role(model_config, role, device).requires_grad_(False), pad_id,
-                                       self.rec, self.label)
+            role: LocalScorer.for_role(
+                role, load_role(model_config, role, device).requires_grad_(False), pad_id, self.rec, self.label
+            )
             for role in roles
-        }  # fmt: skip
+        }
 
     def ready(self) -> tuple[str, int]:
         """The device label and the worker's process id (shown to the user, used to stop it)."""
@@ -197,8 +198,10 @@ class RayGroup:
         options = _one_device(on_gpu)
         if config.ray_address:
             options["scheduling_strategy"] = "SPREAD"  # over the cluster's nodes
-        self.workers = [RankWorker.options(**options).remote(config, r, self.size, t0, f"cpu{r}", colocated)
-                        for r in range(self.size)]  # fmt: skip
+        self.workers = [
+            RankWorker.options(**options).remote(config, r, self.size, t0, f"cpu{r}", colocated)
+            for r in range(self.size)
+        ]
         self._sent: list = []
         ready = self._all([w.ready.remote() for w in self.workers])  # models loaded before the clock starts
         self.labels = [label for label, _, _ in ready]
@@ -276,8 +279,9 @@ class RayExecutor(Executor):
             group, scorers = local_parts(config, load_roles(config.model, device, which=which), recorder, elsewhere)
         first = config.dp + (config.dp > 1)  # the scorer workers' device labels follow the ranks' and the driver's
         for k, names in enumerate(remote):
-            worker = ScorerWorker.options(**_one_device(on_gpu)).remote(config.model, names, ids[0], recorder.t0,
-                                                                        f"cpu{first + k}", 1)  # fmt: skip
+            worker = ScorerWorker.options(**_one_device(on_gpu)).remote(
+                config.model, names, ids[0], recorder.t0, f"cpu{first + k}", 1
+            )
             for i, role in enumerate(names):
                 scorers[role] = RemoteScorer(role, worker, collects=i == 0)
             label, pid = _get(worker.ready.remote(), names[0])  # models loaded before the first step's clock
@@ -308,13 +312,19 @@ def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int) -> bool:
     # to the driver or to other work on the machine. Read by the raylet this starts (a joined cluster keeps its own).
     os.environ.setdefault("RAY_worker_niceness", "0")
     env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
-    ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, workers + 1),
-             include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": env} if env else None)  # fmt: skip
+    ray.init(
+        address=config.ray_address,
+        num_cpus=None if config.ray_address else max(2, workers + 1),
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        runtime_env={"env_vars": env} if env else None,
+    )
     resource = "GPU" if on_gpu else "CPU"
     have = ray.cluster_resources().get(resource, 0)
     if have < workers:
         ray.shutdown()
-        raise ValueError(f"the run needs {workers} {resource}s for its workers (--dp, --remote-roles); the Ray "
-                         f"cluster has {have:g}")  # fmt: skip
+        raise ValueError(
+            f"the run needs {workers} {resource}s for its workers (--dp, --remote-roles); the Ray cluster has {have:g}"
+        )
     return config.ray_address is None

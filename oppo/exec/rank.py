@@ -28,8 +28,9 @@ class ActorRank:
         """``label``: this rank's device in the records; ``colocated``: the scorer roles it holds."""
         self.config, self.roles, self.rec, self.label = config, roles, recorder, label
         self.learner = Learner(config, roles, recorder, label)
-        self.scorers = {role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, label)
-                        for role in colocated}  # fmt: skip
+        self.scorers = {
+            role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, label) for role in colocated
+        }
         self.trained = trained_models(config, roles)
         self.sharded = sharding.is_sharded(roles.actor)
         self.gathered = False  # sharded models' weights gathered for this step's generation and scoring
@@ -71,8 +72,17 @@ class ActorRank:
         with self.rec.op(step, self.label, "actor", "prefill", batch=len(rows)) as info:
             info["tokens"] = len(rows) * max(map(len, rows))  # left-padded: every row computes the width
             budgets, keys, forced, done = ([row[k] for row in decoding] for k in range(1, 5))
-            self.decoder = ChunkedDecoder(self.roles.actor, rows, budgets, self.roles.eos_id, self.roles.pad_id,
-                                          keys, self.config.ppo.temperature, forced, done)  # fmt: skip
+            self.decoder = ChunkedDecoder(
+                self.roles.actor,
+                rows,
+                budgets,
+                self.roles.eos_id,
+                self.roles.pad_id,
+                keys,
+                self.config.ppo.temperature,
+                forced,
+                done,
+            )
 
     def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]]]:
         """Up to ``n`` iterations. Returns ({seq id: tokens decoded this round} of those that hit EOS, {seq id:
@@ -105,8 +115,10 @@ class ActorRank:
         if not seqs:
             return {}
         ids = [seq_id for seq_id, _, _ in seqs]
-        out = {role: (scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)).get()
-               for role, scorer in self.scorers.items()}  # fmt: skip
+        out = {
+            role: (scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)).get()
+            for role, scorer in self.scorers.items()
+        }
         with self.rec.op(step, self.label, "actor", "score", batch=len(seqs), tokens=sum(len(s[1]) for s in seqs)):
             out["actor"] = score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id)
         return {role: [t.cpu() for t in outputs] for role, outputs in out.items()}
@@ -141,8 +153,9 @@ def trained_models(config: ExecConfig, roles: Roles) -> list[torch.nn.Module]:
 
 def join_group(backend: str, address: str, port: int, rank: int, world: int) -> None:
     """Join the run's process group (``backend``: gloo or nccl) through the TCP store at ``address:port``."""
-    dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(minutes=10))  # fmt: skip
+    dist.init_process_group(
+        backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world, timeout=timedelta(minutes=10)
+    )
 
 
 class LocalGroup:

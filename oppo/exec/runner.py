@@ -54,8 +54,15 @@ class StepMetrics:
 
 
 class Executor:
-    def __init__(self, config: ExecConfig, group, scorers: dict, recorder: Recorder, token_ids: tuple[int, int, int],
-                 lengths: LengthTrace | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: ExecConfig,
+        group,
+        scorers: dict,
+        recorder: Recorder,
+        token_ids: tuple[int, int, int],
+        lengths: LengthTrace | None = None,
+    ):
         """``group``: the actor group (:class:`~oppo.exec.rank.LocalGroup` or a Ray group, same methods);
         ``scorers``: a handle per scorer role the driver holds (local or remote, same methods); ``token_ids``:
         (padding id, EOS id, vocabulary size)."""
@@ -94,8 +101,13 @@ class Executor:
         contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
         for scorer in self.streamed.values():
             scorer.begin(plan.step, contexts)
-        group.call("begin", [(plan.step, self._mine(r, contexts), self._decoding(r, plan), self.streamed_roles)
-                             for r in range(group.size)])  # fmt: skip
+        group.call(
+            "begin",
+            [
+                (plan.step, self._mine(r, contexts), self._decoding(r, plan), self.streamed_roles)
+                for r in range(group.size)
+            ],
+        )
         # 3. generation in rounds; every complete chunk is streamed to the scorers
         self._generate(plan)
         # 4. score the trained sequences
@@ -118,8 +130,14 @@ class Executor:
         for t in outcome.trained:
             if t.finished:
                 del self.data[t.seq_id], self.rank_of[t.seq_id]
-        return outcome, StepMetrics(plan.step, scores["mean_reward"], scores["rule_score"], scores["kl"], *losses,
-                                    response_len=float(np.mean([t.response_tokens for t in trained])))  # fmt: skip
+        return outcome, StepMetrics(
+            plan.step,
+            scores["mean_reward"],
+            scores["rule_score"],
+            scores["kl"],
+            *losses,
+            response_len=float(np.mean([t.response_tokens for t in trained])),
+        )
 
     def _new_sequence(self, seq_id: int) -> SeqData:
         group = self.scheduler.buffer.seqs[seq_id].group_id  # the samples of a group answer one prompt
@@ -151,8 +169,11 @@ class Executor:
 
     def _decoding(self, rank: int, plan) -> list[tuple]:
         """What ``rank`` decodes this step: (seq id, budget, sampling key, forced length, response tokens)."""
-        return [(i, plan.budgets[i], self._seed(3, i), self.data[i].forced_length, len(self.data[i].response))
-                for i in plan.active if i in plan.budgets and self.rank_of[i] == rank]  # fmt: skip
+        return [
+            (i, plan.budgets[i], self._seed(3, i), self.data[i].forced_length, len(self.data[i].response))
+            for i in plan.active
+            if i in plan.budgets and self.rank_of[i] == rank
+        ]
 
     def _generate(self, plan) -> None:
         rec, sched, group = self.rec, self.scheduler, self.group
@@ -179,8 +200,10 @@ class Executor:
         The driver's scorers are asked first, so remote ones work while the ranks score theirs."""
         seqs = [(t.seq_id, self.data[t.seq_id].tokens, len(self.data[t.seq_id].prompt)) for t in trained]
         ids = [t.seq_id for t in trained]
-        pending = {role: scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)
-                   for role, scorer in self.scorers.items()}  # fmt: skip
+        pending = {
+            role: scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)
+            for role, scorer in self.scorers.items()
+        }
         by_id: dict[str, dict[int, torch.Tensor]] = {}
         shares = [self._mine(r, seqs) for r in range(self.group.size)]
         for share, outputs in zip(shares, self.group.call("score", [(step, share) for share in shares])):
@@ -193,9 +216,15 @@ class Executor:
         finished = torch.tensor([t.finished for t in trained])
         shown = score[finished] if finished.any() else score
         kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
-        return {"old_logprobs": out["actor"], "ref_logprobs": out["reference"], "values": out.get("critic"),
-                "score": score, "mean_reward": float(shown.mean()), "rule_score": float(rule.mean()),
-                "kl": float(kl.mean())}  # fmt: skip
+        return {
+            "old_logprobs": out["actor"],
+            "ref_logprobs": out["reference"],
+            "values": out.get("critic"),
+            "score": score,
+            "mean_reward": float(shown.mean()),
+            "rule_score": float(rule.mean()),
+            "kl": float(kl.mean()),
+        }
 
     def _train(self, step: int, trained, scores: dict) -> tuple[float, ...]:
         """``epochs`` x ``minibatches`` synchronous data-parallel steps; the mean (policy, value) loss and (actor,
@@ -243,8 +272,10 @@ def local_parts(config: ExecConfig, roles: Roles, recorder: Recorder, remote: tu
 
 def driver_scorers(config: ExecConfig, roles: Roles, recorder: Recorder, label: str, remote: tuple[str, ...] = ()):
     """The scorer roles the driver process holds (the reward model, unless it is a rule or ``remote``)."""
-    return {role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
-            for role in driver_roles(config, remote)}  # fmt: skip
+    return {
+        role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
+        for role in driver_roles(config, remote)
+    }
 
 
 def scorer_roles(config: ExecConfig) -> list[str]:

@@ -30,9 +30,15 @@ def cache_dir() -> Path:
 def llama_config(preset: str, num_labels: int | None = None) -> LlamaConfig:
     extra = {"num_labels": num_labels} if num_labels else {}
     return LlamaConfig(
-        **HF_SHAPES[preset], max_position_embeddings=4096, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
-        tie_word_embeddings=False, attn_implementation="sdpa", **extra,
-    )  # fmt: skip
+        **HF_SHAPES[preset],
+        max_position_embeddings=4096,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        **extra,
+    )
 
 
 def tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:

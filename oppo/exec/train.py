@@ -40,8 +40,11 @@ def config_from(args: argparse.Namespace) -> ExecConfig:
     if args.mode is not None:
         given["policy"] = args.mode
     schedule = schedule_from(to_dict(base.schedule), **given) if args.config else default_schedule(**given)
-    sections = {name: _replace(getattr(base, name), _absolute(given_options(cls, args)))
-                for name, cls in SECTIONS.items() if name != "schedule"}  # fmt: skip
+    sections = {
+        name: _replace(getattr(base, name), _absolute(given_options(cls, args)))
+        for name, cls in SECTIONS.items()
+        if name != "schedule"
+    }
     return _replace(base, given_options(ExecConfig, args) | sections | {"schedule": schedule})
 
 
@@ -145,8 +148,16 @@ class RunLog:
         from oppo.exec.runner import StepMetrics
         from oppo.records import summarize, write_rows, write_run
 
-        summary = summarize(self.config.schedule.policy, self.steps, trace, self.trained, self.config_dict, wall_s,
-                            flops_per_token=self.flops_per_token, peak_flops=self.peak_flops)  # fmt: skip
+        summary = summarize(
+            self.config.schedule.policy,
+            self.steps,
+            trace,
+            self.trained,
+            self.config_dict,
+            wall_s,
+            flops_per_token=self.flops_per_token,
+            peak_flops=self.peak_flops,
+        )
         summary["reward_first10"], summary["reward_last10"] = self.mean_reward(True), self.mean_reward(False)
         write_run(self.out, self.steps, trace, self.trained, summary)
         write_rows(self.out / "metrics.csv", self.metrics, StepMetrics)

@@ -69,10 +69,13 @@ def _patch_generation(lengths: LengthTrace | None, config: ExecConfig, eos_id: i
         context_length = queries.shape[1]
         mask = queries != pad_token_id
         out = lm_backbone.generate(
-            input_ids=torch.masked_fill(queries, ~mask, 0), attention_mask=mask, generation_config=generation_config,
-            return_dict_in_generate=True, output_scores=True,
+            input_ids=torch.masked_fill(queries, ~mask, 0),
+            attention_mask=mask,
+            generation_config=generation_config,
+            return_dict_in_generate=True,
+            output_scores=True,
             logits_processor=[ForcedLengths(targets, context_length, eos_id)],
-        )  # fmt: skip
+        )
         logits = torch.stack(out.scores, 1)
         counted.append(_response_tokens(out.sequences[:, context_length:], eos_id))
         return torch.cat((queries, out.sequences[:, context_length:]), dim=1), logits
@@ -106,24 +109,62 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
     tokenizer = AutoTokenizer.from_pretrained(paths["actor"])
     load = lambda cls, p: cls.from_pretrained(p, dtype=torch.float32, attn_implementation="sdpa")  # noqa: E731
     policy, ref = load(AutoModelForCausalLM, paths["actor"]), load(AutoModelForCausalLM, paths["reference"])
-    value, reward = load(AutoModelForSequenceClassification, paths["critic"]), load(AutoModelForSequenceClassification, paths["reward"])  # fmt: skip
+    value, reward = (
+        load(AutoModelForSequenceClassification, paths["critic"]),
+        load(AutoModelForSequenceClassification, paths["reward"]),
+    )
     b, n_prompts = config.schedule.batch, config.schedule.batch * config.steps
-    prompts = [task.random_prompts(torch.Generator().manual_seed(derived_seed(config.seed, 1, i)), 1,
-                                   config.task.prompt_tokens, policy.config.vocab_size)[0] for i in range(n_prompts)]  # fmt: skip
+    prompts = [
+        task.random_prompts(
+            torch.Generator().manual_seed(derived_seed(config.seed, 1, i)),
+            1,
+            config.task.prompt_tokens,
+            policy.config.vocab_size,
+        )[0]
+        for i in range(n_prompts)
+    ]
     ppo = config.ppo
     with tempfile.TemporaryDirectory() as out:
         args = PPOConfig(
-            output_dir=out, report_to=[], seed=config.seed, per_device_train_batch_size=b,
-            gradient_accumulation_steps=1, num_mini_batches=ppo.minibatches, num_ppo_epochs=ppo.epochs,
-            total_episodes=n_prompts, local_rollout_forward_batch_size=b, response_length=config.schedule.max_new_tokens,
-            stop_token="eos", learning_rate=ppo.lr, lr_scheduler_type="constant", kl_coef=ppo.kl_coef,
-            cliprange=ppo.clip, cliprange_value=ppo.value_clip, vf_coef=ppo.value_coef, gamma=ppo.gamma, lam=ppo.lam,
-            temperature=ppo.temperature, max_grad_norm=ppo.max_grad_norm, num_sample_generations=0,
-            save_strategy="no", logging_steps=1, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-            missing_eos_penalty=None, whiten_rewards=False, sft_model_path=str(paths["actor"]),
-        )  # fmt: skip
-        trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
-                             value_model=value, train_dataset=Dataset.from_dict({"input_ids": prompts}))  # fmt: skip
+            output_dir=out,
+            report_to=[],
+            seed=config.seed,
+            per_device_train_batch_size=b,
+            gradient_accumulation_steps=1,
+            num_mini_batches=ppo.minibatches,
+            num_ppo_epochs=ppo.epochs,
+            total_episodes=n_prompts,
+            local_rollout_forward_batch_size=b,
+            response_length=config.schedule.max_new_tokens,
+            stop_token="eos",
+            learning_rate=ppo.lr,
+            lr_scheduler_type="constant",
+            kl_coef=ppo.kl_coef,
+            cliprange=ppo.clip,
+            cliprange_value=ppo.value_clip,
+            vf_coef=ppo.value_coef,
+            gamma=ppo.gamma,
+            lam=ppo.lam,
+            temperature=ppo.temperature,
+            max_grad_norm=ppo.max_grad_norm,
+            num_sample_generations=0,
+            save_strategy="no",
+            logging_steps=1,
+            use_cpu=not torch.cuda.is_available(),
+            dataloader_num_workers=0,
+            missing_eos_penalty=None,
+            whiten_rewards=False,
+            sft_model_path=str(paths["actor"]),
+        )
+        trainer = PPOTrainer(
+            args=args,
+            processing_class=tokenizer,
+            model=policy,
+            ref_model=ref,
+            reward_model=reward,
+            value_model=value,
+            train_dataset=Dataset.from_dict({"input_ids": prompts}),
+        )
         counted: list[int] = []
         log = _StepLog(progress, counted)
         trainer.add_callback(log)

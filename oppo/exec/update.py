@@ -75,8 +75,9 @@ class Learner:
         if len(part["ids"]):
             hidden = critic.base_model(input_ids=part["ids"], attention_mask=part["attn"]).last_hidden_state
             values = critic.score(hidden).squeeze(-1).to(part["adv"].dtype).gather(1, part["pos"])  # (b, T)
-            loss = cfg.value_coef * value_loss(values, part["old_values"], part["returns"], part["value_mask"],
-                                               cfg.value_clip, total)  # fmt: skip
+            loss = cfg.value_coef * value_loss(
+                values, part["old_values"], part["returns"], part["value_mask"], cfg.value_clip, total
+            )
             loss.backward()
             loss = loss.item()
         return loss, apply_gradients(self.critic_opt, critic, cfg.max_grad_norm)
@@ -152,8 +153,14 @@ def ppo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) -
     rewards = kl_shaped_rewards(scores["score"].to(dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
     adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~scored if truncated else None)  # EGAE
     value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
-    return {"old_lp": old_lp, "old_values": old_values, "adv": masked_whiten(adv, mask), "returns": returns,
-            "mask": mask, "value_mask": value_mask}  # fmt: skip
+    return {
+        "old_lp": old_lp,
+        "old_values": old_values,
+        "adv": masked_whiten(adv, mask),
+        "returns": returns,
+        "mask": mask,
+        "value_mask": value_mask,
+    }
 
 
 def grpo_targets(trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -163,8 +170,12 @@ def grpo_targets(trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.T
     groups = torch.tensor([t.group_id for t in trained])
     adv = group_advantages(scores["score"].to(dtype), groups)  # (B,)
     mask = mask.to(dtype)
-    return {"old_lp": pad(scores["old_logprobs"]), "ref_lp": pad(scores["ref_logprobs"]),
-            "adv": adv[:, None] * mask, "mask": mask}  # fmt: skip
+    return {
+        "old_lp": pad(scores["old_logprobs"]),
+        "ref_lp": pad(scores["ref_logprobs"]),
+        "adv": adv[:, None] * mask,
+        "mask": mask,
+    }
 
 
 def padded_batch(trained, data, pad_id: int, drop: int, truncated: bool) -> dict[str, torch.Tensor]:

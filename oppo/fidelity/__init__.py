@@ -32,13 +32,20 @@ def sim_setup_for(config: ExecConfig, profile: str | Path) -> Setup:
     actor = f"{config.model.actor}/config.json" if hf else config.model.preset
     reward = f"{config.model.reward}/config.json" if hf else config.model.preset
     return Setup(
-        name=f"{config.model.preset}-calibrated", gpu="cpu-core", actor=actor,
+        name=f"{config.model.preset}-calibrated",
+        gpu="cpu-core",
+        actor=actor,
         reward=reward if config.task.reward_kind == "learned" else None,
-        batch=config.schedule.batch, max_new_tokens=config.schedule.max_new_tokens, engine="torch-cpu",
-        cost=str(profile), ppo_epochs=config.ppo.epochs, minibatches=config.ppo.minibatches, placement=placement,
+        batch=config.schedule.batch,
+        max_new_tokens=config.schedule.max_new_tokens,
+        engine="torch-cpu",
+        cost=str(profile),
+        ppo_epochs=config.ppo.epochs,
+        minibatches=config.ppo.minibatches,
+        placement=placement,
         contention=Contention(chunk_handoff_s=0.0, colocated_overlap_frac=0.0),
         lengths=LengthModel(prompt_tokens=config.task.prompt_tokens),
-    )  # fmt: skip
+    )
 
 
 def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTrace:

@@ -22,8 +22,14 @@ import numpy as np
 from oppo.records import TraceRow
 from oppo.sim.costs import pass_attended
 
-FAMILY = {"decode": "decode", "prefill": "forward", "score": "forward", "train_actor": "train_actor",
-          "train_critic": "train_critic", "sync": "sync"}  # fmt: skip
+FAMILY = {
+    "decode": "decode",
+    "prefill": "forward",
+    "score": "forward",
+    "train_actor": "train_actor",
+    "train_critic": "train_critic",
+    "sync": "sync",
+}
 
 
 def _features(row: TraceRow) -> list[float]:
@@ -97,9 +103,17 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def save_profile(fits: dict[str, dict[str, Fit]], path: str | Path, source: str) -> None:
-    data = {"source": source, "features": __doc__.split("Features")[1].strip(), "roles": {
-        role: {phase: {"coefficients": f.coefficients, "rows": f.rows, "median_abs_err": f.median_abs_err}
-               for phase, f in phases.items()} for role, phases in fits.items()}}  # fmt: skip
+    data = {
+        "source": source,
+        "features": __doc__.split("Features")[1].strip(),
+        "roles": {
+            role: {
+                phase: {"coefficients": f.coefficients, "rows": f.rows, "median_abs_err": f.median_abs_err}
+                for phase, f in phases.items()
+            }
+            for role, phases in fits.items()
+        },
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 

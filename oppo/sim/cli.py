@@ -6,7 +6,8 @@ python -m oppo.sim compare --setup paper-7b-h200 --policies sync,intra,inter,opp
 python -m oppo.sim sweep --setup paper-7b-h200 --chunks 100,250,500,1000,3000 --out runs/sweep
 python -m oppo.sim fit-gpus
 python -m oppo.sim calibrate-log --log run.log.gz --setup verl-qwen2.5-0.5b-gsm8k --out runs/cal
-python -m oppo.sim compare --setup runs/cal/setup.toml --policies sync,intra,inter,oppo --streamed-scorers reference,critic
+python -m oppo.sim compare --setup runs/cal/setup.toml --policies sync,intra,inter,oppo \\
+    --streamed-scorers reference,critic
 """
 
 from __future__ import annotations
@@ -38,8 +39,15 @@ from oppo.sim.runlogs import load_run_log
 from oppo.sim.setups import PRESETS, load_setup, setup_from_dict, setup_toml
 
 # schedule fields whose default comes from the setup (Setup.schedule)
-SCHEDULE_FROM_SETUP = ("batch", "max_new_tokens", "chunk_candidates", "window_tokens", "check_tokens", "delta_max",
-                       "delta_init")  # fmt: skip
+SCHEDULE_FROM_SETUP = (
+    "batch",
+    "max_new_tokens",
+    "chunk_candidates",
+    "window_tokens",
+    "check_tokens",
+    "delta_max",
+    "delta_init",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,13 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
     sweep.add_argument("--out", required=True, help="directory for sweep.csv and sweep.png")
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
-    for name, what in (("calibrate-log", "fit a setup's framework layer to a real run's per-step log, validate on "
-                                          "the rest"), ("validate-log", "predict every step of a real run's log "
-                                                        "with a setup as it is (no fitting)")):  # fmt: skip
+    for name, what in (
+        ("calibrate-log", "fit a setup's framework layer to a real run's per-step log, validate on the rest"),
+        ("validate-log", "predict every step of a real run's log with a setup as it is (no fitting)"),
+    ):
         log = sub.add_parser(name, help=what)
         log.add_argument("--log", required=True, help="verl console log (plain or .gz), or per-step CSV / JSON-lines")
-        log.add_argument("--setup", required=True, help="the run's setup: a preset, a bundled run setup "
-                         "(e.g. verl-qwen2.5-0.5b-gsm8k) or a .toml file")  # fmt: skip
+        log.add_argument(
+            "--setup",
+            required=True,
+            help="the run's setup: a preset, a bundled run setup (e.g. verl-qwen2.5-0.5b-gsm8k) or a .toml file",
+        )
         log.add_argument("--out", required=True, help="directory for fidelity.json, fidelity.png (and setup.toml)")
         if name == "calibrate-log":
             log.add_argument("--fit-frac", type=float, default=0.6, help="share of the steps fitted (default: 0.6)")
@@ -82,8 +94,11 @@ def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--setup", help=f"preset ({', '.join(PRESETS)}) or a .toml file (default: paper-7b-h200)")
     parser.add_argument("--steps", type=int, help="PPO steps to simulate (default: 100)")
     parser.add_argument("--seed", type=int, help="random seed for lengths and reward noise (default: 0)")
-    parser.add_argument("--lengths", help="response-length trace: a CSV file (plain or .gz; column response_tokens) "
-                        "or a bundled trace (alpaca_eval, gsm8k, hh_rlhf_harmless)")  # fmt: skip
+    parser.add_argument(
+        "--lengths",
+        help="response-length trace: a CSV file (plain or .gz; column response_tokens) "
+        "or a bundled trace (alpaca_eval, gsm8k, hh_rlhf_harmless)",
+    )
     parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
     parser.add_argument("--timeline-steps", default="0,1,2", help="steps drawn in timeline.png")
     skip = () if policy else ("policy",)
@@ -286,9 +301,15 @@ def _log_fidelity(setup, log, first: int, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "fidelity.json", report | {"log": log.source, "setup": setup.name})
     plots.fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
-    rows = [{"stage": name, "measured_s": round(r["measured_s"], 3), "predicted_s": round(r["predicted_s"], 3),
-             "median_abs_err": f"{r['median_abs_err']:.1%}"}
-            for name, r in [("step", report["step"]), *report["stages"].items()]]  # fmt: skip
+    rows = [
+        {
+            "stage": name,
+            "measured_s": round(r["measured_s"], 3),
+            "predicted_s": round(r["predicted_s"], 3),
+            "median_abs_err": f"{r['median_abs_err']:.1%}",
+        }
+        for name, r in [("step", report["step"]), *report["stages"].items()]
+    ]
     print(f"{setup.name}: fitted on {first} steps, validated on {report['validate_steps']} (medians)")
     print(format_table(rows))
 

@@ -212,8 +212,14 @@ def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
     rows = [r for r in rows if r["tensor_parallel"] == "1"]  # our roles are data-parallel replicas
     for name in sorted({r["gpu"] for r in rows}):
         fits[name] = fit_gpu_profile(GPUS[name], [r for r in rows if r["gpu"] == name])
-    derived_from = {"h200": "h100", "gh200": "h100", "b200": "h100", "mi300x": "h100", "a100-40gb": "a100",
-                    "l40s": "a40"}  # fmt: skip
+    derived_from = {
+        "h200": "h100",
+        "gh200": "h100",
+        "b200": "h100",
+        "mi300x": "h100",
+        "a100-40gb": "a100",
+        "l40s": "a40",
+    }
     for derived, source in derived_from.items():
         fits[derived] = fits[source]
     return fits

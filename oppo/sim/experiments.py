@@ -26,8 +26,15 @@ class Run:
     summary: dict
 
 
-def run(setup: Setup, policy: str, steps: int, seed: int = 0, trace: LengthTrace | None = None,
-        progress: Callable | None = None, **schedule) -> Run:  # fmt: skip
+def run(
+    setup: Setup,
+    policy: str,
+    steps: int,
+    seed: int = 0,
+    trace: LengthTrace | None = None,
+    progress: Callable | None = None,
+    **schedule,
+) -> Run:
     """Simulate one policy on ``setup`` (schedule overrides as keyword arguments, e.g. ``chunk="500"``)."""
     return run_config(SimConfig(setup.schedule(policy=policy, **schedule), setup, steps, seed), trace, progress)
 
@@ -44,14 +51,26 @@ def config_dict(config: SimConfig, trace: LengthTrace | None) -> dict:
     back): schedule, the whole setup, steps, seed, and the length trace (path, model filter, digest), or None
     for the setup's own length model."""
     source = trace.source() if trace is not None else LengthTrace.NO_SOURCE
-    return {"schedule": to_dict(config.schedule), "setup": to_dict(config.setup), "steps": config.steps,
-            "seed": config.seed} | source  # fmt: skip
+    return {
+        "schedule": to_dict(config.schedule),
+        "setup": to_dict(config.setup),
+        "steps": config.steps,
+        "seed": config.seed,
+    } | source
 
 
 def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: LengthTrace | None) -> dict:
     flops, peak = flops_and_peaks(config.setup)
-    summary = summarize(config.schedule.policy, result.steps, result.trace, result.trained,
-                        config_dict(config, trace), wall_s, flops_per_token=flops, peak_flops=peak)  # fmt: skip
+    summary = summarize(
+        config.schedule.policy,
+        result.steps,
+        result.trace,
+        result.trained,
+        config_dict(config, trace),
+        wall_s,
+        flops_per_token=flops,
+        peak_flops=peak,
+    )
     summary["time_to_reward_s"] = time_to_reward(result.steps, config.setup.reward_threshold)
     summary["note"] = "simulated; mean_reward comes from a reward-progress model (oppo.sim.workload.RewardCurve)"
     return summary
@@ -76,31 +95,42 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
     rows = []
     for s in summaries:
         ttr, base_ttr = s["time_to_reward_s"], base["time_to_reward_s"]
-        rows.append({
-            "policy": s["policy"],
-            "mean_step_s": round(s["mean_step_s"], 3),
-            "p99_step_s": round(s["p99_step_s"], 3),
-            "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
-            "mean_util": round(s["mean_utilization"], 3),
-            "mean_deferrals": round(s["mean_deferrals"], 3),
-            "mean_lag": round(s["mean_policy_lag"], 3),
-            "p99_lag": round(s["p99_policy_lag"], 3),
-            "deferral_hist": " ".join(f"{k}:{v:.1%}" for k, v in s["deferral_hist"].items()),
-            "final_reward": round(s["final_reward"], 3),
-            "time_to_reward_s": None if ttr is None else round(ttr, 1),
-            "ttr_speedup": round(base_ttr / ttr, 3) if ttr and base_ttr else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "policy": s["policy"],
+                "mean_step_s": round(s["mean_step_s"], 3),
+                "p99_step_s": round(s["p99_step_s"], 3),
+                "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
+                "mean_util": round(s["mean_utilization"], 3),
+                "mean_deferrals": round(s["mean_deferrals"], 3),
+                "mean_lag": round(s["mean_policy_lag"], 3),
+                "p99_lag": round(s["p99_policy_lag"], 3),
+                "deferral_hist": " ".join(f"{k}:{v:.1%}" for k, v in s["deferral_hist"].items()),
+                "final_reward": round(s["final_reward"], 3),
+                "time_to_reward_s": None if ttr is None else round(ttr, 1),
+                "ttr_speedup": round(base_ttr / ttr, 3) if ttr and base_ttr else None,
+            }
+        )
     return rows
 
 
-def compare(setup: Setup, policies: Iterable[str], steps: int, seed: int = 0, trace: LengthTrace | None = None,
-            **schedule) -> list[dict]:  # fmt: skip
+def compare(
+    setup: Setup, policies: Iterable[str], steps: int, seed: int = 0, trace: LengthTrace | None = None, **schedule
+) -> list[dict]:
     """Each policy on the same setup, costs, lengths and seed: one :func:`compare_rows` row per policy."""
     return compare_rows([run(setup, p, steps, seed, trace, **schedule).summary for p in policies])
 
 
-def sweep(setup: Setup, knob: str, values: Iterable, policy: str, steps: int, seed: int = 0,
-          trace: LengthTrace | None = None, **schedule) -> list[dict]:  # fmt: skip
+def sweep(
+    setup: Setup,
+    knob: str,
+    values: Iterable,
+    policy: str,
+    steps: int,
+    seed: int = 0,
+    trace: LengthTrace | None = None,
+    **schedule,
+) -> list[dict]:
     """Mean step time (and utilisation, reward) for each fixed value of ``knob`` ("chunk" or "delta")."""
     return sweep_config(SimConfig(setup.schedule(policy=policy, **schedule), setup, steps, seed), knob, values, trace)
 
@@ -111,9 +141,15 @@ def sweep_config(base: SimConfig, knob: str, values: Iterable, trace: LengthTrac
     for value in values:
         config = dataclasses.replace(base, schedule=dataclasses.replace(base.schedule, **{knob: str(value)}))
         summary = run_config(config, trace).summary
-        rows.append({knob: value, "policy": config.schedule.policy, "mean_step_s": round(summary["mean_step_s"], 3),
-                     "mean_util": round(summary["mean_utilization"], 3),
-                     "final_reward": round(summary["final_reward"], 3)})  # fmt: skip
+        rows.append(
+            {
+                knob: value,
+                "policy": config.schedule.policy,
+                "mean_step_s": round(summary["mean_step_s"], 3),
+                "mean_util": round(summary["mean_utilization"], 3),
+                "final_reward": round(summary["final_reward"], 3),
+            }
+        )
     return rows
 
 
@@ -128,8 +164,13 @@ def trace_speedups(setup: Setup, traces: dict[str, LengthTrace], steps: int, see
     for name, trace in traces.items():
         sync = run(setup, "sync", steps, seed, trace).summary
         oppo = run(setup, "oppo", steps, seed, trace).summary
-        rows.append({"trace": name, "sync_step_s": round(sync["mean_step_s"], 2),
-                     "oppo_step_s": round(oppo["mean_step_s"], 2),
-                     "speedup": round(sync["mean_step_s"] / oppo["mean_step_s"], 3),
-                     "oppo_mean_deferrals": round(oppo["mean_deferrals"], 3)})  # fmt: skip
+        rows.append(
+            {
+                "trace": name,
+                "sync_step_s": round(sync["mean_step_s"], 2),
+                "oppo_step_s": round(oppo["mean_step_s"], 2),
+                "speedup": round(sync["mean_step_s"] / oppo["mean_step_s"], 3),
+                "oppo_mean_deferrals": round(oppo["mean_deferrals"], 3),
+            }
+        )
     return rows

@@ -28,9 +28,16 @@ class ModelShape:
     @classmethod
     def from_hf(cls, name: str, config: dict) -> ModelShape:
         """The shape of a Hugging Face ``config.json`` (its fields, as in :data:`oppo.shapes.HF_SHAPES`)."""
-        return cls(name, config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
-                   config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"],
-                   BYTES_PER_PARAM[config.get("dtype", "bfloat16")])  # fmt: skip
+        return cls(
+            name,
+            config["num_hidden_layers"],
+            config["hidden_size"],
+            config["num_attention_heads"],
+            config["num_key_value_heads"],
+            config["intermediate_size"],
+            config["vocab_size"],
+            BYTES_PER_PARAM[config.get("dtype", "bfloat16")],
+        )
 
     @property
     def head_dim(self) -> int:

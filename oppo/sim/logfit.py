@@ -92,8 +92,10 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     gpus, minibatches = bare.placement.actor_gpus, bare.minibatches
     full = (lengths + prompt.reshape(len(steps), n)).sum(axis=1).astype(float)  # tokens of a pass over the batch
     passes = {stage: bare.ppo_epochs * minibatches if stage.startswith("update") else 1 for stage in STAGE_OPS}
-    mb_tokens = {stage: full * passes[stage] / minibatches ** stage.startswith("update") / gpus / units[stage]
-                 for stage in STAGE_OPS}  # fmt: skip
+    mb_tokens = {
+        stage: full * passes[stage] / minibatches ** stage.startswith("update") / gpus / units[stage]
+        for stage in STAGE_OPS
+    }
     return Replay(roofline, units, mb_tokens, lengths.sum(axis=1).astype(float))
 
 
@@ -106,8 +108,9 @@ def _units(setup: Setup, lengths: np.ndarray) -> dict[str, np.ndarray]:
     fw, gpus, b = setup.framework, setup.placement.actor_gpus, setup.batch
     forward = micro_batches(b, fw.forward_micro_batch, gpus)
     update = setup.ppo_epochs * setup.minibatches * micro_batches(b / setup.minibatches, fw.train_micro_batch, gpus)
-    units = {stage: np.full(len(lengths), float(update if stage.startswith("update") else forward))
-             for stage in STAGE_OPS}  # fmt: skip
+    units = {
+        stage: np.full(len(lengths), float(update if stage.startswith("update") else forward)) for stage in STAGE_OPS
+    }
     units["gen"] = lengths.max(axis=1).astype(float)
     return units
 
@@ -200,5 +203,8 @@ def fidelity(setup: Setup, log: RunLog, first: int) -> tuple[dict, dict[str, np.
 
 def _errors(measured: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
     err = np.abs(predicted - measured) / np.maximum(measured, 1e-9)
-    return {"measured_s": float(np.median(measured)), "predicted_s": float(np.median(predicted)),
-            "median_abs_err": float(np.median(err))}  # fmt: skip
+    return {
+        "measured_s": float(np.median(measured)),
+        "predicted_s": float(np.median(predicted)),
+        "median_abs_err": float(np.median(err)),
+    }

@@ -129,8 +129,11 @@ class Trainer:
         self.sampler = LengthSampler(setup.lengths, schedule.max_new_tokens, length_rng, trace)
         self.reward = RewardProgress(setup.reward_curve, schedule.batch * schedule.group_size, reward_rng)
         self.roles = setup.roles(schedule.algo)
-        names = {role: name for role, name in setup.devices_for(schedule.policy).items()
-                 if role in self.roles or role == "rollout"}  # fmt: skip
+        names = {
+            role: name
+            for role, name in setup.devices_for(schedule.policy).items()
+            if role in self.roles or role == "rollout"
+        }
         devices = {name: Device(env, name, result) for name in sorted(set(names.values()))}
         self.device = {role: devices[name] for role, name in names.items()}
         self.gen = "rollout" if "rollout" in names else "actor"  # device and cost of the actor's generation

@@ -192,10 +192,13 @@ def _timing(path: Path, row: dict[str, str], stage: str) -> float | None:
 
 def _run_log(path: Path, rows: list[dict[str, str]]) -> RunLog:
     if not rows:
-        raise ValueError(f"{path}: no steps found (expected 'step:N - timing_s/gen:...' or 'Global step N: {{...}}' "
-                         "lines, or a step column)")  # fmt: skip
-    timed = [{stage: t for stage in (*STAGES, *EXCLUDING) if (t := _timing(path, row, stage)) is not None}
-             for row in rows]  # fmt: skip
+        raise ValueError(
+            f"{path}: no steps found (expected 'step:N - timing_s/gen:...' or 'Global step N: {{...}}' "
+            "lines, or a step column)"
+        )
+    timed = [
+        {stage: t for stage in (*STAGES, *EXCLUDING) if (t := _timing(path, row, stage)) is not None} for row in rows
+    ]
     if not any(timed):
         raise ValueError(f"{path}: no timing columns (expected timing_s/gen, timing/gen, timing/generation, ...)")
     steps = []
@@ -203,15 +206,24 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> RunLog:
         stages = {stage: t for stage, t in times.items() if stage in STAGES}
         if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
-        lengths = {stat: _number(path, row, found[1], found[0]) if (found := _value(row, *names)) else None
-                   for stat, names in LENGTHS.items()}  # fmt: skip
+        lengths = {
+            stat: _number(path, row, found[1], found[0]) if (found := _value(row, *names)) else None
+            for stat, names in LENGTHS.items()
+        }
         if lengths["mean"] is None:
-            raise ValueError(f"{path}: step {row.get('step')}: missing the mean response length "
-                             "(response_length/mean)")  # fmt: skip
+            raise ValueError(f"{path}: step {row.get('step')}: missing the mean response length (response_length/mean)")
         step = _value(row, *STEP_KEYS)
-        steps.append(LoggedStep(int(_number(path, row, step[1], "step")) if step else len(steps), stages,
-                                lengths["mean"], lengths["max"], lengths["min"], lengths["prompt"],
-                                lengths["clipped"]))  # fmt: skip
+        steps.append(
+            LoggedStep(
+                int(_number(path, row, step[1], "step")) if step else len(steps),
+                stages,
+                lengths["mean"],
+                lengths["max"],
+                lengths["min"],
+                lengths["prompt"],
+                lengths["clipped"],
+            )
+        )
     if not steps:
         raise ValueError(f"{path}: no training step with timings (all excluded: testing or checkpoint steps)")
     return RunLog(str(path), tuple(sorted(steps, key=lambda s: s.step)))

@@ -121,10 +121,16 @@ class Setup:
     def schedule(self, **overrides: Any) -> ScheduleConfig:
         """The schedule this setup runs by default (B, cap, chunk candidates, Δ up to B/4), with overrides."""
         defaults = dict(
-            batch=self.batch, max_new_tokens=self.max_new_tokens, chunk_candidates=self.chunk_candidates,
-            window_tokens=self.window_tokens, check_tokens=self.check_tokens, algo=self.algo,
-            group_size=self.group_size, delta_max=max(1, self.batch // 4), delta_init=max(1, self.batch // 16),
-        )  # fmt: skip
+            batch=self.batch,
+            max_new_tokens=self.max_new_tokens,
+            chunk_candidates=self.chunk_candidates,
+            window_tokens=self.window_tokens,
+            check_tokens=self.check_tokens,
+            algo=self.algo,
+            group_size=self.group_size,
+            delta_max=max(1, self.batch // 4),
+            delta_init=max(1, self.batch // 16),
+        )
         return schedule_from(defaults, **overrides)
 
     @property
@@ -195,27 +201,48 @@ def paper_7b_h200() -> Setup:
 def paper_3b_a100() -> Setup:
     """Stack-Exchange, Qwen2.5-3B-Instruct, 8 x A100-80GB (7 + 1), TRL."""
     return Setup(
-        "paper-3b-a100", "a100", "qwen2.5-3b", "qwen2.5-3b", batch=112, max_new_tokens=1024, reward_threshold=5.0,
-        reward_curve=RewardCurve(final=5.6, tau_steps=400.0), framework=TRL,
-    )  # fmt: skip
+        "paper-3b-a100",
+        "a100",
+        "qwen2.5-3b",
+        "qwen2.5-3b",
+        batch=112,
+        max_new_tokens=1024,
+        reward_threshold=5.0,
+        reward_curve=RewardCurve(final=5.6, tau_steps=400.0),
+        framework=TRL,
+    )
 
 
 def paper_7b_gh200_gsm8k() -> Setup:
     """GSM8K, Qwen2.5-7B, 4 x GH200, rule-based reward (no reward model)."""
     return Setup(
-        "paper-7b-gh200-gsm8k", "gh200", "qwen2.5-7b", None, batch=64, max_new_tokens=512, window_tokens=128,
-        placement=Placement(actor_gpus=4, reward_gpus=0), reward_threshold=0.6, framework=TRL,
+        "paper-7b-gh200-gsm8k",
+        "gh200",
+        "qwen2.5-7b",
+        None,
+        batch=64,
+        max_new_tokens=512,
+        window_tokens=128,
+        placement=Placement(actor_gpus=4, reward_gpus=0),
+        reward_threshold=0.6,
+        framework=TRL,
         lengths=LengthModel(median_tokens=92, sigma=0.4, prompt_tokens=59),
         reward_curve=RewardCurve(start=0.1, final=0.8, tau_steps=150.0, noise=0.02),
-    )  # fmt: skip
+    )
 
 
 def paper_7b_a100_2x4() -> Setup:
     """2 nodes x 4 A100-40GB, 7B (paper Table 4: TRL 498.30 s vs OPPO 111.08 s per step)."""
     return Setup(
-        "paper-7b-a100-2x4", "a100-40gb", "qwen2.5-7b", "qwen2.5-7b", batch=64, max_new_tokens=1024,
-        placement=Placement(actor_gpus=7, reward_gpus=1), framework=TRL,
-    )  # fmt: skip
+        "paper-7b-a100-2x4",
+        "a100-40gb",
+        "qwen2.5-7b",
+        "qwen2.5-7b",
+        batch=64,
+        max_new_tokens=1024,
+        placement=Placement(actor_gpus=7, reward_gpus=1),
+        framework=TRL,
+    )
 
 
 def long_cot_7b_h200() -> Setup:
@@ -223,22 +250,36 @@ def long_cot_7b_h200() -> Setup:
     32k cap; samples of one prompt spread by group_sigma 0.5 around a prompt level. Lower the cap with
     ``--max-new-tokens 1024`` to see ~40% of responses hit it."""
     return dataclasses.replace(
-        paper_7b_h200(), name="long-cot-7b-h200", max_new_tokens=32768,
+        paper_7b_h200(),
+        name="long-cot-7b-h200",
+        max_new_tokens=32768,
         lengths=LengthModel(median_tokens=700, sigma=1.66, group_sigma=0.5),
-    )  # fmt: skip
+    )
 
 
 def _cpu_preset(name: str) -> Setup:
     """An executor preset on this machine (one core, colocated, executor defaults), costs calibrated on its own
     ``sync`` run (``oppo/data/profiles/NAME.json``, made by ``python -m oppo.sim calibrate``)."""
     return Setup(
-        name, "cpu-core", name, name, batch=8, max_new_tokens=48, engine="torch-cpu", cost=f"{name}.json",
-        chunk_candidates=(4, 8, 16), window_tokens=16, check_tokens=4, ppo_epochs=2, minibatches=2,
+        name,
+        "cpu-core",
+        name,
+        name,
+        batch=8,
+        max_new_tokens=48,
+        engine="torch-cpu",
+        cost=f"{name}.json",
+        chunk_candidates=(4, 8, 16),
+        window_tokens=16,
+        check_tokens=4,
+        ppo_epochs=2,
+        minibatches=2,
         placement=Placement(kind="colocated", actor_gpus=1, reward_gpus=0),
         contention=Contention(chunk_handoff_s=0.0, colocated_overlap_frac=0.0),
         lengths=LengthModel(median_tokens=13, sigma=0.6, prompt_tokens=8),
-        reward_curve=RewardCurve(start=-3.5, final=5.0, tau_steps=60.0, noise=0.3), reward_threshold=3.0,
-    )  # fmt: skip
+        reward_curve=RewardCurve(start=-3.5, final=5.0, tau_steps=60.0, noise=0.3),
+        reward_threshold=3.0,
+    )
 
 
 def tiny_cpu() -> Setup:
@@ -261,7 +302,7 @@ PRESETS = {
         long_cot_7b_h200,
         tiny_cpu,
         small_cpu,
-    )  # fmt: skip
+    )
 }
 
 

@@ -27,8 +27,16 @@ RANK_LINE = re.compile(r"actor rank (\d+) on (\S+) \(worker pid (\d+), node (\w+
 def config_for(policy: str, dp: int, algo: str, placement: str, shard: bool = False, dtype="float64") -> ExecConfig:
     groups = {"algo": "grpo", "group_size": 2} if algo == "grpo" else {}
     schedule = default_schedule(policy=policy, batch=4, max_new_tokens=24, delta="2", check_tokens=4, **groups)
-    return ExecConfig(schedule=schedule, model=ModelConfig(dtype=dtype), steps=4, seed=7, dp=dp,
-                      check_ranks=dp > 1, placement=placement, shard=shard)  # fmt: skip
+    return ExecConfig(
+        schedule=schedule,
+        model=ModelConfig(dtype=dtype),
+        steps=4,
+        seed=7,
+        dp=dp,
+        check_ranks=dp > 1,
+        placement=placement,
+        shard=shard,
+    )
 
 
 def flat_weights(executor, role: str) -> torch.Tensor:
@@ -59,9 +67,15 @@ def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", s
 
 @pytest.mark.parametrize(
     "policy, algo, placement, shard",
-    [("sync", "ppo", "colocated", False), ("oppo", "ppo", "colocated", False), ("oppo", "grpo", "colocated", False),
-     ("oppo", "ppo", "disaggregated", False), ("oppo", "ppo", "colocated", True), ("oppo", "grpo", "colocated", True)],
-)  # fmt: skip
+    [
+        ("sync", "ppo", "colocated", False),
+        ("oppo", "ppo", "colocated", False),
+        ("oppo", "grpo", "colocated", False),
+        ("oppo", "ppo", "disaggregated", False),
+        ("oppo", "ppo", "colocated", True),
+        ("oppo", "grpo", "colocated", True),
+    ],
+)
 def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard):
     """Same trained sequences, rewards and final weights to 1e-10 relative: the loss is normalised by the
     minibatch's global token count and the gradients are summed over the ranks. (Two ranks reduce the gradient
@@ -100,9 +114,12 @@ def flat_weights_at_start(role: str) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "changes, message",
-    [({"shard": True, "dp": 1}, "--shard needs --dp 2"), ({"shard": True, "dp": 4}, "at least --dp rows"),
-     ({"dp": 0}, "dp must be > 0")],
-)  # fmt: skip
+    [
+        ({"shard": True, "dp": 1}, "--shard needs --dp 2"),
+        ({"shard": True, "dp": 4}, "at least --dp rows"),
+        ({"dp": 0}, "dp must be > 0"),
+    ],
+)
 def test_bad_data_parallel_settings_are_refused(changes, message):
     schedule = default_schedule(batch=4)  # minibatches of 2 rows
     with pytest.raises(ValueError, match=message):
@@ -169,8 +186,12 @@ def test_two_node_cluster(tmp_path):
     try:
         cluster.add_node(num_cpus=1)
         out = tmp_path / "cluster"
-        res = subprocess.run([*TRAIN, "--steps", "3", "--ray-address", cluster.address, "--out", str(out)],
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        res = subprocess.run(
+            [*TRAIN, "--steps", "3", "--ray-address", cluster.address, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         cluster.shutdown()
     assert res.returncode == 0, res.stderr

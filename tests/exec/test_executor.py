@@ -81,8 +81,13 @@ def test_stored_config_roundtrips(tmp_path):
     from oppo.exec.config import load_config
     from oppo.records import write_json
 
-    config = ExecConfig(schedule=default_schedule(policy="oppo", chunk_candidates=(2, 4)), steps=3, seed=9,
-                        placement="disaggregated", remote_roles=("reward+reference", "critic"))  # fmt: skip
+    config = ExecConfig(
+        schedule=default_schedule(policy="oppo", chunk_candidates=(2, 4)),
+        steps=3,
+        seed=9,
+        placement="disaggregated",
+        remote_roles=("reward+reference", "critic"),
+    )
     write_json(tmp_path / "config.json", to_dict(config) | {"sources": {}})
     assert load_config(tmp_path / "config.json") == config
     write_json(tmp_path / "config.json", to_dict(config) | {"speed": 3})  # another version's setting

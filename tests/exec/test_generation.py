@@ -30,8 +30,9 @@ def test_tokens_do_not_depend_on_the_batch(tiny_models):
     keys = [11, 22, 33, 44]
 
     def decode(order):
-        decoder = ChunkedDecoder(actor, [rows[i] for i in order], [12] * len(order), eos_id=1, pad_id=0,
-                                 row_keys=[keys[i] for i in order])  # fmt: skip
+        decoder = ChunkedDecoder(
+            actor, [rows[i] for i in order], [12] * len(order), eos_id=1, pad_id=0, row_keys=[keys[i] for i in order]
+        )
         decoder.decode(12)
         return {i: decoder.new_tokens[r] for r, i in enumerate(order)}
 

@@ -44,8 +44,13 @@ def test_reward_worker_on_cuda_equals_colocated_in_float32(tmp_path):
 
     rewards = {}
     for placement in ("colocated", "disaggregated"):
-        config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), steps=3, seed=3, placement=placement,
-                            model=ModelConfig(device="cuda", dtype="float32"))  # fmt: skip
+        config = ExecConfig(
+            schedule=default_schedule(policy="oppo", batch=4),
+            steps=3,
+            seed=3,
+            placement=placement,
+            model=ModelConfig(device="cuda", dtype="float32"),
+        )
         assert train(config, tmp_path / placement) == 0
         rewards[placement] = [float(r["mean_reward"]) for r in csv.DictReader(open(tmp_path / placement / "steps.csv"))]
     assert rewards["disaggregated"] == pytest.approx(rewards["colocated"], abs=1e-4)
@@ -60,6 +65,12 @@ def test_two_ranks_over_nccl_stay_identical(tmp_path, shard):
     from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
     from oppo.exec.train import train
 
-    config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), steps=3, dp=2, check_ranks=True,
-                        shard=shard, model=ModelConfig(device="cuda"))  # fmt: skip
+    config = ExecConfig(
+        schedule=default_schedule(policy="oppo", batch=4),
+        steps=3,
+        dp=2,
+        check_ranks=True,
+        shard=shard,
+        model=ModelConfig(device="cuda"),
+    )
     assert train(config, tmp_path / "dp2") == 0

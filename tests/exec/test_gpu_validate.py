@@ -13,8 +13,14 @@ from oppo.exec.checkpoints import random_checkpoints
 from oppo.shapes import HF_SHAPES
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate.py"
-SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-             vocab_size=256)  # fmt: skip
+SMALL = dict(
+    num_hidden_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+)
 
 
 def script(*args, cwd=None):
@@ -53,9 +59,34 @@ def test_random_checkpoints_of_a_real_architecture_load_and_train(tmp_path):
     assert type(actor).__name__ == "Qwen2ForCausalLM" and reward.config.num_labels == 1
     assert actor.config.num_hidden_layers == 2 and json.loads((paths["actor"] / "config.json").read_text())
     assert set(HF_SHAPES["qwen2.5-1.5b"]) >= set(SMALL)  # the real shapes have the fields a small one does
-    res = subprocess.run([sys.executable, "-m", "oppo.exec.train", "--preset", "hf", "--actor", str(paths["actor"]),
-                          "--reward", str(paths["reward"]), "--dtype", "float32", "--device", "cpu", "--mode", "oppo",
-                          "--steps", "2", "--batch", "2", "--max-new-tokens", "8", "--out", str(tmp_path / "run")],
-                         capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "oppo.exec.train",
+            "--preset",
+            "hf",
+            "--actor",
+            str(paths["actor"]),
+            "--reward",
+            str(paths["reward"]),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--mode",
+            "oppo",
+            "--steps",
+            "2",
+            "--batch",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2

@@ -60,17 +60,33 @@ def test_kl_rewards_losses_and_whiten_match_loops(seed):
             assert rewards[b, i].item() == pytest.approx(want.item())
     n = mask.sum()
     loss, _ = policy_loss(logp, old, adv, mask, 0.2)
-    naive = sum(
-        max(-adv[b, i] * torch.exp(logp[b, i] - old[b, i]), -adv[b, i] * torch.exp(logp[b, i] - old[b, i]).clamp(0.8, 1.2))
-        for b in range(5) for i in range(9) if mask[b, i]
-    ) / n  # fmt: skip
+    naive = (
+        sum(
+            max(
+                -adv[b, i] * torch.exp(logp[b, i] - old[b, i]),
+                -adv[b, i] * torch.exp(logp[b, i] - old[b, i]).clamp(0.8, 1.2),
+            )
+            for b in range(5)
+            for i in range(9)
+            if mask[b, i]
+        )
+        / n
+    )
     assert loss.item() == pytest.approx(naive.item())
     ret = rand()
     vl = value_loss(logp, old, ret, mask, 0.2)
-    naive_v = sum(
-        0.5 * max((logp[b, i] - ret[b, i]) ** 2, (old[b, i] + (logp[b, i] - old[b, i]).clamp(-0.2, 0.2) - ret[b, i]) ** 2)
-        for b in range(5) for i in range(9) if mask[b, i]
-    ) / n  # fmt: skip
+    naive_v = (
+        sum(
+            0.5
+            * max(
+                (logp[b, i] - ret[b, i]) ** 2, (old[b, i] + (logp[b, i] - old[b, i]).clamp(-0.2, 0.2) - ret[b, i]) ** 2
+            )
+            for b in range(5)
+            for i in range(9)
+            if mask[b, i]
+        )
+        / n
+    )
     assert vl.item() == pytest.approx(naive_v.item())
     w = masked_whiten(adv, mask)
     vals = torch.tensor([adv[b, i] for b in range(5) for i in range(9) if mask[b, i]])

@@ -17,8 +17,22 @@ def train(*args, **kwargs):
 
 def test_smoke_run_writes_contract_files(tmp_path):
     out = tmp_path / "run"
-    res = train("--preset", "tiny-cpu", "--mode", "oppo", "--steps", "4", "--batch", "4", "--seed", "1",
-                "--out", str(out), "--lengths", "traces/hh_rlhf_harmless_lengths.csv.gz")  # fmt: skip
+    res = train(
+        "--preset",
+        "tiny-cpu",
+        "--mode",
+        "oppo",
+        "--steps",
+        "4",
+        "--batch",
+        "4",
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        "--lengths",
+        "traces/hh_rlhf_harmless_lengths.csv.gz",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["policy"] == "oppo" and summary["steps"] == 4 and summary["batch"] == 4
@@ -31,8 +45,22 @@ def test_smoke_run_writes_contract_files(tmp_path):
 
 def test_hf_preset_loads_local_folders(tmp_path):
     paths = prepared_checkpoints("tiny-cpu")
-    res = train("--preset", "hf", "--actor", str(paths["actor"]), "--reward", str(paths["reward"]),
-                "--mode", "sync", "--steps", "2", "--batch", "2", "--out", str(tmp_path / "hf"))  # fmt: skip
+    res = train(
+        "--preset",
+        "hf",
+        "--actor",
+        str(paths["actor"]),
+        "--reward",
+        str(paths["reward"]),
+        "--mode",
+        "sync",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--out",
+        str(tmp_path / "hf"),
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -100,8 +128,24 @@ def test_prompts_file(tmp_path):
 
 def test_config_reruns_the_same_run(tmp_path):
     first, again = tmp_path / "first", tmp_path / "again"
-    res = train("--mode", "oppo", "--steps", "4", "--batch", "4", "--chunk", "4", "--seed", "3", "--lengths",
-                "traces/hh_rlhf_harmless_lengths.csv.gz", "--epochs", "1", "--out", str(first))  # fmt: skip
+    res = train(
+        "--mode",
+        "oppo",
+        "--steps",
+        "4",
+        "--batch",
+        "4",
+        "--chunk",
+        "4",
+        "--seed",
+        "3",
+        "--lengths",
+        "traces/hh_rlhf_harmless_lengths.csv.gz",
+        "--epochs",
+        "1",
+        "--out",
+        str(first),
+    )
     assert res.returncode == 0, res.stderr
     stored = json.loads((first / "config.json").read_text())
     assert os.path.isabs(stored["task"]["lengths"]) and stored["sources"]["lengths"]["sha256"]

@@ -16,8 +16,11 @@ def test_two_trl_steps_and_two_oppo_steps():
     import numpy as np
 
     lengths = LengthTrace("fixed", np.array([5, 9, 30]), None)
-    config = ExecConfig(schedule=default_schedule(policy="sync", batch=4, max_new_tokens=32),
-                        model=ModelConfig(preset="tiny-cpu"), steps=2)  # fmt: skip
+    config = ExecConfig(
+        schedule=default_schedule(policy="sync", batch=4, max_new_tokens=32),
+        model=ModelConfig(preset="tiny-cpu"),
+        steps=2,
+    )
     trl_steps = run_trl(config, lengths)
     assert len(trl_steps) == 2
     assert all(s.step_s > 0 and np.isfinite(s.mean_reward) for s in trl_steps)

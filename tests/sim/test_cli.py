@@ -13,12 +13,45 @@ def sim(*args, cwd=None):
 
 def test_run_writes_contract_files(tmp_path):
     out = tmp_path / "run"
-    res = sim("run", "--setup", "paper-7b-h200", "--policy", "oppo", "--steps", "8", "--batch", "32", "--seed", "1",
-              "--out", str(out), "--lengths", ALPACA, "--chunk", "auto", "--delta", "auto")  # fmt: skip
+    res = sim(
+        "run",
+        "--setup",
+        "paper-7b-h200",
+        "--policy",
+        "oppo",
+        "--steps",
+        "8",
+        "--batch",
+        "32",
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        "--lengths",
+        ALPACA,
+        "--chunk",
+        "auto",
+        "--delta",
+        "auto",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("policy", "steps", "batch", "mean_step_s", "p50_step_s", "p99_step_s", "total_s", "utilization",
-                "mean_utilization", "deferral_hist", "mean_deferrals", "final_reward", "wall_s", "config"):  # fmt: skip
+    for key in (
+        "policy",
+        "steps",
+        "batch",
+        "mean_step_s",
+        "p50_step_s",
+        "p99_step_s",
+        "total_s",
+        "utilization",
+        "mean_utilization",
+        "deferral_hist",
+        "mean_deferrals",
+        "final_reward",
+        "wall_s",
+        "config",
+    ):
         assert key in summary
     assert summary["steps"] == 8 and summary["batch"] == 32
     assert (out / "steps.csv").read_text().splitlines()[0] == (
@@ -75,8 +108,27 @@ def test_help():
 
 def test_config_reruns_the_same_run(tmp_path):
     first, again, shorter = tmp_path / "first", tmp_path / "again", tmp_path / "shorter"
-    res = sim("run", "--setup", "paper-3b-a100", "--policy", "oppo", "--steps", "12", "--batch", "24", "--seed", "4",
-              "--lengths", ALPACA, "--lengths-model", "alpaca-7b", "--chunk", "256", "--out", str(first))  # fmt: skip
+    res = sim(
+        "run",
+        "--setup",
+        "paper-3b-a100",
+        "--policy",
+        "oppo",
+        "--steps",
+        "12",
+        "--batch",
+        "24",
+        "--seed",
+        "4",
+        "--lengths",
+        ALPACA,
+        "--lengths-model",
+        "alpaca-7b",
+        "--chunk",
+        "256",
+        "--out",
+        str(first),
+    )
     assert res.returncode == 0, res.stderr
     stored = json.loads((first / "config.json").read_text())
     assert stored["lengths_model"] == "alpaca-7b" and stored["sources"]["lengths"]["sha256"]
@@ -106,9 +158,19 @@ def test_config_with_changed_lengths_file_is_refused(tmp_path):
 def test_setup_with_a_checkpoint_config(tmp_path):
     """A user's own config.json is a shape source for any setup."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
-                                  "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
-                                  "torch_dtype": "bfloat16"}))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 24,
+                "hidden_size": 896,
+                "num_attention_heads": 14,
+                "num_key_value_heads": 2,
+                "intermediate_size": 4864,
+                "vocab_size": 151936,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     setup = tmp_path / "mine.toml"
     setup.write_text(f'base = "paper-7b-gh200-gsm8k"\nactor = "{config}"\n')
     res = sim("run", "--setup", str(setup), "--steps", "3", "--out", str(tmp_path / "run"))
@@ -120,8 +182,23 @@ def test_setup_with_a_checkpoint_config(tmp_path):
 
 
 def test_compare_leaves_out_a_policy_that_cannot_run_and_says_why(tmp_path):
-    res = sim("compare", "--setup", "paper-7b-h200", "--policies", "sync,oppo,april,tailbatch,async,tppo", "--algo",
-              "grpo", "--group-size", "8", "--batch", "16", "--steps", "3", "--out", str(tmp_path))  # fmt: skip
+    res = sim(
+        "compare",
+        "--setup",
+        "paper-7b-h200",
+        "--policies",
+        "sync,oppo,april,tailbatch,async,tppo",
+        "--algo",
+        "grpo",
+        "--group-size",
+        "8",
+        "--batch",
+        "16",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
     assert res.returncode == 0, res.stderr
     policies = [line.split()[0] for line in res.stdout.splitlines()[1:] if not line.startswith("left out")]
     assert policies == ["sync", "oppo", "april", "tailbatch", "async"]

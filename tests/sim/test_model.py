@@ -48,8 +48,9 @@ class ConstantCost:
 
 
 def test_sync_step_equals_hand_computed_phases():
-    setup = dataclasses.replace(load_setup("tiny-cpu"), placement=Placement("disaggregated", 1, 1), ppo_epochs=1,
-                                minibatches=1)  # fmt: skip
+    setup = dataclasses.replace(
+        load_setup("tiny-cpu"), placement=Placement("disaggregated", 1, 1), ppo_epochs=1, minibatches=1
+    )
     config = SimConfig(setup.schedule(policy="sync", batch=2), setup, steps=3)
     trace = LengthTrace("two", np.array([3, 5]), np.array([4, 4]))
     costs = {role: ConstantCost() for role in setup.devices}

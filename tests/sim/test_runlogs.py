@@ -58,20 +58,32 @@ def test_parses_openrlhf_console_lines_and_its_wandb_names(tmp_path):
     assert (first.response_mean, first.response_max, first.clipped) == (231.6, None, 0.012)
     assert log.stages == ["gen", "make_experience", "ppo_train", "step"]
     export = tmp_path / "wandb.csv"  # OpenRLHF logs train/<metric> to W&B
-    export.write_text("train/global_step,train/timing/generation,train/timing/broadcast,train/timing/ppo_train,"
-                      "train/rollout/response_length_mean\n4,40,2,25,230\n")  # fmt: skip
+    export.write_text(
+        "train/global_step,train/timing/generation,train/timing/broadcast,train/timing/ppo_train,"
+        "train/rollout/response_length_mean\n4,40,2,25,230\n"
+    )
     (step,) = load_run_log(export).steps
     assert (step.step, step.stages, step.response_mean) == (4, {"gen": 42.0, "ppo_train": 25.0}, 230.0)
 
 
 def test_metric_dumps_csv_and_jsonl(tmp_path):
-    rows = [{"step": i, "timing_s/gen": 10.0 + i, "timing_s/update_actor": 5.0, "response_length/mean": 100 + i,
-             "response_length/max": 300} for i in range(3)]  # fmt: skip
+    rows = [
+        {
+            "step": i,
+            "timing_s/gen": 10.0 + i,
+            "timing_s/update_actor": 5.0,
+            "response_length/mean": 100 + i,
+            "response_length/max": 300,
+        }
+        for i in range(3)
+    ]
     jsonl = tmp_path / "m.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in rows))
     csv_path = tmp_path / "m.csv"  # a W&B export spells the names with "_"
-    csv_path.write_text("step,timing_s_gen,timing_s_update_actor,response_length_mean,response_length_max\n"
-                        + "\n".join(f"{i},{10 + i},5,{100 + i},300" for i in range(3)))  # fmt: skip
+    csv_path.write_text(
+        "step,timing_s_gen,timing_s_update_actor,response_length_mean,response_length_max\n"
+        + "\n".join(f"{i},{10 + i},5,{100 + i},300" for i in range(3))
+    )
     for path in (jsonl, csv_path):
         log = load_run_log(path)
         assert [s.stages["gen"] for s in log.steps] == [10.0, 11.0, 12.0] and log.stages == ["gen", "update_actor"]
@@ -90,8 +102,22 @@ def test_metric_dumps_csv_and_jsonl(tmp_path):
 def test_bad_logs_exit_2_with_one_line(tmp_path, content, message):
     path = tmp_path / ("bad.csv" if content.startswith(b"step,") else "bad.log")
     path.write_bytes(content)
-    res = subprocess.run([sys.executable, "-m", "oppo.sim", "validate-log", "--log", str(path), "--setup",
-                          "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "out")], capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "oppo.sim",
+            "validate-log",
+            "--log",
+            str(path),
+            "--setup",
+            "verl-qwen2.5-0.5b-gsm8k",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
     assert not (tmp_path / "out").exists()
@@ -111,19 +137,32 @@ def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):
     """Stage times predicted by a setup with known framework terms, written as a log, fitted back."""
     real = load_run_log(DATA / "verl_2024_gemma_excerpt.log")
     setup = load_setup("verl-gemma-2-2b-gsm8k")
-    known = {"gen": StageCost(efficiency=0.4, per_token_s=2e-4, fixed_s=6.0),
-             "ref": StageCost(efficiency=0.5, half_efficiency_tokens=4000.0),
-             "values": StageCost(efficiency=0.8, half_efficiency_tokens=9000.0),
-             "update_actor": StageCost(efficiency=0.3, half_efficiency_tokens=2500.0),
-             "update_critic": StageCost(efficiency=0.6, half_efficiency_tokens=500.0)}  # fmt: skip
+    known = {
+        "gen": StageCost(efficiency=0.4, per_token_s=2e-4, fixed_s=6.0),
+        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=4000.0),
+        "values": StageCost(efficiency=0.8, half_efficiency_tokens=9000.0),
+        "update_actor": StageCost(efficiency=0.3, half_efficiency_tokens=2500.0),
+        "update_critic": StageCost(efficiency=0.6, half_efficiency_tokens=500.0),
+    }
     truth = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **known))
     steps = list(real.steps) * 3  # 30 steps of real lengths
     stages = predict_stages(truth, replay(truth, steps), list(known))
     path = tmp_path / "synthetic.jsonl"
-    path.write_text("\n".join(json.dumps({"step": i, **{f"timing_s/{k}": float(v[i]) for k, v in stages.items()},
-                                          "response_length/mean": s.response_mean, "response_length/max": s.response_max,
-                                          "response_length/min": s.response_min, "prompt_length/mean": s.prompt_mean})
-                              for i, s in enumerate(steps)))  # fmt: skip
+    path.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "step": i,
+                    **{f"timing_s/{k}": float(v[i]) for k, v in stages.items()},
+                    "response_length/mean": s.response_mean,
+                    "response_length/max": s.response_max,
+                    "response_length/min": s.response_min,
+                    "prompt_length/mean": s.prompt_mean,
+                }
+            )
+            for i, s in enumerate(steps)
+        )
+    )
     report = fit_back(setup, path, known)
     assert report["step"]["median_abs_err"] < 1e-6
 
@@ -141,14 +180,24 @@ def test_fit_of_composite_stages_recovers_shared_terms(tmp_path):
     rng = np.random.default_rng(0)
     # no max or prompt length logged: a step whose responses were clipped decodes to the cap, the others to a
     # lognormal max; prompts take the setup's length
-    steps = [LoggedStep(i, {}, float(m), None, None, None, clipped=0.02 * (i % 3 == 0))
-             for i, m in enumerate(rng.uniform(150, 300, 20))]  # fmt: skip
+    steps = [
+        LoggedStep(i, {}, float(m), None, None, None, clipped=0.02 * (i % 3 == 0))
+        for i, m in enumerate(rng.uniform(150, 300, 20))
+    ]
     stages = predict_stages(truth, replay(truth, steps), ["gen", "make_experience", "ppo_train"])
-    lines = [f"INFO 08-13 19:02:47 ppo_trainer.py:545] ✨ Global step {s.step}: "
-             + repr({"timing/generation": float(stages["gen"][i]), "timing/make_experience":
-                     float(stages["make_experience"][i]), "timing/ppo_train": float(stages["ppo_train"][i]),
-                     "rollout/response_length_mean": s.response_mean, "rollout/truncated_rate": s.clipped})
-             for i, s in enumerate(steps)]  # fmt: skip
+    lines = [
+        f"INFO 08-13 19:02:47 ppo_trainer.py:545] ✨ Global step {s.step}: "
+        + repr(
+            {
+                "timing/generation": float(stages["gen"][i]),
+                "timing/make_experience": float(stages["make_experience"][i]),
+                "timing/ppo_train": float(stages["ppo_train"][i]),
+                "rollout/response_length_mean": s.response_mean,
+                "rollout/truncated_rate": s.clipped,
+            }
+        )
+        for i, s in enumerate(steps)
+    ]
     path = tmp_path / "openrlhf.log"
     path.write_text("\n".join(lines))
     report = fit_back(setup, path, known)
@@ -159,8 +208,22 @@ def test_fit_of_composite_stages_recovers_shared_terms(tmp_path):
 def test_calibrate_log_writes_a_setup_usable_anywhere(tmp_path):
     log = DATA / "verl_2024_gemma_excerpt.log"
     out = tmp_path / "cal"
-    res = subprocess.run([sys.executable, "-m", "oppo.sim", "calibrate-log", "--log", str(log), "--setup",
-                          "verl-gemma-2-2b-gsm8k", "--out", str(out)], capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "oppo.sim",
+            "calibrate-log",
+            "--log",
+            str(log),
+            "--setup",
+            "verl-gemma-2-2b-gsm8k",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads((out / "fidelity.json").read_text())
     assert set(report["stages"]) == {"gen", "ref", "values", "update_actor", "update_critic"}
@@ -169,7 +232,21 @@ def test_calibrate_log_writes_a_setup_usable_anywhere(tmp_path):
     assert (out / "fidelity.png").stat().st_size > 1000
     calibrated = load_setup(str(out / "setup.toml"))
     assert calibrated.framework.gen.efficiency < 1 and calibrated.actor == "gemma-2-2b"
-    res = subprocess.run([sys.executable, "-m", "oppo.sim", "compare", "--setup", str(out / "setup.toml"), "--steps",
-                          "3", "--policies", "sync,oppo"], capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "oppo.sim",
+            "compare",
+            "--setup",
+            str(out / "setup.toml"),
+            "--steps",
+            "3",
+            "--policies",
+            "sync,oppo",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert np.isfinite([float(line.split()[1]) for line in res.stdout.splitlines()[1:]]).all()
