@@ -18,7 +18,7 @@ from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
 from oppo.exec.train import train
 from oppo.exec.trl_baseline import run_trl
 from oppo.lengths import load_lengths
-from oppo.records import time_to_reward
+from oppo.metrics import time_to_reward
 
 
 def main() -> None:

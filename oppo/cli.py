@@ -1,9 +1,15 @@
-"""Command-line plumbing shared by ``python -m oppo.sim`` and ``python -m oppo.exec.train``."""
+"""Command-line plumbing shared by ``python -m oppo.sim`` and ``python -m oppo.exec.train``: options generated
+from config dataclasses, and user errors turned into one line with exit code 2."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
+import types
+import typing
 from collections.abc import Callable
+from typing import Any
 
 # Errors that mean "bad input": a config value, a file, a trace. They end the command with exit code 2 and
 # one line; anything else is a bug and keeps its traceback.
@@ -21,3 +27,46 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except KeyboardInterrupt:
         print("interrupted: records written so far are kept", file=sys.stderr)
         return 130
+
+
+def add_config_args(
+    parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), shown: dict[str, Any] | None = None
+) -> None:
+    """Add one ``--field-name`` option per field of ``cls``. Options left out parse to None (the config's own
+    default applies); help shows the dataclass default, or ``shown[field]`` where the command uses another."""
+    group = parser.add_argument_group(cls.__name__)
+    hints = typing.get_type_hints(cls)
+    shown = shown or {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip or "help" not in f.metadata:
+            continue
+        kind = hints[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} (default: {_show(shown.get(f.name, f.default))})"
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            metavar = f.name.upper()
+            group.add_argument(flag, dest=f.name, type=_parser_for(kind), default=None, help=help_text, metavar=metavar)
+
+
+def given_options(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of ``cls`` the user set on the command line (options left out parse to None)."""
+    return {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if f.name not in skip and getattr(args, f.name, None) is not None
+    }
+
+
+def _show(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
+
+
+def _parser_for(kind: Any):
+    if typing.get_origin(kind) is tuple:
+        item = typing.get_args(kind)[0]
+        return lambda text: tuple(item(part) for part in text.split(",") if part)
+    if isinstance(kind, types.UnionType):  # e.g. str | None: parse as the first concrete type
+        kind = next(k for k in typing.get_args(kind) if k is not type(None))
+    return kind

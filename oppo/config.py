@@ -1,23 +1,16 @@
-"""The scheduling configuration shared by both backends, and the CLI generated from config dataclasses.
+"""The scheduling configuration shared by both backends.
 
 A config is a frozen dataclass; each field carries its help text in ``metadata["help"]`` so that the same text
-is the docstring, the ``--help`` line and the stored config. ``__post_init__`` validates and raises
+is the docstring, the ``--help`` line (:func:`oppo.cli.add_config_args`) and the stored config
+(:mod:`oppo.stored_config`). ``__post_init__`` validates and raises
 ``ValueError``; it never rewrites a value.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import hashlib
-import json
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from oppo.data import trace_path
 
 POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch", "async")
 DELTA_CONTROLLERS = ("slope", "alg1", "tail")
@@ -172,119 +165,6 @@ def _parse_int(name: str, text: str) -> int:
         raise ValueError(f"{name} must be an integer or 'auto', got {text!r}") from None
 
 
-# ---------------------------------------------------------------------------------------------------------
-# CLI generated from config dataclasses
-# ---------------------------------------------------------------------------------------------------------
-
-
-def add_config_args(
-    parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), shown: dict[str, Any] | None = None
-) -> None:
-    """Add one ``--field-name`` option per field of ``cls``. Options left out parse to None (the config's own
-    default applies); help shows the dataclass default, or ``shown[field]`` where the command uses another."""
-    group = parser.add_argument_group(cls.__name__)
-    hints = typing.get_type_hints(cls)
-    shown = shown or {}
-    for f in dataclasses.fields(cls):
-        if f.name in skip or "help" not in f.metadata:
-            continue
-        kind = hints[f.name]
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {_show(shown.get(f.name, f.default))})"
-        if kind is bool:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            metavar = f.name.upper()
-            group.add_argument(flag, dest=f.name, type=_parser_for(kind), default=None, help=help_text, metavar=metavar)
-
-
-def given_options(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fields of ``cls`` the user set on the command line (options left out parse to None)."""
-    return {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(cls)
-        if f.name not in skip and getattr(args, f.name, None) is not None
-    }
-
-
-def _show(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
-
-
-def _parser_for(kind: Any):
-    if typing.get_origin(kind) is tuple:
-        item = typing.get_args(kind)[0]
-        return lambda text: tuple(item(part) for part in text.split(",") if part)
-    if isinstance(kind, types.UnionType):  # e.g. str | None: parse as the first concrete type
-        kind = next(k for k in typing.get_args(kind) if k is not type(None))
-    return kind
-
-
 def to_dict(config: Any) -> dict[str, Any]:
     """A JSON-ready dict of a (nested) config, tuples as lists."""
     return dataclasses.asdict(config)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Stored configs: a run's config.json read back (``--config RUN_DIR/config.json``)
-# ---------------------------------------------------------------------------------------------------------
-
-
-def load_stored_config(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a run's ``config.json`` (a run directory is accepted too)."""
-    return read_config_json(path, "config")
-
-
-def read_config_json(path: str | Path, what: str) -> dict[str, Any]:
-    """The JSON object of a ``config.json`` file, or of the one in a folder (a run, a checkpoint); errors name
-    the file: not found (``what``), not JSON, not an object."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a JSON config ({err})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return raw
-
-
-def config_from_dict(cls: type, values: dict[str, Any], where: str, **given: Any) -> Any:
-    """``cls`` from a stored dict (JSON lists back to tuples) plus ``given`` fields; an unknown key is an error
-    (a config written by another version must not be half-applied silently)."""
-    if not isinstance(values, dict):
-        raise ValueError(f"{where}: expected a table of settings")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}")
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    try:
-        return cls(**(kwargs | given))
-    except TypeError as err:
-        raise ValueError(f"{where}: {err}") from None
-
-
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def sources_of(files: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Content digests of the input files a run read, stored beside its config (``sources``)."""
-    return {name: {"path": str(path), "sha256": file_sha256(trace_path(path))} for name, path in files.items()}
-
-
-def check_sources(stored: dict[str, Any], files: dict[str, str], where: str) -> None:
-    """Fail if an input file of a stored run changed since: re-running it would not give the same records."""
-    for name, path in files.items():
-        digest = stored.get(name, {}).get("sha256") if isinstance(stored.get(name), dict) else None
-        if digest is None:
-            continue
-        resolved = trace_path(path)
-        if not resolved.is_file():
-            raise FileNotFoundError(f"{where}: {name} file not found: {path}")
-        if file_sha256(resolved) != digest:
-            raise ValueError(f"{where}: {name} file {path} changed since the run (sha256 differs)")

@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from oppo.config import sources_of
 from oppo.data import TRACES, data_dir, trace_path
+from oppo.stored_config import sources_of
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oppo.config import read_config_json
+from oppo.stored_config import read_config_json
 
 # The keys a shape needs (Llama / Qwen / Mistral naming); num_key_value_heads defaults to num_attention_heads and
 # dtype (``torch_dtype`` in older configs) to bfloat16.

@@ -7,18 +7,11 @@ import sys
 import pytest
 
 from oppo import ScheduleConfig
-from oppo.config import add_config_args, given_options
+from oppo.cli import add_config_args, given_options
 from oppo.lengths import load_lengths
-from oppo.records import (
-    StepRecord,
-    TraceRow,
-    TrainedSeq,
-    busy_seconds,
-    deferral_histogram,
-    read_rows,
-    summarize,
-    write_run,
-)
+from oppo.metrics import deferral_histogram, summarize, utilization
+from oppo.record_io import read_rows, write_run
+from oppo.records import StepRecord, TraceRow, TrainedSeq
 
 
 def test_core_import_pulls_no_backend():
@@ -61,7 +54,9 @@ def test_cli_from_config():
 
 
 def test_busy_union_and_histogram():
-    assert busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4
+    # overlapping operations on one device count once: busy [0, 3) and [5, 6) of 10 s
+    ops = [TraceRow(0, "gpu0", "actor", "decode", a, b, 1, 1, 0) for a, b in [(0, 2), (1, 3), (5, 6)]]
+    assert utilization(ops, 10.0) == {"gpu0": 0.4}
     trained = [TrainedSeq(0, i, i, 0, d, 5, 5, True, d) for i, d in enumerate([0, 0, 0, 1])]
     assert deferral_histogram(trained) == {0: 0.75, 1: 0.25}
 
@@ -119,7 +114,7 @@ def test_lengths_errors(tmp_path, text, message):
 
 
 def test_trace_events_one_lane_per_device_and_whole_steps():
-    from oppo.records import trace_events
+    from oppo.perfetto import trace_events
 
     rows = [
         TraceRow(s, d, "actor", "decode", s + 0.1 * i, s + 0.1 * i + 0.05, 4, 4, 0)
@@ -135,7 +130,7 @@ def test_trace_events_one_lane_per_device_and_whole_steps():
 
 
 def test_stage_throughput_counts_a_group_operation_once():
-    from oppo.records import stage_throughput
+    from oppo.metrics import stage_throughput
 
     rows = [TraceRow(0, f"gpu{g}", "actor", "train_actor", 0.0, 2.0, 8, 1000, 0) for g in range(2)]
     stages = stage_throughput(rows, {"actor": 10.0}, 100.0)

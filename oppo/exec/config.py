@@ -5,15 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oppo.config import (
-    ScheduleConfig,
-    check_positive,
-    check_sources,
-    config_from_dict,
-    load_stored_config,
-    opt,
-    schedule_from,
-)
+from oppo.config import ScheduleConfig, check_positive, opt, schedule_from
+from oppo.stored_config import check_sources, config_from_dict, load_stored_config
 
 PRESETS = ("tiny-cpu", "small-cpu", "hf")
 REMOTE_ROLES = ("reward", "reference", "critic")

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from oppo.cli import run_cli
-from oppo.config import POLICIES, ScheduleConfig, add_config_args, given_options, schedule_from, to_dict
+from oppo.cli import add_config_args, given_options, run_cli
+from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 
 
@@ -124,9 +124,9 @@ class RunLog:
     """Accumulates the run's records and writes the contract files (atomically, so a crash keeps a whole set)."""
 
     def __init__(self, out: Path, config: ExecConfig, flops_per_token: dict, peak_flops: float | None) -> None:
-        from oppo.config import sources_of
         from oppo.exec.config import input_files
-        from oppo.records import write_json
+        from oppo.record_io import write_json
+        from oppo.stored_config import sources_of
 
         self.out, self.config = out, config
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops  # for MFU per stage
@@ -146,7 +146,8 @@ class RunLog:
 
     def write(self, trace, wall_s: float, final: bool = False) -> dict:
         from oppo.exec.runner import StepMetrics
-        from oppo.records import summarize, write_rows, write_run
+        from oppo.metrics import summarize
+        from oppo.record_io import write_rows, write_run
 
         summary = summarize(
             self.config.schedule.policy,

@@ -18,7 +18,8 @@ import numpy as np
 from oppo.exec.config import ExecConfig, load_config
 from oppo.exec.runner import forced_length
 from oppo.lengths import LengthTrace
-from oppo.records import StepRecord, TraceRow, read_rows
+from oppo.record_io import read_rows
+from oppo.records import StepRecord, TraceRow
 from oppo.sim import SimConfig, simulate
 from oppo.sim.calibrate import fit_trace, save_profile
 from oppo.sim.setups import Contention, LengthModel, Placement, Setup

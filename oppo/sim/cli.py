@@ -19,24 +19,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from oppo.cli import run_cli
-from oppo.config import (
-    POLICIES,
-    ScheduleConfig,
-    add_config_args,
-    check_sources,
-    config_from_dict,
-    given_options,
-    load_stored_config,
-    schedule_from,
-    to_dict,
-)
+from oppo.cli import add_config_args, given_options, run_cli
+from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.lengths import load_lengths
-from oppo.records import write_json, write_run
+from oppo.record_io import write_json, write_run
 from oppo.sim.experiments import Run, compare_rows, run_config, sweep_config
 from oppo.sim.model import SimConfig
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setups import PRESETS, load_setup, setup_from_dict, setup_toml
+from oppo.stored_config import check_sources, config_from_dict, load_stored_config
 
 # schedule fields whose default comes from the setup (Setup.schedule)
 SCHEDULE_FROM_SETUP = (
@@ -261,7 +252,8 @@ def cmd_fit_gpus(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from oppo.records import TraceRow, read_rows
+    from oppo.record_io import read_rows
+    from oppo.records import TraceRow
     from oppo.sim.calibrate import fit_trace, save_profile
 
     if not Path(args.trace).is_file():

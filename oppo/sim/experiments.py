@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from oppo import records
+from oppo import metrics
 from oppo.config import to_dict
 from oppo.lengths import LengthTrace
-from oppo.records import StepRecord, summarize
+from oppo.metrics import summarize
+from oppo.records import StepRecord
 from oppo.sim.hardware import GPUS, model_shape
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.setups import Setup
@@ -86,7 +87,7 @@ def flops_and_peaks(setup: Setup) -> tuple[dict[str, float], float | None]:
 
 def time_to_reward(steps: list[StepRecord], threshold: float, window: int = 5) -> float | None:
     """Simulated seconds until the mean reward over ``window`` steps first reaches ``threshold``."""
-    return records.time_to_reward([s.mean_reward for s in steps], [s.step_s for s in steps], threshold, window)
+    return metrics.time_to_reward([s.mean_reward for s in steps], [s.step_s for s in steps], threshold, window)
 
 
 def compare_rows(summaries: list[dict]) -> list[dict]:

@@ -15,7 +15,8 @@ import numpy as np
 import simpy
 
 from oppo.config import ScheduleConfig, check_positive
-from oppo.records import StepRecord, TraceRow, TrainedSeq, device_count
+from oppo.metrics import device_count
+from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.costs import CostModel, pass_attended
 from oppo.sim.framework import ROLE_STAGES

@@ -22,7 +22,7 @@ from typing import Any
 
 from oppo.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir
-from oppo.records import device_count
+from oppo.metrics import device_count
 from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
 from oppo.sim.framework import FRAMEWORKS, TRL, Framework, FrameworkCost
 from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape

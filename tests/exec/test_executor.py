@@ -79,7 +79,7 @@ def test_same_seed_same_records():
 def test_stored_config_roundtrips(tmp_path):
     from oppo.config import to_dict
     from oppo.exec.config import load_config
-    from oppo.records import write_json
+    from oppo.record_io import write_json
 
     config = ExecConfig(
         schedule=default_schedule(policy="oppo", chunk_candidates=(2, 4)),

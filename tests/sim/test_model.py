@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from oppo.lengths import LengthTrace
-from oppo.records import summarize
+from oppo.metrics import summarize
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.framework import TRL, Framework
 from oppo.sim.setups import Placement

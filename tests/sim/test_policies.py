@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from oppo.records import hidden_fraction, stage_throughput, summarize
+from oppo.metrics import hidden_fraction, stage_throughput, summarize
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.experiments import flops_and_peaks
 from oppo.sim.workload import LengthModel

@@ -1,0 +1,72 @@
+"""Stored configs: a run's ``config.json`` read back (``--config RUN_DIR/config.json``), with the digests of the
+input files it read, so that a re-run either gives the same records or says why it cannot."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from oppo.data import trace_path
+
+
+def load_stored_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a run's ``config.json`` (a run directory is accepted too)."""
+    return read_config_json(path, "config")
+
+
+def read_config_json(path: str | Path, what: str) -> dict[str, Any]:
+    """The JSON object of a ``config.json`` file, or of the one in a folder (a run, a checkpoint); errors name
+    the file: not found (``what``), not JSON, not an object."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a JSON config ({err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return raw
+
+
+def config_from_dict(cls: type, values: dict[str, Any], where: str, **given: Any) -> Any:
+    """``cls`` from a stored dict (JSON lists back to tuples) plus ``given`` fields; an unknown key is an error
+    (a config written by another version must not be half-applied silently)."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where}: expected a table of settings")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        return cls(**(kwargs | given))
+    except TypeError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sources_of(files: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Content digests of the input files a run read, stored beside its config (``sources``)."""
+    return {name: {"path": str(path), "sha256": file_sha256(trace_path(path))} for name, path in files.items()}
+
+
+def check_sources(stored: dict[str, Any], files: dict[str, str], where: str) -> None:
+    """Fail if an input file of a stored run changed since: re-running it would not give the same records."""
+    for name, path in files.items():
+        digest = stored.get(name, {}).get("sha256") if isinstance(stored.get(name), dict) else None
+        if digest is None:
+            continue
+        resolved = trace_path(path)
+        if not resolved.is_file():
+            raise FileNotFoundError(f"{where}: {name} file not found: {path}")
+        if file_sha256(resolved) != digest:
+            raise ValueError(f"{where}: {name} file {path} changed since the run (sha256 differs)")
