@@ -32,9 +32,8 @@ class RolloutBuffer:
     ``generated_tokens <= max_new_tokens``.
     """
 
-    def __init__(self, max_new_tokens: int, prompt_limit: int | None = None, group_size: int = 1) -> None:
+    def __init__(self, max_new_tokens: int, group_size: int = 1) -> None:
         self.max_new_tokens = max_new_tokens
-        self.prompt_limit = prompt_limit  # total prompts available; None = endless dataset
         self.group_size = group_size
         self.seqs: dict[int, SeqState] = {}  # dicts keep insertion order: FIFO
         self.groups: dict[int, list[int]] = {}  # group id -> its sequence ids, FIFO
@@ -48,8 +47,6 @@ class RolloutBuffer:
     def fill(self, capacity: int, step: int) -> list[int]:
         """Admit new prompt groups until ``capacity`` groups are held (never evicts); returns the new seq ids."""
         count = capacity - len(self.groups)
-        if self.prompt_limit is not None:
-            count = min(count, self.prompt_limit - self.prompts)
         first, size = self.admitted, self.group_size
         new = list(range(first, first + max(count, 0) * size))
         for k in range(max(count, 0)):

@@ -63,9 +63,9 @@ class StepOutcome:
 class Scheduler:
     """The scheduling core: buffer, chunk policy and Δ controller driven by one :class:`ScheduleConfig`."""
 
-    def __init__(self, config: ScheduleConfig, prompt_limit: int | None = None) -> None:
+    def __init__(self, config: ScheduleConfig) -> None:
         self.config = config
-        self.buffer = RolloutBuffer(config.max_new_tokens, prompt_limit, config.group_size)
+        self.buffer = RolloutBuffer(config.max_new_tokens, config.group_size)
         self.chunking = make_chunk_policy(config)
         self.delta = make_delta_controller(config)
         self.step = -1

@@ -86,12 +86,6 @@ def test_streaming_uses_chunk_as_round():
     assert rounds == 3  # 3 + 3 + 2: the last round shrinks to the remaining budget
 
 
-def test_prompt_limit_ends_short():
-    s = Scheduler(ScheduleConfig(policy="inter", batch=4, delta="2", max_new_tokens=8), prompt_limit=3)
-    _, out, _ = run_step(s, {0: 1, 1: 2, 2: 3})
-    assert ids(out) == [0, 1, 2]
-
-
 def test_protocol_errors():
     s = Scheduler(ScheduleConfig(policy="sync", batch=2, max_new_tokens=8))
     with pytest.raises(RuntimeError):
