@@ -1,6 +1,6 @@
 """The data-parallel actor group on this machine: one policy with ``--dp 1``, ``--dp N`` and ``--dp N --shard``.
 
-    python benchmarks/data_parallel.py --preset small-cpu --dp 2 --steps 8
+    python benchmarks/data_parallel.py --preset small-cpu --dp 2 --steps 8 [--no-shard]
 
 Prints, from each run's records: mean step time (steps 1.. : step 0 pays the warm-up) and its ratio to ``--dp 1``,
 each device's busy fraction (one per rank, plus the driver holding the reward model), the step's time per phase
@@ -54,9 +54,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument(
+        "--shard", action=argparse.BooleanOptionalAction, default=True, help="also run --dp N --shard (FSDP2)"
+    )
     parser.add_argument("--out", default="runs/bench-data-parallel")
     args = parser.parse_args()
-    results = {"1": run(args, 1), str(args.dp): run(args, args.dp), f"{args.dp} shard": run(args, args.dp, True)}
+    results = {"1": run(args, 1), str(args.dp): run(args, args.dp)}
+    if args.shard:
+        results[f"{args.dp} shard"] = run(args, args.dp, True)
     base = results["1"]["step_s"]
     print(f"\n{args.preset}, {args.policy}, B={args.batch}, cap {args.max_new_tokens}, steps 1..{args.steps - 1}")
     print(f"{'ranks':<8} {'step_s':>7} {'vs dp 1':>8} {'rounds':>7}  busy fraction per device")

@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("--lengths-model", default="alpaca-7b")
     parser.add_argument("--out", default="runs/fidelity")
     args = parser.parse_args()
+    if "sync" not in args.policies.split(","):
+        parser.error("--policies must include sync: the simulator is calibrated on the sync run")
     task = TaskConfig(lengths="alpaca_eval", lengths_model=args.lengths_model)
     lengths = load_lengths(task.lengths, model=task.lengths_model)
     runs = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
 from oppo.exec.trl_baseline import run_trl
 from oppo.lengths import load_lengths
@@ -29,19 +29,21 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument(
         "--lengths",
-        default="traces/hh_rlhf_harmless_lengths.csv.gz",
-        help="trace whose lengths are forced on every run ('' for natural lengths)",
+        default="hh_rlhf_harmless",
+        help="trace whose lengths are forced on every run: a CSV file or a bundled trace ('' for natural lengths)",
     )
     parser.add_argument("--threshold", type=float, default=0.0, help="reward threshold for time-to-reward")
     parser.add_argument("--out", default="runs/bench-trl")
     args = parser.parse_args()
     lengths = load_lengths(args.lengths) if args.lengths else None
     model = ModelConfig(preset=args.preset, threads=1)
+    task = TaskConfig(lengths=args.lengths or None)  # oppo.exec loads the same trace from its config
     results = {}
     config = ExecConfig(
         schedule=default_schedule(policy="sync", batch=args.batch, max_new_tokens=args.max_new_tokens),
         model=model,
         steps=args.steps,
+        task=task,
     )
     trl_steps = run_trl(config, lengths)
     results["trl"] = (
@@ -52,7 +54,7 @@ def main() -> None:
     for policy in ("sync", "oppo"):
         schedule = default_schedule(policy=policy, batch=args.batch, max_new_tokens=args.max_new_tokens)
         out = Path(args.out) / f"{args.preset}-{policy}"
-        train(ExecConfig(schedule=schedule, model=model, steps=args.steps), out, lengths)
+        train(ExecConfig(schedule=schedule, model=model, steps=args.steps, task=task), out)
         steps = list(csv.DictReader(open(out / "steps.csv")))
         trace = list(csv.DictReader(open(out / "sequences.csv")))
         tokens = [sum(int(t["response_tokens"]) for t in trace if t["step"] == s["step"]) for s in steps]

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 # Errors that mean "bad input": a config value, a file, a trace. They end the command with exit code 2 and
-# one line; anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, KeyError)
+# one line; anything else is a bug and keeps its traceback (a KeyError included: an unknown name given by the
+# user is reported where it is looked up, as a ValueError naming the choices).
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
@@ -21,8 +22,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     try:
         return main(argv) or 0
     except USER_ERRORS as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: records written so far are kept", file=sys.stderr)

@@ -12,7 +12,6 @@ algorithm, kept so both can be compared. Both look at the reward only; ``TailDel
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -92,14 +91,21 @@ class Alg1Delta:
 class TailDelta:
     """Δ from the observed distribution of response lengths, so that over-commit cuts the tail whatever the cap.
 
-    Model: a step with N = B+Δ fresh sequences ends when the B-th of them finishes, at length F⁻¹(U₍B₎) where F
-    is the length distribution and U₍B₎ ~ Beta(B, N-B+1) is the B-th order statistic of N uniforms. ``end(Δ)``
-    is that length at probability ``confidence`` (the step ends by then with that probability). F is estimated
-    by Kaplan-Meier from the finished lengths of the last ``window`` steps and the current lengths of the
-    unfinished (censored) ones, so the long sequences still running are not forgotten. Δ is the smallest value
-    in [low, high] that achieves all but ``tolerance`` of the cut the largest allowed Δ would give:
+    Model: a step over-commits N = B+Δ fresh prompt groups of G samples each (G = ``group_size``, 1 without group
+    sampling; B and Δ count groups) and ends when the B-th group completes; a group completes with its slowest
+    sample. F is the distribution of one sample's length. **Assumed: the G samples of a group have independent
+    lengths**, so a group completes by x with probability F_group(x) = F(x)^G (the maximum of G draws), and the
+    step's end is F_group⁻¹(U₍B₎) = F⁻¹(U₍B₎^(1/G)) where U₍B₎ ~ Beta(B, N-B+1) is the B-th order statistic of N
+    uniforms (exact, not an approximation). ``end(Δ)`` is that length at probability ``confidence``: the step ends
+    by then with that probability. Samples of one prompt are positively correlated in practice (a hard prompt
+    makes all of them long); then F_group lies between F^G and F and groups complete earlier than modelled: the
+    model over-states every end(Δ), the more so for large G.
+
+    F is estimated by Kaplan-Meier from the finished sample lengths of the last ``window`` steps and the current
+    lengths of the unfinished (censored) samples, so the long sequences still running are not forgotten. Δ is the
+    smallest value in [low, high] that achieves all but ``tolerance`` of the cut the largest allowed Δ would give:
     end(Δ) <= end(high) + tolerance · (end(low) - end(high)). No tail (equal lengths) gives Δ = low; a heavy
-    tail or many capped sequences (an atom of F at the cap) give a large Δ. Until ``batch`` lengths are known,
+    tail or many capped sequences (an atom of F at the cap) give a large Δ. Until B·G sample lengths are known,
     and when no Δ would help by the estimate while sequences are still running (the estimate is then driven by
     the unknown lengths of the censored ones), Δ holds its value.
     """
@@ -111,6 +117,7 @@ class TailDelta:
     batch: int
     confidence: float = 0.9
     tolerance: float = 0.1
+    group_size: int = 1
     finished: deque = field(default_factory=deque)
 
     def update(self, mean_reward: float, lengths: LengthObservation | None = None) -> None:
@@ -120,7 +127,7 @@ class TailDelta:
         while len(self.finished) > self.window:
             self.finished.popleft()
         done = np.concatenate(list(self.finished))
-        if len(done) < self.batch:
+        if len(done) < self.batch * self.group_size:  # sample lengths: B groups' worth
             return
         xs, cdf = kaplan_meier(done, np.asarray(lengths.censored, dtype=np.int64))
         ends = [self.end_tokens(xs, cdf, delta) for delta in range(self.low, self.high + 1)]
@@ -130,11 +137,13 @@ class TailDelta:
         self.value = self.low + next(i for i, end in enumerate(ends) if end <= target)
 
     def end_tokens(self, xs: np.ndarray, cdf: np.ndarray, delta: int) -> float:
-        """Length by which B of B+Δ fresh sequences finish with probability ``confidence``."""
-        n, b = self.batch + delta, self.batch
-        mean = b / (n + 1)  # Beta(B, N-B+1), normal approximation of its quantile
-        beta = mean + statistics.NormalDist().inv_cdf(self.confidence) * math.sqrt(mean * (1 - mean) / (n + 2))
-        reached = np.flatnonzero(cdf >= min(beta, 1.0))
+        """Length by which B of B+Δ fresh groups complete with probability ``confidence``: F⁻¹(u^(1/G)), u the
+        ``confidence`` quantile of Beta(B, B+Δ-B+1)."""
+        from scipy.special import betaincinv  # scipy.stats.beta.ppf; imported here: only this controller needs it
+
+        b = self.batch
+        u = float(betaincinv(b, delta + 1, self.confidence))
+        reached = np.flatnonzero(cdf >= u ** (1 / self.group_size))
         return float(xs[reached[0]]) if len(reached) else float(xs[-1])  # beyond what was seen: the longest
 
 
@@ -162,6 +171,10 @@ def make_delta_controller(config) -> FixedDelta | SlopeDelta | Alg1Delta | TailD
         return Alg1Delta(**bounds)
     if config.delta_controller == "tail":
         return TailDelta(
-            **bounds, batch=config.batch, confidence=config.tail_confidence, tolerance=config.tail_tolerance
+            **bounds,
+            batch=config.batch,
+            confidence=config.tail_confidence,
+            tolerance=config.tail_tolerance,
+            group_size=config.group_size,
         )
     return SlopeDelta(**bounds, inc=config.delta_inc, dec=config.delta_dec)

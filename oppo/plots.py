@@ -137,7 +137,7 @@ def speed_vs_staleness(rows: Sequence[Mapping], path: str | Path, title: str = "
     return _save(fig, path)
 
 
-def fidelity(measured: Mapping, predicted: Mapping, fitted: int, path: str | Path, title: str = "") -> Path:
+def plot_fidelity(measured: Mapping, predicted: Mapping, fitted: int, path: str | Path, title: str = "") -> Path:
     """Measured and predicted seconds per step, one panel per stage (and the step); the first ``fitted`` steps
     (left of the dashed line) were used to fit."""
     names = ["step", *[k for k in measured if k != "step"]]

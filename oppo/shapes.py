@@ -4,20 +4,28 @@ Both backends read a shape from here: the executor builds its tiny models from i
 the simulator derives its cost model's shape from it. A user's own checkpoint is a shape source too: any
 ``config.json`` of a decoder-only model with the keys below (:func:`load_hf_config`).
 Values of the public models are copied from their published ``config.json`` files.
+
+Both backends also count a shape's parameters and FLOPs here (:func:`parameter_count`,
+:func:`role_flops_per_token`): the simulator's costs and MFU, the executor's MFU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from oppo.stored_config import read_config_json
 
-# The keys a shape needs (Llama / Qwen / Mistral naming); num_key_value_heads defaults to num_attention_heads and
-# dtype (``torch_dtype`` in older configs) to bfloat16.
+# The keys a shape needs (Llama / Qwen / Mistral naming); num_key_value_heads defaults to num_attention_heads,
+# dtype (``torch_dtype`` in older configs) to bfloat16 and tie_word_embeddings (the LM head is the token
+# embedding) to the default of the model type's config class, which a config.json saved by transformers may omit.
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")  # model types whose configs default to tied
 
 BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+SCORE_HEAD_ROLES = ("critic", "reward")  # one-label sequence classifiers: a score head (H x 1), no LM head
 
 HF_SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-7b": dict(
@@ -28,6 +36,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=18944,
         vocab_size=152064,
         dtype="bfloat16",
+        tie_word_embeddings=False,
     ),
     "qwen2.5-3b": dict(
         num_hidden_layers=36,
@@ -37,6 +46,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=11008,
         vocab_size=151936,
         dtype="bfloat16",
+        tie_word_embeddings=True,
     ),
     "qwen2.5-1.5b": dict(
         num_hidden_layers=28,
@@ -46,6 +56,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=8960,
         vocab_size=151936,
         dtype="bfloat16",
+        tie_word_embeddings=True,
     ),
     "qwen2.5-0.5b": dict(
         num_hidden_layers=24,
@@ -55,6 +66,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=4864,
         vocab_size=151936,
         dtype="bfloat16",
+        tie_word_embeddings=True,
     ),
     "gemma-2-2b": dict(
         num_hidden_layers=26,
@@ -64,6 +76,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=9216,
         vocab_size=256000,
         dtype="bfloat16",
+        tie_word_embeddings=True,
     ),
     "llama-2-7b": dict(
         num_hidden_layers=32,
@@ -73,6 +86,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=11008,
         vocab_size=32000,
         dtype="bfloat16",
+        tie_word_embeddings=False,
     ),
     # The executor's presets (Llama architecture, untied embeddings, float32 on CPU).
     # tiny-cpu: ~30k parameters, a default run finishes in a few minutes on 2 cores
@@ -84,6 +98,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=128,
         vocab_size=64,
         dtype="float32",
+        tie_word_embeddings=False,
     ),
     # small-cpu: ~25M parameters
     "small-cpu": dict(
@@ -94,6 +109,7 @@ HF_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=1536,
         vocab_size=512,
         dtype="float32",
+        tie_word_embeddings=False,
     ),
 }
 
@@ -102,8 +118,8 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     """The shape fields of a Hugging Face ``config.json`` (a file, or a checkpoint folder holding one).
 
     Raises ``ValueError`` naming the file and the missing or invalid key."""
-    raw = read_config_json(path, "model config")
-    raw = raw.get("text_config", raw)  # multimodal configs nest the language model's
+    top = read_config_json(path, "model config")
+    raw = top.get("text_config", top)  # multimodal configs nest the language model's
     path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: text_config is not a JSON object")
@@ -118,4 +134,43 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     shape["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
     if shape["dtype"] not in BYTES_PER_PARAM:
         raise ValueError(f"{path}: unknown dtype {shape['dtype']!r}; known: {', '.join(BYTES_PER_PARAM)}")
+    tied = raw.get("tie_word_embeddings", top.get("tie_word_embeddings", raw.get("model_type") in TIED_BY_DEFAULT))
+    if not isinstance(tied, bool):
+        raise ValueError(f"{path}: tie_word_embeddings must be true or false, got {tied!r}")
+    shape["tie_word_embeddings"] = tied
     return shape
+
+
+def layer_parameters(shape: Mapping[str, Any]) -> int:
+    """Weights of one decoder layer: the q, k, v, o projections (k and v over the key-value heads) and the gated
+    MLP's three matrices; RMSNorm weights and attention biases aside."""
+    hidden, heads, kv_heads = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    attention = hidden * (hidden + 2 * kv_heads * (hidden // heads)) + hidden * hidden
+    return attention + 3 * hidden * shape["intermediate_size"]
+
+
+def parameter_count(shape: Mapping[str, Any], score_head: bool = False) -> int:
+    """Weights of a model of this shape: its layers, the token embedding (V x H) and its head, an LM head (V x H)
+    unless tied to the embedding (``tie_word_embeddings``: one matrix serves both), or with ``score_head`` the
+    one-label score head (H) of a critic or reward model. RMSNorm weights and attention biases aside (71,552 of
+    Qwen2.5-0.5B's 494,032,768)."""
+    embedding = shape["vocab_size"] * shape["hidden_size"]
+    if score_head:
+        head = shape["hidden_size"]
+    else:
+        head = 0 if shape.get("tie_word_embeddings", False) else embedding
+    return shape["num_hidden_layers"] * layer_parameters(shape) + embedding + head
+
+
+def forward_flops_per_token(shape: Mapping[str, Any], score_head: bool = False) -> float:
+    """Forward FLOPs per token of a model of this shape, attention over the context aside: 2 per weight of the
+    untied model (embedding, layers, head). A tied head shares the embedding's weights, not its work: its matmul
+    still runs, so a tie changes the parameters and bytes, never the FLOPs."""
+    return 2.0 * parameter_count({**shape, "tie_word_embeddings": False}, score_head)
+
+
+def role_flops_per_token(shapes: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Forward FLOPs per token of each role's model (role -> its shape), the count both backends report MFU with:
+    the actor and the reference are causal LMs, the critic and the reward model one-label sequence classifiers
+    (:data:`SCORE_HEAD_ROLES`). Training a token costs three times its forward."""
+    return {role: forward_flops_per_token(shape, role in SCORE_HEAD_ROLES) for role, shape in shapes.items()}

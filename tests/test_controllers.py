@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from oppo import ScheduleConfig
 from oppo.chunking import ExploringChunk, FixedChunk, make_chunk_policy
@@ -99,3 +100,50 @@ def test_april_overprovisions_a_fixed_delta():
     assert make_delta_controller(ScheduleConfig(policy="april", batch=16, delta_max=6)).value == 6
     assert make_delta_controller(ScheduleConfig(policy="april", batch=16, delta="3")).value == 3
     assert isinstance(make_delta_controller(ScheduleConfig(policy="oppo", delta_controller="tail")), TailDelta)
+
+
+def test_tail_with_groups_waits_for_b_groups_of_samples():
+    """B counts groups: B x G sample lengths are needed before the distribution is trusted."""
+    ctl = TailDelta(value=3, low=0, high=16, window=5, batch=16, group_size=8)
+    observe(ctl, list(range(10, 110)))  # 100 samples: more than B = 16, fewer than B x G = 128
+    assert ctl.value == 3
+    grpo = ScheduleConfig(policy="oppo", algo="grpo", group_size=8, batch=16, delta_max=16, delta_controller="tail")
+    assert make_delta_controller(grpo).group_size == 8
+
+
+def monte_carlo_ends(pool: np.ndarray, batch: int, group_size: int, deltas, confidence: float, rng, trials: int):
+    """Per Δ: the ``confidence`` quantile of the step's end over ``trials`` simulated steps, and its order-statistic
+    99% confidence interval. A step draws B+Δ groups of G sample lengths from ``pool``; a group completes with its
+    longest sample; the step ends when the B-th group completes."""
+    n_max = batch + max(deltas)
+    groups = rng.choice(pool, size=(trials, n_max, group_size)).max(axis=2)  # common draws for every Δ
+    k = trials * confidence + np.array([-1, 1]) * 2.576 * np.sqrt(trials * confidence * (1 - confidence))
+    rank_low, rank_high = np.clip(np.floor(k).astype(int), 0, trials - 1)
+    out = {}
+    for delta in deltas:
+        ends = np.sort(np.sort(groups[:, : batch + delta], axis=1)[:, batch - 1])
+        out[delta] = (float(np.quantile(ends, confidence, method="inverted_cdf")), ends[rank_low], ends[rank_high])
+    return out
+
+
+@pytest.mark.parametrize("group_size", [1, 8])
+def test_tail_end_and_delta_match_a_monte_carlo_of_group_completion(group_size):
+    """GRPO: a step of B+Δ groups of G samples ends when the B-th group completes, each group with its slowest
+    sample. The controller's end(Δ) (the ``confidence`` quantile of that end) is checked for every Δ against
+    4,000 simulated steps drawn from the very lengths it observed (independent samples within a group): equal
+    within the simulation's 99% interval for the quantile or 5%; and the Δ it picks is the one the simulated ends
+    give by its rule, within one."""
+    rng = np.random.default_rng(17)
+    lengths = np.minimum(rng.lognormal(np.log(300), 0.6, 20_000).astype(int) + 1, 1024)  # capped lognormal
+    batch, low, high = 16, 0, 16
+    ctl = TailDelta(value=4, low=low, high=high, window=1, batch=batch, group_size=group_size)
+    observe(ctl, lengths)
+    xs, cdf = kaplan_meier(lengths, np.array([], dtype=np.int64))
+    mc = monte_carlo_ends(lengths, batch, group_size, range(low, high + 1), ctl.confidence, rng, trials=4000)
+    for delta, (quantile, ci_low, ci_high) in mc.items():
+        end = ctl.end_tokens(xs, cdf, delta)
+        assert ci_low <= end <= ci_high or abs(end - quantile) <= 0.05 * quantile, (delta, end, quantile)
+    ends = [mc[d][0] for d in range(low, high + 1)]
+    target = ends[-1] + ctl.tolerance * (ends[0] - ends[-1])
+    simulated = low + next(i for i, end in enumerate(ends) if end <= target)
+    assert abs(ctl.value - simulated) <= 1, (ctl.value, simulated)

@@ -53,6 +53,25 @@ def test_cli_from_config():
     assert "prompt groups trained per step" in parser.format_help()
 
 
+@pytest.mark.parametrize(
+    "raised, code, stderr",
+    [
+        ("ValueError('unknown setup x; choose from a, b')", 2, "error: unknown setup x; choose from a, b\n"),
+        ("FileNotFoundError('lengths file not found: x.csv')", 2, "error: lengths file not found: x.csv\n"),
+        ("KeyError(17)", 1, "KeyError: 17"),  # a bug: its traceback, not a user error
+        ("AttributeError('no')", 1, "AttributeError: no"),
+    ],
+)
+def test_run_cli_one_line_for_bad_input_traceback_for_a_bug(raised, code, stderr):
+    script = f"import sys; from oppo.cli import run_cli\ndef main(argv): raise {raised}\nsys.exit(run_cli(main))"
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert res.returncode == code
+    if code == 2:
+        assert res.stderr == stderr
+    else:
+        assert "Traceback (most recent call last)" in res.stderr and res.stderr.rstrip().endswith(stderr)
+
+
 def test_busy_union_and_histogram():
     # overlapping operations on one device count once: busy [0, 3) and [5, 6) of 10 s
     ops = [TraceRow(0, "gpu0", "actor", "decode", a, b, 1, 1, 0) for a, b in [(0, 2), (1, 3), (5, 6)]]

@@ -1,5 +1,7 @@
-"""Every notebook executes headless from a clean checkout (outputs are stripped in git)."""
+"""Every notebook executes headless from a clean checkout (outputs are stripped in git), writing only under its
+``OUT`` folder (``runs/``, ignored by git) and nothing into the checkout."""
 
+import hashlib
 from pathlib import Path
 
 import nbformat
@@ -18,7 +20,18 @@ def test_notebooks_are_stripped():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path, monkeypatch):
+    """Run from a temporary folder standing for the notebook's own (Jupyter's working directory)."""
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    before = _digests(path.parent)
     book = nbformat.read(path, as_version=4)
     NotebookClient(book, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     assert not any(o.get("output_type") == "error" for c in book.cells for o in c.get("outputs", []))
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["runs"])  # from notebooks/, its outputs are ignored by git
+    assert _digests(path.parent) == before
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with the SHA-256 of its content."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }

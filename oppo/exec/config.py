@@ -139,11 +139,17 @@ class ExecConfig:
         check_positive("dp", self.dp)
         if self.shard and self.dp < 2:
             raise ValueError("--shard needs --dp 2 or more")
-        rows = self.schedule.batch * self.schedule.group_size // self.ppo.minibatches
-        if self.shard and rows < self.dp:  # every rank takes part in every sharded step (collectives)
+        # Every executor policy trains B x G rows a step (T-PPO: a segment of each of the B in flight; over-commit:
+        # the first B complete groups), cut into minibatches whose sizes differ by one row at most: the smallest
+        # holds floor(rows / minibatches).
+        rows = self.schedule.batch * self.schedule.group_size
+        if self.ppo.minibatches > rows:
+            raise ValueError(f"minibatches {self.ppo.minibatches} > batch x group size {rows}: a minibatch needs a row")
+        smallest = rows // self.ppo.minibatches
+        if self.shard and smallest < self.dp:  # every rank takes part in every sharded step (collectives)
             raise ValueError(
-                f"--shard needs a minibatch of at least --dp rows: batch x group size / minibatches "
-                f"= {rows} < {self.dp}"
+                f"--shard needs at least --dp rows in every minibatch: the smallest has floor(batch x group size / "
+                f"minibatches) = {smallest} < {self.dp}"
             )
         if self.schedule.policy == "async":
             raise ValueError("policy async runs in the simulator only (python -m oppo.sim), not in the executor")

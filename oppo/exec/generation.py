@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from transformers import StaticCache
 
+from oppo.exec.ppo import sampled_logprobs
+
 MASK32 = 0xFFFFFFFF
 
 
@@ -104,12 +106,12 @@ class ChunkedDecoder:
         return finished, chunk
 
     def _sample(self) -> torch.Tensor:
-        logits = self.logits / self.temperature
+        logp = sampled_logprobs(self.logits.double(), self.temperature)  # (B, V) what the scorers score
         total = self.done_before + self.decoded  # response tokens before this one
         forced = self.forced >= 0
-        logits[forced & (total + 1 < self.forced), self.eos_id] = float("-inf")
-        noise = gumbel_noise(self.row_keys, total, logits.shape[-1]).to(logits.device)
-        token = (logits.double() + noise).argmax(dim=-1)  # a sample of softmax(logits): Gumbel-max
+        logp[forced & (total + 1 < self.forced), self.eos_id] = float("-inf")
+        noise = gumbel_noise(self.row_keys, total, logp.shape[-1]).to(logp.device)
+        token = (logp + noise).argmax(dim=-1)  # a sample of softmax(logits / T): Gumbel-max
         return torch.where(forced & (total + 1 >= self.forced), torch.full_like(token, self.eos_id), token)
 
     def _advance(self, token: torch.Tensor, live: torch.Tensor) -> None:

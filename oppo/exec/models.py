@@ -109,19 +109,6 @@ def token_ids(config: ModelConfig) -> tuple[int, int, int]:
     return int(pad), int(eos), int(hf.vocab_size)
 
 
-def role_parameters(config: ModelConfig) -> dict[str, int]:
-    """Parameters of each role's model, counted on the meta device (no weights loaded)."""
-    paths = role_paths(config)
-    counts: dict[tuple, int] = {}  # (class, folder) -> parameters: roles sharing a checkpoint are built once
-    for role, path in paths.items():
-        key = (role_class(role), str(path))
-        if key not in counts:
-            with torch.device("meta"):
-                model = key[0].from_config(AutoConfig.from_pretrained(path))
-            counts[key] = sum(p.numel() for p in model.parameters())
-    return {role: counts[(role_class(role), str(path))] for role, path in paths.items()}
-
-
 def backbone(model: torch.nn.Module) -> torch.nn.Module:
     """The transformer body of a causal-LM or sequence-classification model."""
     return model.base_model
@@ -130,6 +117,11 @@ def backbone(model: torch.nn.Module) -> torch.nn.Module:
 def score_head(model: torch.nn.Module) -> torch.nn.Module:
     """The head applied to hidden states: lm_head for causal LMs, score for sequence classification."""
     return model.lm_head if hasattr(model, "lm_head") else model.score
+
+
+def is_tied(model: torch.nn.Module) -> bool:
+    """Whether the head's weight is the input embedding's (one parameter), as in Qwen2.5 0.5B-3B and Gemma."""
+    return score_head(model).weight is model.get_input_embeddings().weight
 
 
 def load_prompts(config) -> list[list[int]]:

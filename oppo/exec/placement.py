@@ -23,7 +23,7 @@ import torch
 
 from oppo.exec.config import ExecConfig
 from oppo.exec.models import load_roles, resolve_device, token_ids
-from oppo.exec.rank import ActorRank, join_group
+from oppo.exec.rank import ActorRank, join_group, trained_roles
 from oppo.exec.runner import (
     Executor,
     RunAborted,
@@ -56,7 +56,17 @@ class ScorerWorker:
     """Scorer roles on one device (one core or one GPU): a :class:`LocalScorer` per role, timed on the driver's
     clock (``t0``), so local and remote roles run the same code and record the same rows."""
 
-    def __init__(self, model_config, roles: list[str], pad_id: int, t0: float, device_label: str, threads: int):
+    def __init__(
+        self,
+        model_config,
+        roles: list[str],
+        pad_id: int,
+        t0: float,
+        device_label: str,
+        threads: int,
+        temperature: float,
+    ):
+        """``temperature``: the sampling temperature (the reference's log-probs are of the sampled distribution)."""
         from oppo.exec.models import load_role
 
         torch.set_num_threads(threads)
@@ -64,7 +74,12 @@ class ScorerWorker:
         self.rec = Recorder(t0)  # the driver's clock zero: one time axis for every process
         self.scorers = {
             role: LocalScorer.for_role(
-                role, load_role(model_config, role, device).requires_grad_(False), pad_id, self.rec, self.label
+                role,
+                load_role(model_config, role, device).requires_grad_(False),
+                pad_id,
+                self.rec,
+                self.label,
+                temperature,
             )
             for role in roles
         }
@@ -160,13 +175,15 @@ class RankWorker:
         self.config, self.colocated = config, colocated
         self.index, self.world, self.backend = rank, world, "nccl" if device.type == "cuda" else "gloo"
         torch.manual_seed(config.seed)  # a head the checkpoint lacks starts alike everywhere (and is broadcast)
-        self.roles = load_roles(config.model, device, which=("actor", "critic", *colocated))
+        self.held = tuple(dict.fromkeys((*trained_roles(config), *colocated)))  # no critic under GRPO
+        self.roles = load_roles(config.model, device, which=self.held)
         self.rec = Recorder(t0)
         self.rank: ActorRank | None = None  # made once the group is joined (the optimizers need final parameters)
 
-    def ready(self) -> tuple[str, int, str]:
-        """The device label, the worker's process id (shown to the user, used to stop it) and its node."""
-        return self.label, os.getpid(), ray.get_runtime_context().get_node_id()
+    def ready(self) -> tuple[str, int, str, tuple[str, ...]]:
+        """The device label, the worker's process id (shown to the user, used to stop it), its node and the roles
+        it loaded."""
+        return self.label, os.getpid(), ray.get_runtime_context().get_node_id(), self.held
 
     def rendezvous(self) -> tuple[str, int]:
         """An address and a free port on this node for the process group's store (asked of rank 0)."""
@@ -204,9 +221,13 @@ class RayGroup:
         ]
         self._sent: list = []
         ready = self._all([w.ready.remote() for w in self.workers])  # models loaded before the clock starts
-        self.labels = [label for label, _, _ in ready]
-        for r, (label, pid, node) in enumerate(ready):
-            print(f"placement: actor rank {r} on {label} (worker pid {pid}, node {node[:8]})", file=sys.stderr)
+        self.labels = [label for label, _, _, _ in ready]
+        self.held = [roles for _, _, _, roles in ready]  # the roles each rank loaded
+        for r, (label, pid, node, roles) in enumerate(ready):
+            print(
+                f"placement: actor rank {r} on {label} (worker pid {pid}, node {node[:8]}): {', '.join(roles)}",
+                file=sys.stderr,
+            )
         address, port = self._all([self.workers[0].rendezvous.remote()])[0]
         self._all([w.join.remote(address, port) for w in self.workers])
 
@@ -275,12 +296,12 @@ class RayExecutor(Executor):
             roles = load_roles(config.model, device, which=on_driver)
             scorers = driver_scorers(config, roles, recorder, label, elsewhere)
         else:  # the one rank here: the trained models, its colocated scorers and the driver's (not the remote ones)
-            which = ("actor", "critic", *rank_roles(config, elsewhere), *on_driver)
+            which = (*trained_roles(config), *rank_roles(config, elsewhere), *on_driver)
             group, scorers = local_parts(config, load_roles(config.model, device, which=which), recorder, elsewhere)
         first = config.dp + (config.dp > 1)  # the scorer workers' device labels follow the ranks' and the driver's
         for k, names in enumerate(remote):
             worker = ScorerWorker.options(**_one_device(on_gpu)).remote(
-                config.model, names, ids[0], recorder.t0, f"cpu{first + k}", 1
+                config.model, names, ids[0], recorder.t0, f"cpu{first + k}", 1, config.ppo.temperature
             )
             for i, role in enumerate(names):
                 scorers[role] = RemoteScorer(role, worker, collects=i == 0)

@@ -8,6 +8,13 @@ from __future__ import annotations
 import torch
 
 
+def sampled_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of the distribution the actor samples from, softmax(logits / T), over the last dimension (V).
+    One definition for the sampler, the old and reference log-probs and the trainer's new log-probs: computed at
+    another temperature, the PPO ratio is not 1 before an update and the KL is not 0 at the reference."""
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, total: float | None = None) -> torch.Tensor:
     """Mean over the masked entries. ``total``: the count to divide by instead of ``mask.sum()``: a data-parallel
     rank divides its share of a minibatch by the whole minibatch's count, so the ranks' losses sum to the mean."""
@@ -109,6 +116,7 @@ def kl_k3(
     logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, total: float | None = None
 ) -> torch.Tensor:
     """The k3 estimator of KL(pi || ref) per token, exp(d) - d - 1 with d = ref_logp - logp (>= 0, unbiased):
-    the KL term of the GRPO loss. Masked mean, a scalar."""
+    the KL term of the GRPO loss. Masked mean, a scalar. The order matters: ``logprobs`` are the policy's, of
+    tokens it sampled; swapped, the mean estimates E_pi[pi / ref] - 1 - KL(pi || ref) instead."""
     d = ref_logprobs - logprobs
     return masked_mean(torch.exp(d) - d - 1, mask, total)

@@ -29,7 +29,10 @@ class ActorRank:
         self.config, self.roles, self.rec, self.label = config, roles, recorder, label
         self.learner = Learner(config, roles, recorder, label)
         self.scorers = {
-            role: LocalScorer.for_role(role, getattr(roles, role), roles.pad_id, recorder, label) for role in colocated
+            role: LocalScorer.for_role(
+                role, getattr(roles, role), roles.pad_id, recorder, label, config.ppo.temperature
+            )
+            for role in colocated
         }
         self.trained = trained_models(config, roles)
         self.sharded = sharding.is_sharded(roles.actor)
@@ -44,7 +47,7 @@ class ActorRank:
         """A rank of a joined process group: rank 0's weights are taken (as DDP does at construction), and the
         trained models are sharded with ``config.shard``, before the optimizers see their parameters."""
         with torch.no_grad():
-            for model in (roles.actor, roles.critic):  # (the reference loads alike everywhere)
+            for model in trained_models(config, roles):  # (the reference loads alike everywhere)
                 for p in model.parameters():
                     dist.broadcast(p.data, src=0)
         if config.shard:
@@ -120,7 +123,7 @@ class ActorRank:
             for role, scorer in self.scorers.items()
         }
         with self.rec.op(step, self.label, "actor", "score", batch=len(seqs), tokens=sum(len(s[1]) for s in seqs)):
-            out["actor"] = score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id)
+            out["actor"] = score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id, self.config.ppo.temperature)
         return {role: [t.cpu() for t in outputs] for role, outputs in out.items()}
 
     def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, float]:
@@ -142,13 +145,20 @@ class ActorRank:
         return None if self.sharded and dist.get_rank() != 0 else state
 
     def digest(self) -> str:
-        """A digest of the trained weights (actor and, for PPO, critic)."""
-        return weights_digest(*self.trained)
+        """A digest of what the ranks must agree on after a step (:func:`~oppo.exec.update.weights_digest`): the
+        trained weights (actor and, for PPO, critic) and their optimizers' replicated state; sharded, in place of
+        the weights, this rank's check that its shards are what its last update left."""
+        return weights_digest(*self.trained, optimizers=self.learner.optimizers, written=self.learner.written)
+
+
+def trained_roles(config: ExecConfig) -> tuple[str, ...]:
+    """The roles a rank trains: the actor, and the critic under PPO (GRPO: the actor alone)."""
+    return ("actor", "critic") if config.schedule.algo == "ppo" else ("actor",)
 
 
 def trained_models(config: ExecConfig, roles: Roles) -> list[torch.nn.Module]:
-    """The models a rank trains: the actor, and the critic under PPO."""
-    return [roles.actor] + ([roles.critic] if config.schedule.algo == "ppo" else [])
+    """The models a rank trains (:func:`trained_roles`)."""
+    return [getattr(roles, role) for role in trained_roles(config)]
 
 
 def join_group(backend: str, address: str, port: int, rank: int, world: int) -> None:

@@ -20,7 +20,7 @@ from oppo.exec.models import Roles, load_prompts
 from oppo.exec.rank import ActorRank, LocalGroup
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
-from oppo.exec.update import deal, minibatches, step_batch
+from oppo.exec.update import deal, longest_first, minibatches, step_batch
 from oppo.lengths import LengthTrace
 from oppo.scheduler import Scheduler, StepOutcome
 
@@ -159,9 +159,8 @@ class Executor:
         for i in plan.active:
             if i in self.rank_of:
                 load[self.rank_of[i]] += work[i]
-        for i in sorted((i for i in plan.active if i not in self.rank_of), key=lambda i: -work[i]):
-            self.rank_of[i] = min(range(self.group.size), key=load.__getitem__)
-            load[self.rank_of[i]] += work[i]
+        new = [i for i in plan.active if i not in self.rank_of]
+        self.rank_of.update(zip(new, longest_first([work[i] for i in new], self.group.size, load)))
 
     def _mine(self, rank: int, rows: list[tuple]) -> list[tuple]:
         """The rows (seq id first) of sequences dealt to ``rank``."""
@@ -234,6 +233,8 @@ class Executor:
         for mb in minibatches(len(trained), self.config.ppo, self._seed(4, step)):
             totals = {k: float(batch[k][mb].sum()) for k in ("mask", "value_mask") if k in batch}
             shares = deal(mb, batch["attn"][mb].sum(1), self.group.size)
+            if self.config.shard and not all(len(share) for share in shares):  # (the config check rules it out)
+                raise RunAborted(f"step {step}: a rank has no row of a minibatch of {len(mb)}; sharded, it would hang")
             parts = [(step, {k: v[share] for k, v in batch.items()}, totals) for share in shares]
             results = self.group.call("train", parts)
             losses.append((*np.sum(results, axis=0)[:2], *results[0][2:]))  # the ranks' loss terms; rank 0's norms
@@ -276,6 +277,11 @@ def driver_scorers(config: ExecConfig, roles: Roles, recorder: Recorder, label: 
         role: LocalScorer.for_role(role, roles.reward, roles.pad_id, recorder, label)
         for role in driver_roles(config, remote)
     }
+
+
+def run_roles(config: ExecConfig) -> tuple[str, ...]:
+    """The models a run loads: the actor, its scorer roles (no critic under GRPO, no reward model with a rule)."""
+    return ("actor", *scorer_roles(config))
 
 
 def scorer_roles(config: ExecConfig) -> list[str]:

@@ -5,7 +5,8 @@ is computed at the end from those hidden states, so streamed and one-shot scorin
 
 - ``reward``: score head on the hidden state of each sequence's last real token (reward on EOS);
 - ``value``: score head at every position from the last prompt token on: V(s) before each response token;
-- ``logprob``: log-softmax of the LM head at the same positions, gathered at the next (response) token.
+- ``logprob``: log-probs of the sampled distribution, softmax(LM head / T) (:func:`oppo.exec.ppo.sampled_logprobs`,
+  T the sampling temperature), at the same positions, gathered at the next (response) token.
 
 Rows of a batch receive different numbers of tokens per chunk: the chunk is right-padded and the 2-D attention
 mask (past + current) marks the holes, with explicit ``position_ids``; the model's own sequence-classification
@@ -22,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from oppo.exec.models import backbone, score_head
+from oppo.exec.ppo import sampled_logprobs
 
 KINDS = ("reward", "value", "logprob")
 
@@ -35,10 +37,15 @@ class _Row:
 
 
 class StreamingScorer:
-    def __init__(self, model, kind: str, keep_cache: bool, pad_id: int) -> None:
+    def __init__(self, model, kind: str, keep_cache: bool, pad_id: int, temperature: float | None = None) -> None:
+        """``temperature``: the sampling temperature the ``logprob`` kind scores at (required there, unused by the
+        others)."""
         if kind not in KINDS:
             raise ValueError(f"unknown scorer kind {kind!r}")
+        if kind == "logprob" and temperature is None:
+            raise ValueError("a logprob scorer needs the sampling temperature its log-probs are of")
         self.model, self.kind, self.keep_cache, self.pad_id = model, kind, keep_cache, pad_id
+        self.temperature = temperature
         self.device = next(model.parameters()).device
         self.rows: dict[int, _Row] = {}
         self.batch: list[int] = []
@@ -96,7 +103,7 @@ class StreamingScorer:
             elif self.kind == "value":
                 out.append(head(hidden[:-1]).squeeze(-1).to(_out_dtype(hidden)))
             else:
-                logp = torch.log_softmax(head(hidden[:-1]).to(_out_dtype(hidden)), dim=-1)
+                logp = sampled_logprobs(head(hidden[:-1]).to(_out_dtype(hidden)), self.temperature)  # (R, V)
                 targets = torch.tensor(row.tokens[row.prompt_len :], device=logp.device)
                 out.append(logp.gather(1, targets[:, None]).squeeze(1))
         return out
@@ -161,9 +168,11 @@ def _out_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def score_once(model, kind: str, seqs: list[tuple[int, list[int], int]], pad_id: int) -> list[torch.Tensor]:
+def score_once(
+    model, kind: str, seqs: list[tuple[int, list[int], int]], pad_id: int, temperature: float | None = None
+) -> list[torch.Tensor]:
     """Non-streamed scoring: the whole sequences in one pass (the ``sync`` path)."""
-    scorer = StreamingScorer(model, kind, keep_cache=False, pad_id=pad_id)
+    scorer = StreamingScorer(model, kind, keep_cache=False, pad_id=pad_id, temperature=temperature)
     scorer.begin(seqs)
     outputs = scorer.outputs([s for s, _, _ in seqs])
     scorer.end([])
@@ -189,15 +198,28 @@ class LocalScorer:
     does not know where a role runs."""
 
     @classmethod
-    def for_role(cls, role: str, model, pad_id: int, recorder, device: str) -> LocalScorer:
+    def for_role(
+        cls, role: str, model, pad_id: int, recorder, device: str, temperature: float | None = None
+    ) -> LocalScorer:
         """Frozen roles (reward, reference) keep carried sequences' caches across steps; the critic changes
-        every step and re-prefills."""
-        return cls(role, model, ROLE_KINDS[role], role != "critic", pad_id, recorder, device)
+        every step and re-prefills. ``temperature``: the sampling temperature (required for the reference: its
+        log-probs are of the distribution the actor samples from)."""
+        return cls(role, model, ROLE_KINDS[role], role != "critic", pad_id, recorder, device, temperature)
 
-    def __init__(self, role: str, model, kind: str, keep_cache: bool, pad_id: int, recorder, device: str):
+    def __init__(
+        self,
+        role: str,
+        model,
+        kind: str,
+        keep_cache: bool,
+        pad_id: int,
+        recorder,
+        device: str,
+        temperature: float | None = None,
+    ):
         self.role, self.model, self.kind, self.pad_id = role, model, kind, pad_id
-        self.rec, self.device = recorder, device
-        self.streamer = StreamingScorer(model, kind, keep_cache, pad_id)
+        self.rec, self.device, self.temperature = recorder, device, temperature
+        self.streamer = StreamingScorer(model, kind, keep_cache, pad_id, temperature)
 
     def begin(self, step: int, seqs) -> None:
         with self.rec.op(step, self.device, self.role, "prefill", batch=len(seqs)) as info:
@@ -216,7 +238,7 @@ class LocalScorer:
     def score(self, step: int, seqs) -> Done:
         tokens = sum(len(s[1]) for s in seqs)
         with self.rec.op(step, self.device, self.role, "score", batch=len(seqs), tokens=tokens):
-            return Done(score_once(self.model, self.kind, seqs, self.pad_id))
+            return Done(score_once(self.model, self.kind, seqs, self.pad_id, self.temperature))
 
     def end(self, carried: list[int]) -> None:
         self.streamer.end(carried)

@@ -35,7 +35,6 @@ def llama_config(preset: str, num_labels: int | None = None) -> LlamaConfig:
         pad_token_id=PAD,
         eos_token_id=EOS,
         bos_token_id=BOS,
-        tie_word_embeddings=False,
         attn_implementation="sdpa",
         **extra,
     )

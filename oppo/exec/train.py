@@ -79,7 +79,7 @@ def train(config: ExecConfig, out: Path) -> int:
     from transformers.utils import logging as hf_logging
 
     from oppo.exec.models import load_roles
-    from oppo.exec.runner import Executor, RunAborted
+    from oppo.exec.runner import Executor, RunAborted, run_roles
     from oppo.exec.timing import Recorder
 
     hf_logging.disable_progress_bar()
@@ -91,7 +91,7 @@ def train(config: ExecConfig, out: Path) -> int:
 
         executor = RayExecutor(config, recorder, lengths)
     else:
-        executor = Executor.colocated(config, load_roles(config.model), recorder, lengths)
+        executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), recorder, lengths)
     log = RunLog(out, config, *stage_costs(config))
     code = 0
     try:
@@ -170,14 +170,22 @@ class RunLog:
 
 
 def stage_costs(config: ExecConfig) -> tuple[dict[str, float], float | None]:
-    """Forward FLOPs per token of each role (2 x its parameters) and the device's datasheet peak FLOP/s (None on
-    a CPU or an unknown GPU: MFU is then not reported)."""
+    """Forward FLOPs per token of each role (:func:`oppo.shapes.role_flops_per_token` of its checkpoint's
+    config.json, as the simulator counts them) and the device's datasheet peak FLOP/s (None on a CPU or an
+    unknown GPU: MFU is then not reported)."""
+    import contextlib
+
     import torch
 
-    from oppo.exec.models import resolve_device, role_parameters
+    from oppo.exec.models import resolve_device, role_paths
     from oppo.gpus import gpu_by_device_name
+    from oppo.shapes import load_hf_config, role_flops_per_token
 
-    flops = {role: 2.0 * n for role, n in role_parameters(config.model).items()}
+    shapes = {}
+    for role, path in role_paths(config.model).items():
+        with contextlib.suppress(ValueError):  # not a decoder shape oppo.shapes reads: no MFU for this role
+            shapes[role] = load_hf_config(path)
+    flops = role_flops_per_token(shapes)
     device = resolve_device(config.model.device)
     if device.type != "cuda":
         return flops, None

@@ -10,6 +10,7 @@ ranks take exactly the step one rank takes alone. Math in :mod:`oppo.exec.ppo`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -24,9 +25,10 @@ from oppo.exec.ppo import (
     kl_shaped_rewards,
     masked_whiten,
     policy_loss,
+    sampled_logprobs,
     value_loss,
 )
-from oppo.exec.sharding import full, is_sharded
+from oppo.exec.sharding import full, is_sharded, local_digest
 from oppo.exec.timing import Recorder
 
 
@@ -38,6 +40,11 @@ class Learner:
         self.grpo = config.schedule.algo == "grpo"  # no critic: group-relative advantages, KL in the loss
         self.actor_opt = torch.optim.Adam(roles.actor.parameters(), lr=config.ppo.lr)
         self.critic_opt = None if self.grpo else torch.optim.Adam(roles.critic.parameters(), lr=config.ppo.critic_lr)
+        self.optimizers = [self.actor_opt] + ([] if self.grpo else [self.critic_opt])
+        self.written: dict[torch.nn.Module, str] = {}  # --check-ranks, sharded: shard digests after each update
+        if config.check_ranks and config.shard:
+            for optimizer, model in zip(self.optimizers, (roles.actor, roles.critic)):
+                optimizer.register_step_post_hook(lambda *_, m=model: self.written.update({m: local_digest(m)}))
 
     def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, ...]:
         """One minibatch step. ``part``: this rank's rows of the minibatch (:func:`step_batch` tensors, maybe no
@@ -60,7 +67,7 @@ class Learner:
         loss = 0.0
         if len(part["ids"]):
             logits = actor(input_ids=part["ids"], attention_mask=part["attn"]).logits  # (b, L, V)
-            logp = gather_logprobs(logits.to(part["adv"].dtype) / cfg.temperature, part["pos"], part["targets"])
+            logp = gather_logprobs(logits.to(part["adv"].dtype), part["pos"], part["targets"], cfg.temperature)
             loss, _ = policy_loss(logp, part["old_lp"], part["adv"], part["mask"], cfg.clip, total)
             if self.grpo:  # GRPO keeps the policy near the reference through a loss term, not the reward
                 loss = loss + cfg.kl_coef * kl_k3(logp, part["ref_lp"], part["mask"], total)
@@ -102,13 +109,31 @@ def apply_gradients(optimizer, model: torch.nn.Module, max_norm: float) -> float
     return float(full(norm))
 
 
-def weights_digest(*models: torch.nn.Module) -> str:
-    """A digest of the models' whole parameters, bit for bit: equal on every rank after every data-parallel step
-    (a collective for sharded models: every rank calls it)."""
+def weights_digest(*models: torch.nn.Module, optimizers=(), written: dict | None = None) -> str:
+    """A digest of what the data-parallel ranks must agree on after a step, bit for bit (local: no collective).
+
+    Whole weights: every rank holds them all, so their bytes are hashed. Sharded weights: each element lives on
+    one rank only, so no peer can vouch for it, and a digest of the all-gathered tensors would only restate what
+    the owners hold (the same on every rank whatever a shard holds). Hashed instead: what every rank holds a copy
+    of, the parameters' names and whole shapes and the ``optimizers``' replicated state (each parameter's step
+    count, the hyperparameters: a rank that skipped or repeated an update, or took another learning rate, differs
+    there); and whether this rank's shards are still what its optimizer's last step left (``written``: their
+    digest per model, recorded after every step): a shard changed by anything but an update marks the rank's
+    digest. A shard updated wrongly from the right inputs has no second copy to be compared with; the equivalence
+    tests against one rank cover that."""
     h = hashlib.sha256()
     for model in models:
-        for p in model.parameters():
-            h.update(full(p.detach()).cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        if not is_sharded(model):
+            for p in model.parameters():
+                h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            continue
+        h.update(repr([(name, tuple(p.shape)) for name, p in model.named_parameters()]).encode())
+        if written and model in written and written[model] != local_digest(model):
+            h.update(f"rank {dist.get_rank()}: shards changed since the last update".encode())
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            h.update(repr(sorted((k, v) for k, v in group.items() if k != "params")).encode())
+            h.update(repr([float(optimizer.state.get(p, {}).get("step", 0)) for p in group["params"]]).encode())
     return h.hexdigest()[:16]
 
 
@@ -123,20 +148,32 @@ def step_batch(config: ExecConfig, trained, data, scores: dict, pad_id: int) -> 
 
 
 def minibatches(n: int, ppo: PPOConfig, seed: int) -> list[torch.Tensor]:
-    """Row indices of each minibatch, ``epochs`` shuffles of ``n`` rows cut into ``minibatches`` pieces."""
+    """Row indices of each minibatch: ``epochs`` shuffles of ``n`` rows, each cut into exactly ``minibatches``
+    pieces whose sizes differ by one row at most (the smallest has floor(n / minibatches) rows; ``torch.chunk``
+    would give 7 rows as 3, 3, 1 and 6 rows as 3 pieces where 4 were asked)."""
     g = torch.Generator().manual_seed(seed)
-    return [mb for _ in range(ppo.epochs) for mb in torch.randperm(n, generator=g).chunk(ppo.minibatches)]
+    return [mb for _ in range(ppo.epochs) for mb in torch.randperm(n, generator=g).tensor_split(ppo.minibatches)]
+
+
+def longest_first(work: Sequence[int], ranks: int, load: Sequence[int] = ()) -> list[int]:
+    """The rank of each item: greedily, the item with the most ``work`` first, to the least loaded rank (ties: the
+    lowest rank; equal work: in the given order); ``load``: each rank's work already there (default none). With
+    positive work and at least ``ranks`` items on empty ranks, every rank gets an item."""
+    load = list(load) or [0] * ranks
+    owner = [0] * len(work)
+    for i in sorted(range(len(work)), key=lambda i: -work[i]):  # stable: equal work in the given order
+        owner[i] = min(range(ranks), key=load.__getitem__)
+        load[owner[i]] += work[i]
+    return owner
 
 
 def deal(rows: torch.Tensor, tokens: torch.Tensor, ranks: int) -> list[torch.Tensor]:
-    """Split a minibatch's ``rows`` over ``ranks`` with balanced ``tokens`` (per row): longest first to the least
-    loaded rank. Each share keeps the minibatch's order. One rank takes the minibatch as it is."""
+    """Split a minibatch's ``rows`` over ``ranks`` with balanced ``tokens`` (per row, > 0): :func:`longest_first`,
+    so every rank gets a row when there are at least ``ranks``. Each share keeps the minibatch's order. One rank
+    takes the minibatch as it is."""
     if ranks == 1:
         return [rows]
-    load, owner = [0] * ranks, torch.empty(len(rows), dtype=torch.long)
-    for i in sorted(range(len(rows)), key=lambda i: -int(tokens[i])):  # stable: ties in minibatch order
-        owner[i] = min(range(ranks), key=load.__getitem__)
-        load[owner[i]] += int(tokens[i])
+    owner = torch.tensor(longest_first(tokens.tolist(), ranks), dtype=torch.long)
     return [rows[owner == r] for r in range(ranks)]
 
 
@@ -147,11 +184,11 @@ def ppo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) -
     pad = lambda rows: pad_rows(rows, mask.shape[1]).to(dtype)  # noqa: E731
     old_lp, ref_lp, old_values = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), pad(scores["values"])
     mask = mask.to(dtype)
+    # The score counts where a sequence has finished (EOS or the length cap: the core marks a capped one finished);
+    # only T-PPO trains unfinished segments, which get no score and bootstrap (EGAE).
     finished = torch.tensor([t.finished for t in trained])
-    capped = torch.tensor([t.response_tokens >= config.schedule.max_new_tokens for t in trained])
-    scored = finished | (capped & (not truncated))  # T-PPO scores a sequence only once it has finished
-    rewards = kl_shaped_rewards(scores["score"].to(dtype), old_lp, ref_lp, mask, cfg.kl_coef, scored)
-    adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~scored if truncated else None)  # EGAE
+    rewards = kl_shaped_rewards(scores["score"].to(dtype), old_lp, ref_lp, mask, cfg.kl_coef, finished)
+    adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~finished if truncated else None)  # EGAE
     value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
     return {
         "old_lp": old_lp,
@@ -205,7 +242,8 @@ def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
-def gather_logprobs(logits: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log pi(target | prefix) at the given positions. logits (B, L, V), pos/targets (B, T) -> (B, T)."""
+def gather_logprobs(logits: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log pi(target | prefix) at the given positions, pi = softmax(logits / T) the sampled distribution (the one
+    the old and reference log-probs are of). logits (B, L, V), pos/targets (B, T) -> (B, T)."""
     picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
-    return torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)
+    return sampled_logprobs(picked, temperature).gather(2, targets[:, :, None]).squeeze(2)

@@ -3,8 +3,9 @@ simulator's own features. ``python -m oppo.sim calibrate --trace RUN/trace.csv -
 
 Prefill and score rows of a role are one forward-pass fit (``forward``): the same computation, and together they
 span short (prompt) and long (whole sequence) passes. Features (all linear in the coefficients):
-- decode round of ``it`` iterations over ``B`` rows from summed context ``C``: ``it``, ``it*B``,
-  ``it*C/B + it*(it-1)/2 * B`` — per iteration: c0 + c1*batch + c2*context;
+- decode round (a trace row of ``T`` tokens over ``B`` rows, ``C`` context tokens summed over the rows at its
+  start; ``it = T/B`` iterations): ``it``, ``it*B``, ``it*C + it*(it-1)/2 * B`` (the summed context of every
+  iteration, growing by B per iteration) — per iteration: c0 + c1*batch + c2*summed context;
 - prefill / score / train pass of ``N`` tokens over ``B`` rows with ``C`` cached tokens: 1, ``N``, attended
   (query, key) pairs ``N*(C/B + N/(2B))``.
 """
@@ -89,17 +90,10 @@ def _scale(coef: np.ndarray, rows: list[TraceRow]) -> float:
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with coefficients >= 0 (active set by dropping the negative ones; 3 unknowns at most)."""
-    active = list(range(a.shape[1]))
-    while True:
-        coef = np.zeros(a.shape[1])
-        if active:
-            sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
-            coef[active] = sol
-        negative = [i for i in active if coef[i] < 0]
-        if not negative:
-            return coef
-        active.remove(min(negative, key=lambda i: coef[i]))
+    """argmin ||a x - b|| subject to x >= 0 (Lawson-Hanson active set, :func:`scipy.optimize.nnls`)."""
+    from scipy.optimize import nnls  # here: a simulation that only loads a profile need not import scipy
+
+    return nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0]
 
 
 def save_profile(fits: dict[str, dict[str, Fit]], path: str | Path, source: str) -> None:

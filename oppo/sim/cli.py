@@ -287,12 +287,12 @@ def cmd_validate_log(args: argparse.Namespace) -> None:
 
 def _log_fidelity(setup, log, first: int, out: Path) -> None:
     from oppo import plots
-    from oppo.sim.logfit import fidelity
+    from oppo.sim.logfit import replay_errors
 
-    report, measured, predicted = fidelity(setup, log, first)
+    report, measured, predicted = replay_errors(setup, log, first)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "fidelity.json", report | {"log": log.source, "setup": setup.name})
-    plots.fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
+    plots.plot_fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
     rows = [
         {
             "stage": name,

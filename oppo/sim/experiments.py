@@ -15,6 +15,7 @@ from oppo.config import to_dict
 from oppo.lengths import LengthTrace
 from oppo.metrics import summarize
 from oppo.records import StepRecord
+from oppo.shapes import role_flops_per_token
 from oppo.sim.hardware import GPUS, model_shape
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.setups import Setup
@@ -78,11 +79,12 @@ def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: Lengt
 
 
 def flops_and_peaks(setup: Setup) -> tuple[dict[str, float], float | None]:
-    """Forward FLOPs per token of each role (2 x parameters) and a GPU's peak FLOP/s (None for the CPU presets,
-    whose "GPU" is a calibrated stand-in without a meaningful peak)."""
+    """Forward FLOPs per token of each role (:func:`oppo.shapes.role_flops_per_token`, as the executor counts
+    them) and a GPU's peak FLOP/s (None for the CPU presets, whose "GPU" is a calibrated stand-in without a
+    meaningful peak)."""
     roles = ("actor", "critic", "reference", "reward")
-    flops = {role: 2.0 * model_shape(setup.shape(role)).params for role in roles if setup.shape(role)}
-    return flops, None if setup.gpu == "cpu-core" else GPUS[setup.gpu].peak_flops
+    shapes = {role: model_shape(setup.shape(role)).hf_fields for role in roles if setup.shape(role)}
+    return role_flops_per_token(shapes), None if setup.gpu == "cpu-core" else GPUS[setup.gpu].peak_flops
 
 
 def time_to_reward(steps: list[StepRecord], threshold: float, window: int = 5) -> float | None:

@@ -2,20 +2,27 @@
 
 Kept apart from the GPU datasheet (:mod:`oppo.sim.hardware`) and the generation engine. Real frameworks run far
 below the roofline (micro-batches of a few sequences, eager decoding, padding, recomputation, offloaded
-parameters, weight resharding between the training and the rollout engine); each stage of a step gets
+parameters, weight resharding between the training and the rollout engine); each operation of a stage costs
+:meth:`StageCost.seconds` of its :class:`StageLoad`,
 
-    seconds = roofline / efficiency × (1 + half_efficiency_tokens / micro-batch tokens)
-              + units × per_unit_s + tokens × per_token_s + fixed_s   (per step)
+    seconds = roofline_s / efficiency × (1 + half_efficiency_tokens / micro-batch tokens)
+              + units × per_unit_s + row_tokens × per_token_s + steps × fixed_s + extra_s
 
 The first term is a micro-batched pass whose efficiency grows with the tokens of a micro-batch and reaches half
 its best at ``half_efficiency_tokens`` (a model-size-proportional cost per micro-batch: it transfers between
-models, a fixed time per micro-batch would not). The unit is a decode iteration for ``gen`` and a micro-batch
-for the others; ``per_token_s`` (``gen`` only) charges each generated token: a rollout engine whose KV memory
-cannot hold the whole batch runs it in waves, so its time follows the tokens generated rather than the longest
-response.
-``efficiency``, ``per_unit_s`` and ``fixed_s`` are fitted on a run's own log (``python -m oppo.sim
-calibrate-log``) or set by hand in a setup's ``[framework.STAGE]`` tables; the structural settings
-(micro-batch sizes, gradient checkpointing, offload) are the run's configuration.
+models, a fixed time per micro-batch would not); generation has no micro-batch term. The unit is a decode
+iteration for ``gen`` and a micro-batch for the others. ``per_token_s`` (``gen`` only) is charged per row of
+the decode batch per iteration: per generated token on an engine that compacts the batch (vLLM), per row of the
+padded batch, finished rows included, on one that does not (HF generate); a rollout engine whose KV memory cannot
+hold the whole batch runs it in waves, so its time follows the tokens decoded rather than the longest response.
+``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales
+(the host transfer of offloaded parameters). Every term is linear in the load, so the loads of a step add up,
+and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very class.
+
+``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
+of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages; ``per_unit_s`` (and any term)
+can be set by hand in a setup's ``[framework.STAGE]`` tables; the structural settings (micro-batch sizes,
+gradient checkpointing, offload) are the run's configuration.
 
 Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob`` (actor scoring), ``ref``
 (reference scoring), ``values`` (critic forward), ``reward`` (reward model), ``update_actor``, ``update_critic``.
@@ -36,14 +43,29 @@ ROLE_STAGES = {
     "critic": ("values", "update_critic"),
     "reward": ("reward", None),
 }
-STAGE_NAMES = ("gen", "old_log_prob", "ref", "values", "reward", "update_actor", "update_critic")
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """What a stage's framework terms multiply, for one operation or summed over a step's (arrays broadcast):
+    ``roofline_s`` seconds at the roofline; ``small_s`` roofline seconds per token of a micro-batch on one GPU
+    (the micro-batch term); ``units`` decode iterations or micro-batches; ``row_tokens`` decode rows computed,
+    one token each, summed over iterations; ``steps`` per-step charges; ``extra_s`` seconds no term scales."""
+
+    roofline_s: float | np.ndarray = 0.0
+    small_s: float | np.ndarray = 0.0
+    units: float | np.ndarray = 0.0
+    row_tokens: float | np.ndarray = 0.0
+    steps: float | np.ndarray = 0.0
+    extra_s: float | np.ndarray = 0.0
 
 
 @dataclass(frozen=True)
 class StageCost:
     """One stage's framework terms: ``efficiency`` (fraction of the roofline the framework achieves, (0, 1]),
-    ``per_unit_s`` (seconds per decode iteration or micro-batch), ``per_token_s`` (seconds per generated token,
-    ``gen`` only), ``fixed_s`` (seconds per step)."""
+    ``half_efficiency_tokens`` (micro-batch tokens per GPU at which a pass runs at half that), ``per_unit_s``
+    (seconds per decode iteration or micro-batch), ``per_token_s`` (seconds per decode row per iteration, ``gen``
+    only), ``fixed_s`` (seconds per step)."""
 
     efficiency: float = 1.0
     half_efficiency_tokens: float = 0.0
@@ -56,10 +78,15 @@ class StageCost:
         if not 0 < self.efficiency <= 1 or min(terms) < 0:
             raise ValueError("a stage needs 0 < efficiency <= 1 and its other terms >= 0")
 
-    def pass_s(self, roofline_s: float, micro_batch_tokens: float, units: float) -> float:
-        """Seconds of a micro-batched pass whose roofline is ``roofline_s``."""
-        small = self.half_efficiency_tokens / max(micro_batch_tokens, 1.0)
-        return roofline_s / self.efficiency * (1 + small) + units * self.per_unit_s
+    def seconds(self, load: StageLoad):
+        """Seconds of ``load`` under these terms: the one formula the simulator charges and the log fit fits."""
+        return (
+            (load.roofline_s + self.half_efficiency_tokens * load.small_s) / self.efficiency
+            + load.units * self.per_unit_s
+            + load.row_tokens * self.per_token_s
+            + load.steps * self.fixed_s
+            + load.extra_s
+        )
 
 
 IDENTITY = StageCost()  # no framework terms: the roofline
@@ -114,34 +141,38 @@ class FrameworkCost:
         return self.base.model.weight_bytes / self.base.n_gpus / self.framework.host_bytes_per_s
 
     def decode_s(self, batch, context_tokens):
-        """One decode iteration of ``batch`` rows: each generates one token."""
+        """One decode iteration of ``batch`` rows (every row the engine computes): each generates one token."""
         gen = self.framework.gen
         if gen == IDENTITY:  # the common case (no framework layer): the roofline as it is, no extra array ops
             return self.base.decode_s(batch, context_tokens)
-        roofline = np.asarray(self.base.decode_s(batch, context_tokens)) / gen.efficiency
-        return roofline + gen.per_unit_s + gen.per_token_s * np.asarray(batch, dtype=float)
+        roofline = np.asarray(self.base.decode_s(batch, context_tokens))
+        return gen.seconds(StageLoad(roofline_s=roofline, units=1.0, row_tokens=np.asarray(batch, dtype=float)))
 
     def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if self.role in ("actor", "rollout"):  # the prompt prefill of generation
-            return self.base.prefill_s(tokens, attended) / self.framework.gen.efficiency
+            return self.framework.gen.seconds(StageLoad(roofline_s=self.base.prefill_s(tokens, attended)))
         return self.score_s(tokens, attended, rows)  # a streamed scorer's chunk: one of its forward passes
 
     def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if tokens <= 0:
             return 0.0
         stage = self.framework.stage(ROLE_STAGES[self.role][0])
-        units = micro_batches(rows, self.framework.forward_micro_batch, self.base.n_gpus)
-        mb_tokens = tokens / self.base.n_gpus / units
-        return stage.pass_s(self.base.score_s(tokens, attended), mb_tokens, units) + self._offload_s()
+        load = self._pass_load(self.base.score_s(tokens, attended), tokens, rows, self.framework.forward_micro_batch)
+        return stage.seconds(load) + self._offload_s()  # the host transfer: no framework term scales it
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if tokens <= 0:
             return 0.0
         stage = self.framework.stage(ROLE_STAGES[self.role][1])
         recompute = 4 / 3 if self.framework.gradient_checkpointing else 1.0
-        units = micro_batches(rows, self.framework.train_micro_batch, self.base.n_gpus)
+        roofline = self.base.train_s(tokens, attended) * recompute
+        return stage.seconds(self._pass_load(roofline, tokens, rows, self.framework.train_micro_batch))
+
+    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int) -> StageLoad:
+        """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches."""
+        units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
-        return stage.pass_s(self.base.train_s(tokens, attended) * recompute, mb_tokens, units)
+        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units)
 
     def sync_s(self) -> float:
         return self.base.sync_s()
@@ -151,7 +182,7 @@ class FrameworkCost:
 
     def fixed_s(self, stages) -> float:
         """Seconds per step of the given stages (weight resharding, cache allocation, ...)."""
-        return sum(self.framework.stage(s).fixed_s for s in stages if s)
+        return sum(self.framework.stage(s).seconds(StageLoad(steps=1.0)) for s in stages if s)
 
 
 # TRL's PPOTrainer (1.12) as the paper ran it: its defaults give the structure (local_rollout_forward_batch_size
@@ -165,11 +196,11 @@ TRL = Framework(
     forward_micro_batch=64,
     train_micro_batch=8,
     gradient_checkpointing=True,
-    old_log_prob=StageCost(half_efficiency_tokens=4256.0),
-    ref=StageCost(half_efficiency_tokens=4256.0),
+    old_log_prob=StageCost(half_efficiency_tokens=4567.0),
+    ref=StageCost(half_efficiency_tokens=4567.0),
     values=StageCost(half_efficiency_tokens=3845.0),
-    reward=StageCost(half_efficiency_tokens=4256.0),
-    update_actor=StageCost(half_efficiency_tokens=3325.0),
-    update_critic=StageCost(half_efficiency_tokens=2703.0),
+    reward=StageCost(half_efficiency_tokens=4567.0),
+    update_actor=StageCost(half_efficiency_tokens=3330.0),
+    update_critic=StageCost(half_efficiency_tokens=2707.0),
 )
 FRAMEWORKS = {"roofline": Framework(), "trl": TRL}  # a setup's [framework] table may start from one (base = NAME)

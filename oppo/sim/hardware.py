@@ -6,15 +6,17 @@ Model shapes from :mod:`oppo.shapes` (the models' own ``config.json`` fields) or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from oppo.gpus import GPU, GPUS  # noqa: F401  (re-exported: the simulator's hardware in one namespace)
-from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, load_hf_config
+from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, forward_flops_per_token, load_hf_config, parameter_count
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder-only transformer (Llama/Qwen family: gated MLP, grouped-query attention)."""
+    """A decoder-only transformer (Llama/Qwen family: gated MLP, grouped-query attention) with an LM head; every
+    role is costed as one. Parameters and FLOPs are counted by :mod:`oppo.shapes`."""
 
     name: str
     layers: int
@@ -24,6 +26,7 @@ class ModelShape:
     mlp: int  # intermediate size of the gated MLP
     vocab: int
     bytes_per_param: int = 2  # bf16
+    tied: bool = False  # the LM head is the token embedding: V x H weights (and bytes) fewer, the same FLOPs
 
     @classmethod
     def from_hf(cls, name: str, config: dict) -> ModelShape:
@@ -37,20 +40,35 @@ class ModelShape:
             config["intermediate_size"],
             config["vocab_size"],
             BYTES_PER_PARAM[config.get("dtype", "bfloat16")],
+            config.get("tie_word_embeddings", False),
+        )
+
+    @property
+    def hf_fields(self) -> dict:
+        """This shape as the fields of a Hugging Face ``config.json``."""
+        return dict(
+            num_hidden_layers=self.layers,
+            hidden_size=self.hidden,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            intermediate_size=self.mlp,
+            vocab_size=self.vocab,
+            tie_word_embeddings=self.tied,
         )
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    @property
-    def layer_params(self) -> int:
-        attn = self.hidden * (self.hidden + 2 * self.kv_heads * self.head_dim) + self.hidden * self.hidden
-        return attn + 3 * self.hidden * self.mlp
-
-    @property
+    @cached_property
     def params(self) -> int:
-        return self.layers * self.layer_params + 2 * self.vocab * self.hidden  # untied embedding + LM head
+        """Weights held (a tied head counted once), RMSNorm weights and attention biases aside."""
+        return parameter_count(self.hf_fields)
+
+    @cached_property
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token, attention aside (a tied head's matmul runs as an untied one's)."""
+        return forward_flops_per_token(self.hf_fields)
 
     @property
     def weight_bytes(self) -> float:
@@ -63,7 +81,7 @@ class ModelShape:
 
     def forward_flops(self, tokens: float, attended: float) -> float:
         """FLOPs of a forward pass over ``tokens`` new tokens that attend to ``attended`` (query, key) pairs."""
-        return 2 * self.params * tokens + 4 * self.layers * self.hidden * attended
+        return self.flops_per_token * tokens + 4 * self.layers * self.hidden * attended
 
 
 MODELS = {name: ModelShape.from_hf(name, config) for name, config in HF_SHAPES.items()}

@@ -1,33 +1,40 @@
 """Calibrate the simulator on a real training run's log, and validate it: per stage and per step.
 
 Each logged step is replayed with the ``sync`` policy and lengths consistent with that step's logged mean / max /
-min (:func:`step_lengths`), on the setup's roofline with an identity framework layer: that gives each stage's
-roofline seconds per step. The framework layer (:mod:`oppo.sim.framework`) maps them to real seconds,
+min (:func:`step_lengths`). A stage's seconds are linear in its framework terms (:meth:`StageCost.seconds` of a
+:class:`~oppo.sim.framework.StageLoad`, :mod:`oppo.sim.framework`), so :func:`replay` measures each step's load
+of every stage on the simulator itself: one simulation without framework terms, then one per term with that term
+alone switched on; what a term adds is its load. :func:`predict_stages` prices the loads with a setup's terms
+through the same :meth:`StageCost.seconds` the simulator charges with: a calibrated setup simulates what the fit
+predicts.
 
-    stage seconds = roofline / efficiency + units x per_unit_s + fixed_s
-
-(units: decode iterations for ``gen``, micro-batches for the others). :func:`calibrate` fits efficiency (<= 1),
-per_unit_s and fixed_s (>= 0) per stage, by least squares of the relative error, on the first ``fit_frac`` of the
-steps; :func:`predict_stages` applies a setup's layer as it is. Within one run the micro-batch count is constant,
-so for the forward and update stages its overhead and a per-step constant cannot be told apart: the constant is
-attributed to the micro-batches (``fixed_s`` 0), which is what transfers to a run with another batch size.
-A logged stage that times several of ours at once (OpenRLHF's ``make_experience``, ``ppo_train``) is fitted as
-one: the same terms for each of its parts, against the sum of their rooflines.
+:func:`calibrate` fits per stage, by least squares of the relative error (non-negative, :func:`nonnegative_lstsq`)
+on the first ``fit_frac`` of the steps:
+- ``gen``: ``efficiency`` (<= 1), ``per_token_s`` and ``fixed_s``. No per-iteration term: a run's longest
+  response sits at the cap in most steps, so iterations would be a second constant.
+- forward and update stages: ``efficiency`` (<= 1) and ``half_efficiency_tokens``. Within one run the
+  micro-batch count is constant, so for these stages a per-micro-batch overhead and a per-step constant cannot be
+  told apart: the constant is attributed to the micro-batches, in proportion to their roofline (``fixed_s`` 0),
+  which is what transfers to a run with another batch size.
+A fitted stage's terms are replaced whole (a term not fitted becomes 0); stages the log does not time keep the
+setup's. A logged stage that times several of ours at once (OpenRLHF's ``make_experience``, ``ppo_train``) is
+fitted as one: the same terms for each of its parts, against the sum of their loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
 from oppo.lengths import LengthTrace
 from oppo.sim.calibrate import nonnegative_lstsq
-from oppo.sim.framework import ROLE_STAGES, Framework, StageCost, micro_batches
+from oppo.sim.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
-from oppo.sim.runlogs import COMPOSITES, LoggedStep, RunLog
+from oppo.sim.runlogs import COMPOSITES, LoggedStep, TrainingLog
 from oppo.sim.setups import Setup
 
 # stage -> the (role, phase) operations of a sync replay that make it
@@ -41,16 +48,20 @@ STAGE_OPS = {
     "update_critic": (("critic", "train_critic"),),
 }
 LENGTH_SIGMA = 0.5  # spread (log scale) of the synthetic lengths between a step's logged min and max
+# a load measured by simulating with one term alone, each adding exactly its load (roofline / 0.5 - roofline ...)
+PROBES = {
+    "roofline_s": StageCost(efficiency=0.5),
+    "small_s": StageCost(half_efficiency_tokens=1.0),
+    "units": StageCost(per_unit_s=1.0),
+    "row_tokens": StageCost(per_token_s=1.0),
+}
 
 
 @dataclass(frozen=True)
 class Replay:
-    """Per logged step: roofline seconds and units of each stage of the setup's sync step."""
+    """Per logged step, each stage's load in the setup's sync step: a :class:`StageLoad` of (steps,) arrays."""
 
-    roofline: dict[str, np.ndarray]  # stage -> (steps,) seconds at efficiency 1, no overheads
-    units: dict[str, np.ndarray]  # stage -> (steps,) decode iterations or micro-batches
-    micro_batch_tokens: dict[str, np.ndarray]  # stage -> (steps,) tokens of one micro-batch on one GPU
-    tokens: np.ndarray  # (steps,) response tokens generated
+    loads: dict[str, StageLoad]
 
 
 def step_lengths(step: LoggedStep, n: int, cap: int) -> np.ndarray:
@@ -73,85 +84,81 @@ def _expected_max(step: LoggedStep, z_max: float, cap: int) -> float:
 
 
 def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
-    """Simulate the logged steps with ``sync`` on ``setup`` (identity framework layer, no per-step costs)."""
-    bare = dataclasses.replace(setup, framework=_identity(setup.framework))
-    n, cap = bare.batch, bare.max_new_tokens
+    """Simulate the logged steps with ``sync`` on ``setup`` and measure every stage's load per step (the setup's
+    structural framework settings hold; its stage terms are replaced by the probes)."""
+    n, cap = setup.batch, setup.max_new_tokens
     response = np.concatenate([step_lengths(s, n, cap) for s in steps])
-    prompt = np.repeat([max(1, round(s.prompt_mean or bare.lengths.prompt_tokens)) for s in steps], n)
+    prompt = np.repeat([max(1, round(s.prompt_mean or setup.lengths.prompt_tokens)) for s in steps], n)
     trace = LengthTrace("log-replay", response, prompt, ordered=True)
-    schedule = bare.schedule(policy="sync", algo="ppo", group_size=1)
-    result = simulate(SimConfig(schedule, bare, steps=len(steps), seed=0), trace)
-    first_gpu = {role: name.split("-")[0] for role, name in bare.devices.items()}  # one member of each group
-    roofline = {stage: np.zeros(len(steps)) for stage in STAGE_OPS}
+    bare = _stage_seconds(setup, StageCost(), trace, len(steps))
+    added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
+    runs = _stages_run(setup)
+    loads = {}
+    for stage in STAGE_OPS:
+        terms = {term: added[term][stage] - bare[stage] for term in PROBES}
+        steps_run = np.full(len(steps), float(stage in runs))  # fixed_s: charged once per step by a stage that runs
+        loads[stage] = StageLoad(**terms, steps=steps_run, extra_s=bare[stage] - terms["roofline_s"])
+    return Replay(loads)
+
+
+def _stage_seconds(setup: Setup, cost: StageCost, trace: LengthTrace, n_steps: int) -> dict[str, np.ndarray]:
+    """Seconds of each stage per step in a sync simulation with ``cost`` as every stage's terms. An operation
+    takes its GPU group's time (the longest of its GPUs: a decode round ends with the group's last row)."""
+    framework = dataclasses.replace(setup.framework, **dict.fromkeys(STAGE_OPS, cost))
+    probe = dataclasses.replace(setup, framework=framework)
+    schedule = probe.schedule(policy="sync", algo="ppo", group_size=1)
+    result = simulate(SimConfig(schedule, probe, steps=n_steps, seed=0), trace)
+    stage_of = {op: stage for stage, ops in STAGE_OPS.items() for op in ops}
+    ops: dict[tuple, float] = defaultdict(float)
     for row in result.trace:
-        for stage, ops in STAGE_OPS.items():
-            if (row.role, row.phase) in ops and row.device == first_gpu.get(row.role, row.device):
-                roofline[stage][row.step] += row.end_s - row.start_s
-    lengths = response.reshape(len(steps), n)
-    units = _units(bare, lengths)
-    gpus, minibatches = bare.placement.actor_gpus, bare.minibatches
-    full = (lengths + prompt.reshape(len(steps), n)).sum(axis=1).astype(float)  # tokens of a pass over the batch
-    passes = {stage: bare.ppo_epochs * minibatches if stage.startswith("update") else 1 for stage in STAGE_OPS}
-    mb_tokens = {
-        stage: full * passes[stage] / minibatches ** stage.startswith("update") / gpus / units[stage]
-        for stage in STAGE_OPS
-    }
-    return Replay(roofline, units, mb_tokens, lengths.sum(axis=1).astype(float))
-
-
-def _identity(framework: Framework) -> Framework:
-    return dataclasses.replace(framework, **{stage: StageCost() for stage in STAGE_OPS})
-
-
-def _units(setup: Setup, lengths: np.ndarray) -> dict[str, np.ndarray]:
-    """Decode iterations (the longest response: every row waits for it) and micro-batches per stage."""
-    fw, gpus, b = setup.framework, setup.placement.actor_gpus, setup.batch
-    forward = micro_batches(b, fw.forward_micro_batch, gpus)
-    update = setup.ppo_epochs * setup.minibatches * micro_batches(b / setup.minibatches, fw.train_micro_batch, gpus)
-    units = {
-        stage: np.full(len(lengths), float(update if stage.startswith("update") else forward)) for stage in STAGE_OPS
-    }
-    units["gen"] = lengths.max(axis=1).astype(float)
-    return units
+        if (row.role, row.phase) in stage_of:
+            key = (stage_of[row.role, row.phase], row.step, row.role, row.phase, row.start_s)
+            ops[key] = max(ops[key], row.end_s - row.start_s)
+    seconds = {stage: np.zeros(n_steps) for stage in STAGE_OPS}
+    for (stage, step, *_), value in ops.items():
+        seconds[stage][step] += value
+    return seconds
 
 
 def predict_stages(setup: Setup, replayed: Replay, stages: list[str]) -> dict[str, np.ndarray]:
     """Seconds of each logged stage per step under the setup's framework layer (a composite: its parts' sum)."""
-    return {stage: sum(_predict_part(setup, replayed, part) for part in _parts(setup, stage)) for stage in stages}
+    return {
+        stage: sum(setup.framework.stage(part).seconds(replayed.loads[part]) for part in _parts(setup, stage))
+        for stage in stages
+    }
 
 
-def _predict_part(setup: Setup, replayed: Replay, stage: str) -> np.ndarray:
-    cost = setup.framework.stage(stage)
-    small = cost.half_efficiency_tokens / np.maximum(replayed.micro_batch_tokens[stage], 1.0)
-    seconds = replayed.roofline[stage] / cost.efficiency * (1 + small) + replayed.units[stage] * cost.per_unit_s
-    return seconds + cost.fixed_s + (replayed.tokens * cost.per_token_s if stage == "gen" else 0.0)
+def _stages_run(setup: Setup) -> set[str]:
+    return {"gen"} | {s for role in setup.roles("ppo") for s in ROLE_STAGES[role] if s}
 
 
 def _parts(setup: Setup, stage: str) -> list[str]:
     """Our stages a logged stage times, among those the setup runs."""
-    runs = {"gen"} | {s for role in setup.roles("ppo") for s in ROLE_STAGES[role] if s}
+    runs = _stages_run(setup)
     return [part for part in COMPOSITES.get(stage, (stage,)) if part in runs]
 
 
-def fit_stage(roofline: np.ndarray, mb_tokens: np.ndarray, measured: np.ndarray, tokens: np.ndarray | None = None):
-    """Fit one stage, efficiency <= 1 and every term >= 0, minimising the relative error:
-    - forward and update stages: measured ≈ roofline / eff · (1 + half / micro-batch tokens);
-    - ``gen`` (``tokens`` given): measured ≈ roofline / eff + tokens · per_token_s + fixed_s. No per-iteration
-      term: a run's longest response sits at the cap in most steps, so iterations would be a second constant.
-    Written as measured - roofline ≈ a·roofline + (h·roofline / mb_tokens | d·tokens + c), a, h, c, d >= 0."""
-    if tokens is None:
-        columns = [roofline, roofline / np.maximum(mb_tokens, 1.0)]
-    else:
-        columns = [roofline, tokens, np.ones_like(tokens)]
-    x = np.stack(columns, axis=1) / measured[:, None]
-    a, *rest = nonnegative_lstsq(x, (measured - roofline) / measured)
+def _sum(loads: list[StageLoad]) -> StageLoad:
+    fields = [f.name for f in dataclasses.fields(StageLoad)]
+    return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in fields})
+
+
+def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool) -> StageCost:
+    """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
+    :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
+    With 1 / efficiency = 1 + a:
+    - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a));
+    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps."""
+    columns = [load.roofline_s, load.row_tokens, load.steps] if gen else [load.roofline_s, load.small_s]
+    x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
+    a, *rest = nonnegative_lstsq(x, (measured - load.extra_s - load.roofline_s) / measured)
     inverse = 1.0 + a  # 1 / efficiency
-    if tokens is None:
-        return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=float(rest[0] / inverse))
-    return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
+    if gen:
+        return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
+    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=float(rest[0] / inverse))
 
 
-def calibrate(setup: Setup, log: RunLog, fit_frac: float) -> tuple[Setup, int]:
+def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, int]:
     """The setup with its framework layer fitted on the first ``fit_frac`` of the log's steps; returns it and the
     number of steps fitted."""
     if not 0 < fit_frac < 1:
@@ -164,16 +171,14 @@ def calibrate(setup: Setup, log: RunLog, fit_frac: float) -> tuple[Setup, int]:
     fitted = {}
     for stage in _fitted_stages(setup, log):
         measured = np.array([s.stages[stage] for s in steps[:n_fit]])
-        parts = _parts(setup, stage)  # a composite's parts share one micro-batch size: one set of terms
-        roofline = sum(replayed.roofline[part] for part in parts)
-        tokens = replayed.tokens if stage == "gen" else None
-        cost = fit_stage(roofline, replayed.micro_batch_tokens[parts[0]], measured, tokens)
+        parts = _parts(setup, stage)  # a composite's parts share one set of terms
+        cost = fit_stage(_sum([replayed.loads[part] for part in parts]), measured, gen=stage == "gen")
         fitted |= dict.fromkeys(parts, cost)
     framework = dataclasses.replace(setup.framework, **fitted)
     return dataclasses.replace(setup, framework=framework, name=f"{setup.name}-calibrated"), n_fit
 
 
-def _fitted_stages(setup: Setup, log: RunLog) -> list[str]:
+def _fitted_stages(setup: Setup, log: TrainingLog) -> list[str]:
     """Stages the log times and the setup runs (a logged stage the setup lacks is an error: wrong setup)."""
     stages = [s for s in log.stages if s != "step"]
     missing = [s for s in stages if not _parts(setup, s)]
@@ -182,7 +187,9 @@ def _fitted_stages(setup: Setup, log: RunLog) -> list[str]:
     return stages
 
 
-def fidelity(setup: Setup, log: RunLog, first: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray]]:
+def replay_errors(
+    setup: Setup, log: TrainingLog, first: int
+) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Predict every step of the log with the setup as it is. Returns the ``fidelity.json`` content (medians over
     steps ``first..`` and their median absolute relative error, per stage and for the step), and the measured
     and predicted seconds per stage (with "step") of every step, for plotting."""

@@ -1,7 +1,7 @@
 """The SimPy model of PPO-RLHF steps, driven by the scheduling core.
 
 Entities: a :class:`Device` per GPU group (a SimPy ``Resource`` that records what it runs), a
-:class:`StreamingScorer` per streamed scorer on its own device (a process that prefills chunks from a SimPy
+:class:`ChunkPrefiller` per streamed scorer on its own device (a process that prefills chunks from a SimPy
 ``Store`` while the actor decodes), and the :class:`Trainer` whose ``training`` process runs the steps:
 re-prefill resumed prefixes, decode in rounds, score, train, sync weights. Time only moves through
 ``env.timeout``; the scheduler decides, the model executes.
@@ -96,8 +96,9 @@ class Chunk:
     done: simpy.Event
 
 
-class StreamingScorer:
-    """A frozen scorer (reward, reference or critic) that prefills streamed chunks on its own device."""
+class ChunkPrefiller:
+    """A streamed scorer's work in the simulator: a frozen scorer (reward, reference or critic) on its own device
+    prefills the chunks handed to it, in order (the executor's scorer itself is :mod:`oppo.exec.scoring`)."""
 
     def __init__(self, env: simpy.Environment, role: str, device: Device, cost: CostModel) -> None:
         self.env, self.role, self.device, self.cost = env, role, device, cost
@@ -141,7 +142,7 @@ class Trainer:
         actor = self.device[self.gen]
         streamed = [r for r in schedule.streamed_scorers if r in self.roles] if schedule.streaming else []
         self.scorers = [
-            StreamingScorer(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
+            ChunkPrefiller(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
         ]
         self.fused = [r for r in streamed if self.device[r] is actor]  # share the actor's device (colocated)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0

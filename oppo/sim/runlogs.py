@@ -6,8 +6,8 @@ OpenRLHF (2025-26) prints ``✨ Global step N: {'timing/generation': 41.2, 'timi
 a Python dict per step, with coarser stages: generation, the weight broadcast into vLLM, experience making (old
 log-probs, reference, values and reward together), the PPO update (actor and critic together) and only the mean
 response length. A metric dump (e.g. a W&B export) has one row per step whose columns are the framework's metric
-names with ``/`` or ``_`` (a ``train/`` prefix is ignored). All become :class:`RunLog`: per step, the seconds of
-each logged stage under our names and the length statistics the simulator replays. Steps that also tested or
+names with ``/`` or ``_`` (a ``train/`` prefix is ignored). All become :class:`TrainingLog`: per step, the seconds
+of each logged stage under our names and the length statistics the simulator replays. Steps that also tested or
 saved a checkpoint are left out (their step time includes it).
 """
 
@@ -69,7 +69,9 @@ class LoggedStep:
 
 
 @dataclass(frozen=True)
-class RunLog:
+class TrainingLog:
+    """A real training run's log (``source``: its path): its training steps, in step order."""
+
     source: str
     steps: tuple[LoggedStep, ...]
 
@@ -80,7 +82,7 @@ class RunLog:
         return [s for s in STAGES if s in common]
 
 
-def load_run_log(path: str | Path) -> RunLog:
+def load_run_log(path: str | Path) -> TrainingLog:
     """A verl console log (plain or .gz), or a per-step CSV / JSON-lines dump. Raises ``ValueError`` naming the
     file and the problem (binary junk, no steps, no timing columns, negative or non-numeric values)."""
     path = Path(path)
@@ -190,7 +192,7 @@ def _timing(path: Path, row: dict[str, str], stage: str) -> float | None:
     return None
 
 
-def _run_log(path: Path, rows: list[dict[str, str]]) -> RunLog:
+def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
     if not rows:
         raise ValueError(
             f"{path}: no steps found (expected 'step:N - timing_s/gen:...' or 'Global step N: {{...}}' "
@@ -226,7 +228,7 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> RunLog:
         )
     if not steps:
         raise ValueError(f"{path}: no training step with timings (all excluded: testing or checkpoint steps)")
-    return RunLog(str(path), tuple(sorted(steps, key=lambda s: s.step)))
+    return TrainingLog(str(path), tuple(sorted(steps, key=lambda s: s.step)))
 
 
 def _number(path: Path, row: dict, text: str | None, what: str) -> float:

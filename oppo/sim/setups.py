@@ -176,6 +176,11 @@ class Setup:
             )
             return calibrated_costs(path, list(self.devices_for(policy)))
         gpu, engine = GPUS[self.gpu], ENGINES[self.engine]
+        if self.cost == "fitted" and self.gpu not in gpu_efficiencies():
+            raise ValueError(
+                f"setup {self.name}: no fitted efficiency for gpu {self.gpu!r} (no operator profile); "
+                'use cost = "analytic" or a calibrated .json profile'
+            )
         eff = gpu_efficiencies()[self.gpu].efficiency if self.cost == "fitted" else Efficiency()
         out = {}
         for role, device in self.devices_for(policy).items():

@@ -1,12 +1,18 @@
 """The data-parallel actor group (``--dp N``): N ranks take exactly the steps one rank takes, stay identical,
 and a rank that dies ends the run cleanly. Rank processes are found by the ids the run prints
-(``placement: actor rank R on DEVICE (worker pid N, node ID)``): the tests stop only processes they started."""
+(``placement: actor rank R on DEVICE (worker pid N, node ID): ROLES``): the tests stop only processes they
+started."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -14,23 +20,40 @@ import torch
 
 pytest.importorskip("ray")
 
-from oppo.exec.config import ExecConfig, ModelConfig, default_schedule  # noqa: E402
+from oppo.config import POLICIES  # noqa: E402
+from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule  # noqa: E402
 from oppo.exec.models import load_roles  # noqa: E402
-from oppo.exec.runner import Executor, RunAborted  # noqa: E402
+from oppo.exec.rank import trained_roles  # noqa: E402
+from oppo.exec.runner import Executor, RunAborted, SeqData, run_roles  # noqa: E402
 from oppo.exec.timing import Recorder  # noqa: E402
-from oppo.exec.update import deal, weights_digest  # noqa: E402
+from oppo.exec.update import deal, longest_first, minibatches, weights_digest  # noqa: E402
+from oppo.scheduler import Scheduler  # noqa: E402
+from tests.drive import run_step  # noqa: E402
 from tests.exec.test_placement import alive, kill_mid_run  # noqa: E402
 
 RANK_LINE = re.compile(r"actor rank (\d+) on (\S+) \(worker pid (\d+), node (\w+)\)")
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def config_for(policy: str, dp: int, algo: str, placement: str, shard: bool = False, dtype="float64") -> ExecConfig:
+def config_for(
+    policy: str,
+    dp: int,
+    algo: str,
+    placement: str,
+    shard: bool = False,
+    dtype="float64",
+    batch: int = 4,
+    minibatches: int = 2,
+    steps: int = 4,
+    model: dict | None = None,
+) -> ExecConfig:
     groups = {"algo": "grpo", "group_size": 2} if algo == "grpo" else {}
-    schedule = default_schedule(policy=policy, batch=4, max_new_tokens=24, delta="2", check_tokens=4, **groups)
+    schedule = default_schedule(policy=policy, batch=batch, max_new_tokens=24, delta="2", check_tokens=4, **groups)
     return ExecConfig(
         schedule=schedule,
-        model=ModelConfig(dtype=dtype),
-        steps=4,
+        model=ModelConfig(**{"dtype": dtype} | (model or {})),
+        ppo=PPOConfig(minibatches=minibatches),
+        steps=steps,
         seed=7,
         dp=dp,
         check_ranks=dp > 1,
@@ -39,30 +62,67 @@ def config_for(policy: str, dp: int, algo: str, placement: str, shard: bool = Fa
     )
 
 
-def flat_weights(executor, role: str) -> torch.Tensor:
-    state = executor.group.first("state", role)
+def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.flatten() for v in state.values()])
 
 
-def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", shard: bool = False, dtype="float64"):
-    """Rewards and gradient norms per step, trained ids, final actor and critic weights and (role, device) pairs
-    of a run with ``dp`` ranks."""
-    config = config_for(policy, dp, algo, placement, shard, dtype)
+class Run(NamedTuple):
+    observed: list[tuple[float, float, float]]  # per step: mean reward, actor and critic gradient norms
+    ids: list[list[int]]  # per step: the trained sequences
+    weights: dict[str, dict[str, torch.Tensor]]  # the trained roles' final state dicts
+    devices: set[tuple[str, str]]  # (role, device) pairs of the trace
+    held: list[tuple[str, ...]] | None  # the roles each rank loaded (ranks in Ray workers)
+
+
+def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", shard: bool = False, **sizes) -> Run:
+    """A run with ``dp`` ranks. ``sizes``: dtype, batch, minibatches, steps, model (ModelConfig fields)."""
+    config = config_for(policy, dp, algo, placement, shard, **sizes)
     torch.manual_seed(config.seed)
     if dp == 1 and placement == "colocated":
-        executor = Executor.colocated(config, load_roles(config.model), Recorder())
+        executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), Recorder())
     else:
         from oppo.exec.placement import RayExecutor
 
         executor = RayExecutor(config, Recorder())
     try:
         steps = [executor.step() for _ in range(config.steps)]
-        weights = {role: flat_weights(executor, role) for role in ("actor", "critic")}
+        weights = {role: executor.group.first("state", role) for role in trained_roles(config)}
         devices = {(row.role, row.device) for row in executor.rec.rows}
+        held = getattr(executor.group, "held", None)
     finally:
         executor.close()
     observed = [(m.mean_reward, m.actor_grad_norm, m.critic_grad_norm) for _, m in steps]  # per step
-    return observed, [[t.seq_id for t in o.trained] for o, _ in steps], weights, devices
+    return Run(observed, [[t.seq_id for t in o.trained] for o, _ in steps], weights, devices, held)
+
+
+def run_in_child(tmp_path: Path, timeout_s: float = 240, **kwargs):
+    """:func:`run` in a child process, stopped with every process it started (its session) after ``timeout_s``: a
+    run that hangs (a rank waiting in a collective its peer never joins) fails the test instead of hanging it."""
+    out = tmp_path / "run.pt"
+    code = f"import torch; from tests.exec.test_data_parallel import run; torch.save(run(**{kwargs!r}), {str(out)!r})"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child this test started, and what it started
+        proc.communicate()
+        pytest.fail(f"the run did not end within {timeout_s} s: {kwargs}")
+    assert proc.returncode == 0, err
+    return torch.load(out, weights_only=False)
+
+
+def assert_same_steps(one: Run, two: Run, roles: tuple[str, ...] = ("actor", "critic"), rel: float = 1e-10) -> None:
+    """Two runs trained the same sequences, with the same rewards and gradient norms, to the same weights."""
+    assert two.ids == one.ids
+    # rewards and the gradients' norms (before clipping: a sum over ranks taken as a mean would show here)
+    assert np.ravel(two.observed) == pytest.approx(np.ravel(one.observed), rel=rel)
+    assert min(norm for _, norm, _ in one.observed) > 0
+    for role in roles:
+        a, b = flat(one.weights[role]), flat(two.weights[role])
+        assert a.dtype == b.dtype == torch.float64
+        assert float((a - b).abs().max()) <= rel * float(a.abs().max()), role
 
 
 @pytest.mark.parametrize(
@@ -83,28 +143,37 @@ def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, sha
     ranks hold bit-identical weights (``check_ranks``). GRPO: group advantages over the whole batch; with the
     reward model in its own worker, the two-rank run streams to it as the one-rank run does locally. Sharded
     (FSDP2): parameters, gradients and Adam states split over the ranks, gradients reduce-scattered."""
-    one_observed, one_ids, one_weights, _ = run(policy, 1, algo)
-    two_observed, two_ids, two_weights, devices = run(policy, 2, algo, placement, shard)
-    assert two_ids == one_ids
-    # rewards and the gradients' norms (before clipping: a sum over ranks taken as a mean would show here)
-    assert np.ravel(two_observed) == pytest.approx(np.ravel(one_observed), rel=1e-10)
-    assert min(norm for _, norm, _ in one_observed) > 0
-    assert {d for role, d in devices if role == "actor"} == {"cpu0", "cpu1"}  # one device per rank in the records
+    one = run(policy, 1, algo)
+    two = run(policy, 2, algo, placement, shard)
+    roles = ("actor",) if algo == "grpo" else ("actor", "critic")
+    assert_same_steps(one, two, roles)
+    assert {d for role, d in two.devices if role == "actor"} == {"cpu0", "cpu1"}  # one device per rank (records)
     # the reward model: on the driver (the device after the ranks), or in its own worker
-    assert ("reward", "cpu3" if placement == "disaggregated" else "cpu2") in devices
-    for role in ("actor",) if algo == "grpo" else ("actor", "critic"):
-        a, b = one_weights[role], two_weights[role]
-        assert a.dtype == b.dtype == torch.float64
-        assert float((a - b).abs().max()) <= 1e-10 * float(a.abs().max()), role
-        assert not torch.equal(a, flat_weights_at_start(role)), "the run should have changed the weights"
+    assert ("reward", "cpu3" if placement == "disaggregated" else "cpu2") in two.devices
+    assert two.held == [("actor", *roles[1:], "reference")] * 2  # GRPO: no critic loaded
+    for role in roles:
+        assert not torch.equal(flat(two.weights[role]), flat_weights_at_start(role)), "the run should change them"
 
 
 def test_sharded_ranks_in_float32_stay_close_to_one():
     """The default dtype on CPU: FSDP2's collectives must be ones gloo has (a plain sum); float32 sums in another
     order than one batch, so rewards agree to 1e-4 only."""
-    one, _, _, _ = run("oppo", 1, dtype="float32")
-    two, _, _, _ = run("oppo", 2, shard=True, dtype="float32")
+    one = run("oppo", 1, dtype="float32").observed
+    two = run("oppo", 2, shard=True, dtype="float32").observed
     assert np.ravel(two) == pytest.approx(np.ravel(one), rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_uneven_minibatches_on_two_ranks_take_the_steps_of_one(tmp_path, shard):
+    """7 rows in 3 minibatches: 3, 2, 2 rows, each dealt to both ranks (sharded, a rank without a row would leave
+    its peer waiting in FSDP's reduce-scatter: the two-rank run is a child process with a deadline)."""
+    sizes = dict(batch=7, minibatches=3, steps=1)
+    one = run("sync", 1, **sizes)
+    if shard:
+        two = run_in_child(tmp_path, policy="sync", dp=2, shard=True, **sizes)
+    else:  # (whole weights: a rank without a row all-reduces zeros with its peer)
+        two = run("sync", 2, **sizes)
+    assert_same_steps(one, two)
 
 
 def flat_weights_at_start(role: str) -> torch.Tensor:
@@ -118,12 +187,70 @@ def flat_weights_at_start(role: str) -> torch.Tensor:
         ({"shard": True, "dp": 1}, "--shard needs --dp 2"),
         ({"shard": True, "dp": 4}, "at least --dp rows"),
         ({"dp": 0}, "dp must be > 0"),
+        ({"ppo": PPOConfig(minibatches=5)}, "minibatches 5 > batch x group size 4"),
     ],
 )
 def test_bad_data_parallel_settings_are_refused(changes, message):
     schedule = default_schedule(batch=4)  # minibatches of 2 rows
     with pytest.raises(ValueError, match=message):
         ExecConfig(schedule=schedule, **{"dp": 2} | changes)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--dp", "2", "--shard", "--batch", "3", "--minibatches", "2"],  # minibatches of 2 and 1 rows
+        ["--batch", "2", "--minibatches", "4"],  # two minibatches would have no row
+    ],
+)
+def test_minibatches_without_a_row_per_rank_are_refused_in_one_line(tmp_path, args):
+    cmd = [sys.executable, "-m", "oppo.exec.train", *args, "--steps", "1", "--out", str(tmp_path / "run")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_minibatches_are_the_number_asked_and_differ_by_one_row_at_most():
+    """``torch.tensor_split``: 7 rows in 3 minibatches are 3, 2, 2 (``torch.chunk`` gives 3, 3, 1), 6 in 4 are
+    2, 2, 1, 1 (``chunk``: 3 minibatches); each epoch is a permutation of the rows."""
+    for rows, asked, sizes in ((7, 3, [3, 2, 2]), (6, 4, [2, 2, 1, 1]), (8, 2, [4, 4])):
+        cut = minibatches(rows, PPOConfig(epochs=2, minibatches=asked), seed=3)
+        assert [len(mb) for mb in cut] == sizes * 2
+        for epoch in (cut[:asked], cut[asked:]):
+            assert sorted(torch.cat(epoch).tolist()) == list(range(rows))
+
+
+class Lengths(dict):
+    """A response length for every sequence id, drawn at its first look-up (some beyond the cap)."""
+
+    def __init__(self, seed: int, most: int) -> None:
+        super().__init__()
+        self.rng, self.most = np.random.default_rng(seed), most
+
+    def __missing__(self, seq_id: int) -> int:
+        self[seq_id] = int(self.rng.integers(1, self.most))
+        return self[seq_id]
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "async"])
+def test_every_step_trains_batch_x_group_size_rows(policy, group_size):
+    """The rows of a step, which the minibatch check counts on (``--shard``: the smallest minibatch,
+    floor(B x G / minibatches) rows, must give every rank one): each policy the executor runs trains B x G
+    sequences every step, carried ones and T-PPO's segments included; a trained sequence that reached the cap is
+    finished, and only T-PPO trains unfinished ones (so PPO scores exactly the finished ones)."""
+    if policy == "tppo" and group_size > 1:
+        pytest.skip("T-PPO trains single samples")
+    algo = {"algo": "grpo", "group_size": group_size} if group_size > 1 else {}
+    cap, batch = 24, 5
+    config = default_schedule(policy=policy, batch=batch, max_new_tokens=cap, window_tokens=8, check_tokens=4, **algo)
+    scheduler, lengths = Scheduler(config), Lengths(seed=group_size, most=2 * cap)
+    for step in range(40):
+        _, outcome, _ = run_step(scheduler, lengths, now=float(step))
+        assert len(outcome.trained) == batch * group_size, (policy, step)
+        for t in outcome.trained:
+            assert t.finished or (policy == "tppo" and t.response_tokens < cap), (policy, step, t)
 
 
 def test_deal_balances_tokens_and_keeps_order():
@@ -134,6 +261,38 @@ def test_deal_balances_tokens_and_keeps_order():
     assert sorted(torch.cat(shares).tolist()) == sorted(rows.tolist())
     assert [s.tolist() for s in deal(rows, tokens, 1)] == [rows.tolist()]
     assert [len(s) for s in deal(rows[:1], tokens[:1], 3)] == [1, 0, 0]  # a rank may get no row
+    many = torch.arange(9)
+    for seed in range(20):  # rows >= ranks: every rank gets one (what a sharded minibatch step needs)
+        work = torch.randint(1, 50, (9,), generator=torch.Generator().manual_seed(seed))
+        assert all(len(share) >= 1 for share in deal(many, work, 4))
+
+
+def test_one_dealer_for_new_sequences_and_minibatch_rows():
+    """Longest first, each to the least loaded rank (ties: the lower rank; equal work: in the given order). The
+    executor deals the sequences new to the group with it, on top of what the carried ones already load."""
+    assert longest_first([10, 40, 20, 30], 2) == [0, 0, 1, 1]
+    assert longest_first([5, 5, 5], 2, load=[12, 0]) == [1, 1, 1]
+    assert longest_first([5, 5, 5], 3, load=[1, 0, 0]) == [1, 2, 0]
+
+    executor = Executor.__new__(Executor)
+    executor.group = SimpleNamespace(size=2)
+    executor.data = {i: SeqData(prompt=[3] * 4, response=[3] * r) for i, r in enumerate([8, 0, 0, 0])}
+    executor.rank_of = {0: 0}  # carried, with 12 tokens and a budget of 4 on rank 0
+    plan = SimpleNamespace(active=(0, 1, 2, 3), budgets={0: 4, 1: 10, 2: 2, 3: 10})
+    executor._deal(plan)
+    # work 16 (carried), 14, 6, 14: 1 -> rank 1 (0), 3 -> rank 1 (14 < 16), 2 -> rank 0 (16 < 28)
+    assert executor.rank_of == {0: 0, 1: 1, 2: 0, 3: 1}
+    assert [executor.rank_of[i] for i in (1, 2, 3)] == longest_first([14, 6, 14], 2, load=[16, 0])
+
+
+def test_grpo_loads_no_critic():
+    """GRPO trains no critic: a run loads none (the ranks' own roles: in the two-rank tests above)."""
+    grpo, ppo = (config_for("oppo", 2, algo, "colocated") for algo in ("grpo", "ppo"))
+    assert run_roles(grpo) == ("actor", "reference", "reward") and trained_roles(grpo) == ("actor",)
+    assert run_roles(ppo) == ("actor", "reference", "critic", "reward") and trained_roles(ppo) == ("actor", "critic")
+    executor = Executor.colocated(grpo, load_roles(grpo.model, which=run_roles(grpo)), Recorder())
+    assert executor.group.rank.roles.critic is None
+    executor.step()
 
 
 def test_a_rank_that_drifts_is_caught():

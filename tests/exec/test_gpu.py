@@ -21,16 +21,22 @@ def test_streamed_reward_equals_full_on_cuda(tiny_models):
 
 
 def test_short_run_on_cuda_bf16(tmp_path):
-    from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
-    from oppo.exec.train import train
-
-    config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), model=ModelConfig(device="cuda"), steps=3)
-    assert train(config, tmp_path / "run") == 0
+    """A known datacenter GPU reports MFU for every stage that processed tokens, each a fraction of its peak."""
     import json
 
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    mfu = summary["stages"]["actor/train_actor"]["mfu"]  # a known datacenter GPU reports its MFU
-    assert mfu is None or 0 < mfu < 1
+    from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+    from oppo.exec.train import train
+    from oppo.gpus import gpu_by_device_name
+
+    name = torch.cuda.get_device_name()
+    if gpu_by_device_name(name) is None:
+        pytest.skip(f"{name}: no datasheet peak in oppo.gpus, so no MFU to check")
+    config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), model=ModelConfig(device="cuda"), steps=3)
+    assert train(config, tmp_path / "run") == 0
+    stages = json.loads((tmp_path / "run" / "summary.json").read_text())["stages"]
+    computed = {stage: s["mfu"] for stage, s in stages.items() if s["tokens_per_s"] > 0}
+    assert "actor/train_actor" in computed and "actor/decode" in computed
+    assert all(mfu is not None and 0 < mfu < 1 for mfu in computed.values()), computed
 
 
 def test_reward_worker_on_cuda_equals_colocated_in_float32(tmp_path):

@@ -1,5 +1,7 @@
 """PPO math against naive loop implementations, across seeds."""
 
+import math
+
 import pytest
 import torch
 
@@ -113,3 +115,41 @@ def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
     mask = torch.ones_like(logp)
     assert kl_k3(logp, logp, mask) == 0
     assert kl_k3(logp, logp - 0.3, mask) > 0 and kl_k3(logp, logp + 0.3, mask) > 0
+
+
+def test_kl_k3_is_the_formula_and_its_argument_order_matters():
+    """k3(logp, ref) = exp(ref - logp) - (ref - logp) - 1 per token, masked mean. The policy's log-prob first:
+    k3(log 0.5, log 0.1) = 0.2 + log 5 - 1 = 0.8094; the arguments swapped, k3(log 0.1, log 0.5) = 5 - log 5 - 1 =
+    2.3906."""
+    p = torch.tensor([[0.5, 0.1, 0.3, 0.9, 0.02]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.5, 0.3, 0.05, 0.6]], dtype=torch.float64)
+    logp, ref = p.log(), q.log()
+    one = torch.ones_like(logp)
+    assert kl_k3(logp[:, :1], ref[:, :1], one[:, :1]).item() == pytest.approx(0.2 + math.log(5) - 1, rel=1e-12)
+    assert kl_k3(ref[:, :1], logp[:, :1], one[:, :1]).item() == pytest.approx(5 - math.log(5) - 1, rel=1e-12)
+    for mask in (one, torch.tensor([[1.0, 0.0, 1.0, 1.0, 0.0]], dtype=torch.float64)):
+        for a, b in ((logp, ref), (ref, logp)):
+            per_token = [math.exp(y - x) - (y - x) - 1 for x, y in zip(a[0].tolist(), b[0].tolist())]
+            want = sum(k * m for k, m in zip(per_token, mask[0].tolist())) / mask.sum().item()
+            assert kl_k3(a, b, mask).item() == pytest.approx(want, rel=1e-12)
+        assert kl_k3(logp, ref, mask).item() != pytest.approx(kl_k3(ref, logp, mask).item(), rel=0.1)
+    assert kl_k3(logp, ref, one, total=10.0).item() == pytest.approx(kl_k3(logp, ref, one).item() * 5 / 10)
+
+
+def test_kl_k3_over_the_policys_samples_estimates_kl_policy_to_reference():
+    """Tokens sampled from the policy pi: mean k3(log pi(x), log ref(x)) is an unbiased estimate of
+    KL(pi || ref) = sum pi log(pi / ref). With the arguments swapped it estimates E_pi[pi / ref] - 1 - KL, another
+    number: the test tells the two orders apart by what they estimate."""
+    g = torch.Generator().manual_seed(0)
+    pi = torch.softmax(torch.randn(12, generator=g, dtype=torch.float64), 0)
+    ref = torch.softmax(torch.randn(12, generator=g, dtype=torch.float64), 0)
+    x = torch.multinomial(pi, 200_000, replacement=True, generator=g)[None, :]  # (1, N) tokens from pi
+    logp, ref_lp, mask = pi.log()[x], ref.log()[x], torch.ones(x.shape, dtype=torch.float64)
+    kl = float((pi * (pi / ref).log()).sum())
+    swapped = float((pi * pi / ref).sum()) - 1 - kl
+    d = ref_lp - logp
+    stderr = float((d.exp() - d - 1).std()) / x.shape[1] ** 0.5  # of the k3 mean
+    stderr_swapped = float(((-d).exp() + d - 1).std()) / x.shape[1] ** 0.5
+    assert abs(kl_k3(logp, ref_lp, mask).item() - kl) < 4 * stderr
+    assert abs(kl_k3(ref_lp, logp, mask).item() - swapped) < 4 * stderr_swapped
+    assert abs(swapped - kl) > 40 * max(stderr, stderr_swapped)  # far apart: a swap cannot pass the first check

@@ -10,7 +10,14 @@ import copy
 import pytest
 import torch
 
+from oppo.exec import update
+from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule
+from oppo.exec.generation import ChunkedDecoder
+from oppo.exec.models import load_roles
+from oppo.exec.ppo import kl_k3, sampled_logprobs
+from oppo.exec.runner import Executor
 from oppo.exec.scoring import StreamingScorer, score_once
+from oppo.exec.timing import Recorder
 
 PAD = 0
 
@@ -81,7 +88,7 @@ def test_streamed_logprobs_and_values_equal_full(tiny_models, dtype, chunk):
     seqs = sequences(1)
     logits, _ = plain_forward(actor, seqs)
     logp = torch.log_softmax(logits, -1)
-    for (seq_id, tokens, p), got in zip(seqs, stream(StreamingScorer(actor, "logprob", True, PAD), seqs, chunk)):
+    for (seq_id, tokens, p), got in zip(seqs, stream(StreamingScorer(actor, "logprob", True, PAD, 1.0), seqs, chunk)):
         expected = logp[seq_id, p - 1 : len(tokens) - 1].gather(1, torch.tensor(tokens[p:])[:, None]).squeeze(1)
         close(got, expected, dtype)
     values = stream(StreamingScorer(reward, "value", False, PAD), seqs, chunk)
@@ -115,3 +122,85 @@ def test_frozen_scorer_keeps_cache_across_steps(tiny_models):
     got = torch.stack(scorer.outputs([0, 2]))
     expected = torch.stack(score_once(reward, "reward", [seqs[0], seqs[2]], PAD))
     close(got, expected, torch.float64)
+
+
+# -- the sampled distribution: sampler, old log-probs, reference log-probs and the trainer agree at any temperature --
+T = 0.7
+
+
+def test_logprob_scorer_scores_softmax_of_logits_over_temperature(tiny_models):
+    """Streamed and one-shot log-probs at T are log softmax(logits / T) of a plain forward (float64, 1e-12)."""
+    actor, _ = tiny_models[torch.float64]
+    seqs = sequences(3)
+    logits, _ = plain_forward(actor, seqs)
+    streamed = stream(StreamingScorer(actor, "logprob", True, PAD, temperature=T), seqs, 7)
+    once = score_once(actor, "logprob", seqs, PAD, temperature=T)
+    for (seq_id, tokens, p), got, got_once in zip(seqs, streamed, once):
+        want = torch.log_softmax(logits[seq_id, p - 1 : len(tokens) - 1] / T, -1)
+        torch.testing.assert_close(sampled_logprobs(logits[seq_id, p - 1 : len(tokens) - 1], T), want)
+        want = want.gather(1, torch.tensor(tokens[p:])[:, None]).squeeze(1)
+        close(got, want, torch.float64)
+        close(got_once, want, torch.float64)
+    with pytest.raises(ValueError, match="temperature"):
+        StreamingScorer(actor, "logprob", True, PAD)  # log-probs of which distribution: never a silent T = 1
+
+
+def first_minibatch(monkeypatch, algo):
+    """One float64 step at T = 0.7 from weights equal to the reference's; the arguments of the first minibatch's
+    ``policy_loss`` and (GRPO) ``kl_k3`` calls, taken before any update."""
+    calls = {}
+    for name in ("policy_loss", "kl_k3"):
+        original = getattr(update, name)
+
+        def spy(*args, _name=name, _original=original, **kwargs):
+            calls.setdefault(_name, [a.detach().clone() for a in args if isinstance(a, torch.Tensor)])
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(update, name, spy)
+    config = ExecConfig(
+        schedule=default_schedule(
+            policy="sync", batch=4, max_new_tokens=16, algo=algo, group_size=2 if algo == "grpo" else 1
+        ),
+        model=ModelConfig(dtype="float64"),
+        ppo=PPOConfig(temperature=T),
+        steps=1,
+        seed=3,
+    )
+    torch.manual_seed(config.seed)
+    Executor.colocated(config, load_roles(config.model), Recorder()).step()
+    return calls
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_ratio_is_one_and_k3_zero_before_any_update_at_a_temperature(monkeypatch, algo):
+    """Old log-probs (the actor's scorer), reference log-probs (the reference's scorer) and the trainer's new
+    log-probs are of one distribution, softmax(logits / T): before the first update the ratio is 1 and GRPO's k3
+    is 0 against the reference (an identical copy), both to 1e-12 in float64 (scorer and trainer run different
+    forwards, so the last bits may differ)."""
+    calls = first_minibatch(monkeypatch, algo)
+    logp, old_lp, _, mask = calls["policy_loss"]  # (logprobs, old_logprobs, advantages, mask)
+    assert mask.sum() > 0
+    ratio = torch.exp(logp - old_lp)[mask.bool()]
+    assert float((ratio - 1).abs().max()) <= 1e-12
+    if algo == "grpo":
+        logp, ref_lp, mask = calls["kl_k3"]  # (logprobs, ref_logprobs, mask)
+        assert float((logp - ref_lp)[mask.bool()].abs().max()) <= 1e-12
+        assert float(kl_k3(logp, ref_lp, mask)) <= 1e-12
+
+
+def test_the_sampler_draws_from_the_distribution_the_scorers_score(tiny_models):
+    """4,000 rows of one prompt sample their first token at T = 0.7 (an actor whose LM head is scaled by 20, so
+    that its distribution is peaked and T matters): the counts follow exp(the log-probs the logprob scorer gives
+    at T) within 4.5 standard deviations per token (largest seen: 2.3), and not those at T = 1 (largest: 15.8)."""
+    actor = copy.deepcopy(tiny_models[torch.float64][0])
+    with torch.no_grad():
+        actor.lm_head.weight *= 20
+    prompt, n, vocab = [5, 9, 14, 3, 22], 4_000, actor.config.vocab_size
+    decoder = ChunkedDecoder(actor, [prompt] * n, [1] * n, eos_id=1, pad_id=PAD, row_keys=list(range(n)), temperature=T)
+    decoder.decode(1)
+    counts = torch.bincount(torch.tensor([t[0] for t in decoder.new_tokens]), minlength=vocab).double()
+    seqs = [(v, prompt + [v], len(prompt)) for v in range(vocab)]  # every token as a one-token response
+    for temperature, follows in ((T, True), (1.0, False)):
+        expected = torch.cat(score_once(actor, "logprob", seqs, PAD, temperature=temperature)).exp() * n
+        z = ((counts - expected).abs() / expected.sqrt())[expected > 5]
+        assert (float(z.max()) < 4.5) == follows, (temperature, float(z.max()))

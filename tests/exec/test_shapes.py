@@ -1,14 +1,43 @@
 """One source of truth for model shapes: the simulator's shape of an executor preset is the shape the executor
 builds, read from the checkpoint's own config.json."""
 
+import dataclasses
 import json
 
 import pytest
-from transformers import LlamaForCausalLM
+import torch
+from transformers import (
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 
+from oppo.exec.config import ExecConfig, ModelConfig
 from oppo.exec.tiny import llama_config
+from oppo.exec.train import stage_costs
 from oppo.shapes import HF_SHAPES, load_hf_config
-from oppo.sim.hardware import MODELS, model_shape
+from oppo.sim.costs import RooflineCost
+from oppo.sim.experiments import flops_and_peaks
+from oppo.sim.hardware import ENGINES, GPUS, MODELS, model_shape
+from oppo.sim.setups import load_setup
+
+QWEN_05B_PUBLISHED = 494_032_768  # Qwen2.5-0.5B's model card: "Number of Parameters: 0.49B"
+SMALL_TIED = dict(
+    num_hidden_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    tie_word_embeddings=True,
+)
+
+
+def norms_and_biases(shape) -> int:
+    """What the analytic count leaves aside in a Qwen2 model: RMSNorm weights (two per layer and a final one)
+    and the q, k, v biases."""
+    return (2 * shape.layers + 1) * shape.hidden + shape.layers * (shape.hidden + 2 * shape.kv_heads * shape.head_dim)
 
 
 @pytest.mark.parametrize("preset", ["tiny-cpu", "small-cpu"])
@@ -17,7 +46,7 @@ def test_simulator_shape_is_the_executor_model(preset, tmp_path):
     config.save_pretrained(tmp_path)  # the config.json a prepared checkpoint carries
     from_checkpoint = model_shape(str(tmp_path / "config.json"))
     named = MODELS[preset]
-    fields = ("layers", "hidden", "heads", "kv_heads", "mlp", "vocab", "bytes_per_param")
+    fields = ("layers", "hidden", "heads", "kv_heads", "mlp", "vocab", "bytes_per_param", "tied")
     assert [getattr(from_checkpoint, f) for f in fields] == [getattr(named, f) for f in fields]
     if preset == "tiny-cpu":  # the analytic parameter count matches the real model (RMSNorm weights aside)
         torch_params = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
@@ -38,3 +67,60 @@ def test_hf_config_errors_name_the_problem(tmp_path):
         load_hf_config(path)
     with pytest.raises(ValueError, match="unknown model"):
         model_shape("no-such-model")
+
+
+def test_tied_qwen_counts_its_head_once_as_its_model_card():
+    """Qwen2.5-0.5B shares its LM head with the token embedding (136M of its 494M weights)."""
+    shape = MODELS["qwen2.5-0.5b"]
+    assert shape.params + norms_and_biases(shape) == QWEN_05B_PUBLISHED
+    assert shape.weight_bytes == 2 * shape.params  # bf16
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"])
+def test_parameter_count_is_the_built_model(name):
+    """Tied (0.5B, 1.5B, 3B) and untied (7B) shapes against the model transformers builds (on the meta device)."""
+    fields = {k: v for k, v in HF_SHAPES[name].items() if k != "dtype"}
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**fields))
+    assert sum(p.numel() for p in model.parameters()) == MODELS[name].params + norms_and_biases(MODELS[name])
+
+
+def test_a_tie_saves_weights_and_bytes_not_flops():
+    tied = MODELS["qwen2.5-0.5b"]
+    untied = dataclasses.replace(tied, tied=False)
+    head = tied.vocab * tied.hidden
+    assert untied.params - tied.params == head and untied.weight_bytes - tied.weight_bytes == 2 * head
+    assert tied.forward_flops(512, 1e5) == untied.forward_flops(512, 1e5)  # the head's matmul still runs
+    cost = {m: RooflineCost(m, GPUS["h200"], 1, ENGINES["vllm"]) for m in (tied, untied)}
+    assert cost[tied].decode_s(8, 4000) < cost[untied].decode_s(8, 4000)  # bandwidth-bound: fewer bytes read
+    assert cost[tied].prefill_s(1e5, 1e7) == cost[untied].prefill_s(1e5, 1e7)  # compute-bound: same FLOPs
+
+
+def test_hf_config_carries_the_tie(tmp_path):
+    Qwen2Config(**SMALL_TIED).save_pretrained(tmp_path)
+    assert load_hf_config(tmp_path)["tie_word_embeddings"] is True
+    assert model_shape(str(tmp_path)).tied
+    raw = json.loads((tmp_path / "config.json").read_text())
+    for model_type, tied in (("gemma2", True), ("qwen2", False)):  # a config.json may omit its class's default
+        raw.pop("tie_word_embeddings", None)
+        (tmp_path / "config.json").write_text(json.dumps(raw | {"model_type": model_type}))
+        assert load_hf_config(tmp_path)["tie_word_embeddings"] is tied
+
+
+def test_both_backends_count_the_same_flops_per_role(tmp_path):
+    """One FLOPs-per-role function: the executor's (from its checkpoints) and the simulator's (from the same
+    config.json files) agree, on a tied actor with a one-label critic and reward model."""
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**SMALL_TIED)).save_pretrained(tmp_path / "actor")
+    Qwen2ForSequenceClassification(Qwen2Config(**SMALL_TIED, num_labels=1)).save_pretrained(tmp_path / "reward")
+    model = ModelConfig(preset="hf", actor=str(tmp_path / "actor"), reward=str(tmp_path / "reward"), device="cpu")
+    executor = stage_costs(ExecConfig(model=model))[0]
+    setup = dataclasses.replace(load_setup("tiny-cpu"), actor=str(tmp_path / "actor"), reward=str(tmp_path / "reward"))
+    assert flops_and_peaks(setup)[0] == pytest.approx(executor, rel=1e-12)
+    shape = model_shape(str(tmp_path / "actor"))
+    assert executor["actor"] == executor["reference"] == shape.forward_flops(1, 0)  # the LM head as if untied
+    assert (
+        executor["critic"]
+        == executor["reward"]
+        == shape.forward_flops(1, 0) - 2 * shape.vocab * shape.hidden + 2 * shape.hidden
+    )

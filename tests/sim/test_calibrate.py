@@ -1,10 +1,11 @@
+import itertools
 import json
 
 import numpy as np
 import pytest
 
 from oppo.records import TraceRow
-from oppo.sim.calibrate import CalibratedCost, fit_trace, load_profile, save_profile
+from oppo.sim.calibrate import CalibratedCost, fit_trace, load_profile, nonnegative_lstsq, save_profile
 from oppo.sim.costs import pass_attended
 
 
@@ -35,14 +36,44 @@ def test_fit_recovers_coefficients_and_roundtrips(tmp_path):
 
 
 def test_committed_profiles_load():
-    for name in ("tiny-cpu", "small-cpu"):
-        from oppo.sim.costs import PROFILE_DIR
+    from oppo.sim import calibrate
+    from oppo.sim.costs import PROFILE_DIR
 
+    for name in ("tiny-cpu", "small-cpu"):
         profile = load_profile(PROFILE_DIR / f"{name}.json")
         assert {"decode", "forward", "train_actor"} <= set(profile["actor"])
+        stored = json.loads((PROFILE_DIR / f"{name}.json").read_text())["features"]
+        assert stored == calibrate.__doc__.split("Features")[1].strip()  # the text save_profile writes today
 
 
 def test_bad_profile(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ValueError, match="not a cost profile"):
         load_profile(tmp_path / "x.json")
+
+
+def best_nonnegative_residual(a: np.ndarray, b: np.ndarray) -> float:
+    """The exact NNLS optimum by enumeration: the solution is the unconstrained least squares on its support, so
+    the best residual over the column subsets whose least squares is non-negative is the optimum."""
+    best = float(np.linalg.norm(b))  # the empty subset: all zeros
+    for size in range(1, a.shape[1] + 1):
+        for subset in itertools.combinations(range(a.shape[1]), size):
+            sol, *_ = np.linalg.lstsq(a[:, subset], b, rcond=None)
+            if (sol >= 0).all():
+                best = min(best, float(np.linalg.norm(a[:, subset] @ sol - b)))
+    return best
+
+
+def test_nonnegative_lstsq_is_the_exact_optimum_on_random_problems():
+    """5,000 random 6 x 3 problems: the residual equals the enumerated optimum (to 1e-9 relative), the
+    coefficients are >= 0."""
+    rng = np.random.default_rng(0)
+    worse = []
+    for i in range(5000):
+        a, b = rng.normal(size=(6, 3)), rng.normal(size=6)
+        coef = nonnegative_lstsq(a, b)
+        assert (coef >= 0).all()
+        got, best = float(np.linalg.norm(a @ coef - b)), best_nonnegative_residual(a, b)
+        if got > best * (1 + 1e-9) + 1e-12:
+            worse.append((i, got, best))
+    assert not worse, f"{len(worse)} of 5000 fits worse than the optimum, e.g. {worse[:3]}"

@@ -100,6 +100,24 @@ def test_bad_input_exit_2_one_line(tmp_path, content, extra, message):
     assert not (tmp_path / "o").exists()  # nothing written
 
 
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ('gpu = "h900"', "unknown gpu 'h900'; choose from"),
+        ("colour = 1", "unknown key 'colour'"),
+        ('[framework]\nbase = "nope"', "[framework] base 'nope'; choose from"),
+        ('gpu = "cpu-core"', "no fitted efficiency for gpu 'cpu-core'"),  # a KeyError once, shown as "error: cpu-core"
+    ],
+)
+def test_bad_setup_file_exit_2_one_line(tmp_path, toml, message):
+    (tmp_path / "bad.toml").write_text(f'base = "paper-7b-h200"\n{toml}\n')
+    res = sim("run", "--setup", str(tmp_path / "bad.toml"), "--steps", "2", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], res.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_help():
     for cmd in ("run", "compare", "sweep"):
         res = sim(cmd, "--help")

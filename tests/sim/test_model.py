@@ -111,20 +111,62 @@ def _records(result):
     return result.steps, result.trace, result.trained
 
 
+def test_chunk_prefiller_prefills_chunks_in_order_on_its_device():
+    """The simulator's streamed scorer (not the executor's ``StreamingScorer``, a different thing: a name, one
+    meaning): chunks queue in a SimPy store and are prefilled one after another, each on every GPU of its group."""
+    import simpy
+
+    import oppo.sim.model as model
+    from oppo.sim.model import ChunkPrefiller, Device, SimResult
+
+    assert not hasattr(model, "StreamingScorer")
+    env, result = simpy.Environment(), SimResult()
+    scorer = ChunkPrefiller(env, "reward", Device(env, "gpu6-7", result), ConstantCost(p=0.5))
+    scorer.submit(step=0, batch=4, tokens=64, context=0, attended=512.0)
+    first = scorer.last
+    scorer.submit(step=0, batch=4, tokens=64, context=256, attended=1e4)
+    env.run(until=scorer.last)
+    assert first.processed and env.now == 1.0
+    log = [(r.device, r.role, r.phase, r.start_s, r.end_s, r.context_tokens) for r in result.trace]
+    assert log == [
+        ("gpu6", "reward", "prefill", 0.0, 0.5, 0),
+        ("gpu7", "reward", "prefill", 0.0, 0.5, 0),
+        ("gpu6", "reward", "prefill", 0.5, 1.0, 256),
+        ("gpu7", "reward", "prefill", 0.5, 1.0, 256),
+    ]
+
+
 def test_golden_summary():
-    """The committed summary of a small simulation; a missing golden file is a failure, never rewritten here
-    (to update it after an intended change, write ``got`` by hand and review the diff)."""
+    """The committed summary of a small simulation on two devices, the actor's and the reward model's (streamed
+    to), so that each device's busy fraction is a number of its own that can be wrong (on one device every
+    operation runs back to back and utilisation is 1.0 whatever the model does). A missing golden file is a
+    failure, never rewritten here (to update it after an intended change, write ``got`` by hand and review the
+    diff)."""
     assert GOLDEN.is_file(), f"missing committed golden file {GOLDEN}"
-    result = simulate(small("oppo", steps=30))
+    result = simulate(small("oppo", steps=30, placement=Placement("disaggregated", 1, 1)))
     summary = summarize("oppo", *_records(result), {}, 0.0)
-    keys = ("mean_step_s", "p50_step_s", "p99_step_s", "total_s", "mean_utilization", "mean_deferrals", "final_reward")
-    got = {k: round(summary[k], 6) for k in keys} | {"deferral_hist": summary["deferral_hist"]}
-    got["deferral_hist"] = {k: round(v, 6) for k, v in got["deferral_hist"].items()}
+    keys = (
+        "mean_step_s",
+        "p50_step_s",
+        "p99_step_s",
+        "total_s",
+        "mean_utilization",
+        "mean_deferrals",
+        "mean_policy_lag",
+        "final_reward",
+    )
+    got = {k: round(summary[k], 6) for k in keys}
+    for table in ("utilization", "deferral_hist"):  # per device; per deferral count
+        got[table] = {k: round(v, 6) for k, v in summary[table].items()}
     golden = json.loads(GOLDEN.read_text())
-    assert got.keys() == golden.keys() and got["deferral_hist"].keys() == golden["deferral_hist"].keys()
+    assert got.keys() == golden.keys()
     for key in keys:  # one computation, same shapes: equal up to the 6-digit rounding of the file
         assert got[key] == pytest.approx(golden[key], rel=1e-6, abs=1e-6), key
-    assert got["deferral_hist"] == pytest.approx(golden["deferral_hist"], abs=1e-6)
+    for table in ("utilization", "deferral_hist"):
+        assert got[table].keys() == golden[table].keys(), table
+        assert got[table] == pytest.approx(golden[table], abs=1e-6), table
+    busy = sorted(golden["utilization"].values())
+    assert len(busy) == 2 and 0 < busy[0] < busy[1] < 1  # the file itself holds no trivial utilisation
 
 
 def test_toml_setup_overrides_and_errors(tmp_path):

@@ -1,9 +1,12 @@
 """The long-tail schedulers and group sampling in simulation, on the same setup and costs."""
 
 import dataclasses
+import re
+from pathlib import Path
 
 import numpy as np
 
+from oppo.config import DELTA_CONTROLLERS
 from oppo.metrics import hidden_fraction, stage_throughput, summarize
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.experiments import flops_and_peaks
@@ -65,3 +68,11 @@ def test_mfu_per_stage_is_a_fraction_of_the_datasheet_peak():
     # TRL's micro-batches of 8, recomputation and per-pass gathers keep the update far below the fitted train
     # FLOP/s efficiency (0.45); real frameworks log single digits (verl: 6.7% for a 7B update)
     assert 0.02 < stages["actor/train_actor"]["mfu"] < 0.2
+
+
+def test_design_doc_describes_every_delta_controller():
+    """docs/design.md's list of Δ controllers names each one --delta-controller accepts (and `fixed`)."""
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    listed = design.split("Δ controllers (", 1)[1].split("\n\n", 1)[0]
+    described = re.findall(r"^- `(\w+)`", listed, flags=re.MULTILINE)
+    assert described == [*DELTA_CONTROLLERS, "fixed"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from oppo.sim.framework import StageCost
-from oppo.sim.logfit import calibrate, fidelity, predict_stages, replay
+from oppo.sim.logfit import calibrate, predict_stages, replay, replay_errors
 from oppo.sim.runlogs import LoggedStep, load_run_log
 from oppo.sim.setups import load_setup
 
@@ -130,7 +130,7 @@ def fit_back(setup, path, known: dict) -> dict:
         got = fitted.framework.stage(stage)
         for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
             assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
-    return fidelity(fitted, load_run_log(path), n_fit)[0]
+    return replay_errors(fitted, load_run_log(path), n_fit)[0]
 
 
 def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):

@@ -1,0 +1,64 @@
+"""Every script in benchmarks/ runs at its smallest arguments and prints its table (run from a temporary
+directory, records under it: the checkout is left as it was). gpu_validate.py needs CUDA for minutes: its
+arguments and its refusal without CUDA are tested in tests/exec/test_gpu_validate.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TINY = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "4", "--max-new-tokens", "8")
+
+
+def bench(name, *args, cwd):
+    cmd = [sys.executable, str(BENCHMARKS / f"{name}.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_sim_speed(tmp_path):
+    res = bench("sim_speed", "--steps", "5", "--batch", "16", "--repeats", "1", "--policies", "sync,oppo", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "command_s" in res.stdout and res.stdout.count("\n") == 3  # header, one row per policy
+
+
+def test_exec_policies(tmp_path):
+    res = bench("exec_policies", *TINY, "--policies", "sync,oppo", "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "vs sync" in res.stdout and "seconds per step by role/phase" in res.stdout
+
+
+def test_fidelity(tmp_path):
+    res = bench("fidelity", *TINY, "--policies", "sync,oppo", "--chunk", "4", "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "predicted_s" in res.stdout and "GPU profile fits" in res.stdout
+
+
+def test_trl_baseline(tmp_path):
+    pytest.importorskip("trl")
+    res = bench("trl_baseline", *TINY, "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = res.stdout.split("vs TRL")[-1].splitlines()[1:]
+    assert [r[:15].strip() for r in rows] == ["TRL", "oppo.exec sync", "oppo.exec oppo"]
+
+
+def test_disaggregated_overlap(tmp_path):
+    pytest.importorskip("ray")
+    res = bench(
+        "disaggregated_overlap", *TINY, "--policies", "oppo", "--chunk", "4", "--out", str(tmp_path), cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    assert "reward prefill hidden" in res.stdout and res.stdout.rstrip().splitlines()[-1].startswith("oppo")
+
+
+def test_data_parallel(tmp_path):
+    pytest.importorskip("ray")
+    res = bench("data_parallel", *TINY, "--no-shard", "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "busy fraction per device" in res.stdout and "seconds per step by phase" in res.stdout
+
+
+def test_every_benchmark_has_a_smoke_test():
+    covered = {name.removeprefix("test_") for name in globals() if name.startswith("test_")} | {"gpu_validate"}
+    assert {path.stem for path in BENCHMARKS.glob("*.py")} <= covered
