@@ -1,6 +1,6 @@
 """oppo: pipeline overlap for PPO-based RLHF.
 
-The package root is the scheduling core (stdlib + numpy): the rollout buffer, chunk-size policies, Δ
+The package root is the scheduling core (stdlib, numpy, scipy): the rollout buffer, chunk-size policies, Δ
 controllers, the per-step scheduler and the shared record schema. Backends: ``oppo.sim`` (SimPy model) and
 ``oppo.exec`` (torch executor).
 """
