@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class ModelConfig:
                     raise ValueError(f"{name} checkpoint folder not found: {path}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"unknown device {self.device!r}; choose auto, cpu, cuda or cuda:N")
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ def test_hf_preset_loads_local_folders(tmp_path):
         (("--lengths", "missing.csv"), "not found"),
         (("--algo", "grpo"), "algo grpo needs group_size >= 2"),
         (("--mode", "async"), "policy async runs in the simulator only"),
+        (("--device", "nope"), "unknown device 'nope'"),
         (("--mode", "tppo", "--algo", "grpo", "--group-size", "4"), "tppo trains segments of single sequences"),
     ],
 )
