@@ -38,8 +38,8 @@ GPUS = {
 # Names as torch.cuda.get_device_name() prints them -> table entries (first match wins)
 DEVICE_NAMES = (
     ("B200", "b200"),
+    ("GH200", "gh200"),  # before H200, which its name contains
     ("H200", "h200"),
-    ("GH200", "gh200"),
     ("H100", "h100"),
     ("MI300X", "mi300x"),
     ("A100-SXM4-40GB", "a100-40gb"),

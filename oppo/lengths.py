@@ -72,36 +72,53 @@ def load_lengths(path: str | Path, model: str | None = None) -> LengthTrace:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", newline="") as fh:
-            rows = list(csv.DictReader(io.StringIO(fh.read())))
+            reader = csv.reader(io.StringIO(fh.read()))
+            header = next(reader, [])
+            rows = [row for row in reader if row]  # blank lines skipped, as csv.DictReader does
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise ValueError(f"{path}: not a readable CSV ({err})") from None
-    if not rows or "response_tokens" not in rows[0]:
-        columns = ", ".join(rows[0]) if rows else "none"
+    if not rows or "response_tokens" not in header:
+        columns = ", ".join(dict.fromkeys(header)) if rows else "none"
         raise ValueError(f"{path}: needs a 'response_tokens' column (found: {columns})")
     if model is not None:
-        rows = [r for r in rows if r.get("model") == model]
+        at = header.index("model") if "model" in header else None
+        rows = [r for r in rows if at is not None and at < len(r) and r[at] == model]
         if not rows:
             raise ValueError(f"{path}: no rows with model={model!r}")
-    response = _column(path, rows, "response_tokens")
-    prompt = _column(path, rows, "prompt_tokens") if "prompt_tokens" in rows[0] else None
+    width = len(header)
+    rows = [r if len(r) >= width else r + [""] * (width - len(r)) for r in rows]  # a short row: empty cells
+    index = {name: i for i, name in enumerate(header)}  # a repeated name: its last column, as DictReader
+    columns = {name: [r[i] for r in rows] for name, i in index.items() if name != "model"}
+    response = _column(path, columns["response_tokens"], "response_tokens")
+    prompt = _column(path, columns["prompt_tokens"], "prompt_tokens") if "prompt_tokens" in columns else None
     prompt_ids = None
-    if "prompt_id" in rows[0]:  # codes 0..P-1 of the prompt each row answers
-        prompt_ids = np.unique([r["prompt_id"] for r in rows], return_inverse=True)[1].astype(np.int64)
+    if "prompt_id" in columns:  # codes 0..P-1 of the prompt each row answers
+        prompt_ids = np.unique(columns["prompt_id"], return_inverse=True)[1].astype(np.int64)
     bundled = path.resolve().parent == data_dir().resolve()
     stored = path.name if bundled else str(path.resolve())  # a bundled trace resolves from any directory
     return LengthTrace(path.name.split(".")[0], response, prompt, prompt_ids=prompt_ids, path=stored, model=model)
 
 
-def _column(path: Path, rows: list[dict[str, str]], name: str) -> np.ndarray:
-    values = np.empty(len(rows), dtype=np.int64)
-    for i, row in enumerate(rows):
-        text = (row.get(name) or "").strip()
+def _column(path: Path, texts: list[str], name: str) -> np.ndarray:
+    """A column's cells as non-negative integers, parsed in one pass (C ``float`` over the column); a bad value
+    is located by :func:`_first_bad`, which raises the message naming its row."""
+    try:
+        values = np.fromiter(map(float, texts), np.float64, len(texts))
+    except ValueError:
+        _first_bad(path, texts, name)
+    if not np.all(np.isfinite(values) & (values >= 0) & (values == np.floor(values))):
+        _first_bad(path, texts, name)
+    return values.astype(np.int64)
+
+
+def _first_bad(path: Path, texts: list[str], name: str) -> None:
+    """Raise for the first value of a column that is empty, non-numeric, negative or not an integer."""
+    for i, raw in enumerate(texts):
+        text = raw.strip()
         try:
             value = float(text)
         except ValueError:
             what = "empty" if not text else f"non-numeric {text!r}"
             raise ValueError(f"{path}: row {i + 2}: {what} value in column {name!r}") from None
-        if value < 0 or value != value or value != int(value):
+        if not 0 <= value < float("inf") or value != int(value):  # negative, nan, inf or fractional
             raise ValueError(f"{path}: row {i + 2}: {name} must be a non-negative integer, got {text!r}")
-        values[i] = int(value)
-    return values

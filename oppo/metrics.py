@@ -201,10 +201,23 @@ def summarize(
         "mean_policy_lag": float(lag.mean()),
         "p99_policy_lag": float(np.percentile(lag, 99)),
         "final_reward": float(np.mean(rewards)) if rewards else float("nan"),
+        **work_done(trained, total_s),
         "wall_s": float(wall_s),
         "phase_s_per_step": phase_breakdown(cols, len(steps)),
         "stages": stage_throughput(cols, flops_per_token or {}, peak_flops),
         "config": config,
+    }
+
+
+def work_done(trained: Sequence[TrainedSeq], total_s: float) -> dict[str, float | int]:
+    """Trained work per simulated (or measured) second: ``samples_per_s`` counts finished responses only (a T-PPO
+    segment of an unfinished one is not a sample), ``tokens_per_s`` their response tokens, each once."""
+    done = [t for t in trained if t.finished]
+    tokens = sum(t.response_tokens for t in done)
+    return {
+        "trained_samples": len(done),
+        "samples_per_s": len(done) / total_s if total_s > 0 else 0.0,
+        "tokens_per_s": tokens / total_s if total_s > 0 else 0.0,
     }
 
 
@@ -213,9 +226,9 @@ def stage_throughput(
 ) -> dict[str, dict[str, float | None]]:
     """Per "role/phase" that computes (not ``sync``, ``other``): tokens per second of its devices and, where the
     devices' peak FLOP/s is known (``peak_flops`` per device), the model FLOPs utilisation (MFU): analytic FLOPs
-    (``flops_per_token[role]`` per token, 2·params for a forward pass, three times that for training; attention
-    left out) over the time and the peak. An operation on a group of devices counts once, for its longest
-    member, against the group's summed peak."""
+    (``flops_per_token[role]`` per token of a forward pass, :func:`oppo.shapes.role_flops_per_token`, three times
+    that for training; attention left out) over the time and the peak. An operation on a group of devices counts
+    once, for its longest member, against the group's summed peak."""
     cols = trace if isinstance(trace, Columns) else Columns.of(trace)
     ops, members = cols.operations()
     n = len(cols.stages)

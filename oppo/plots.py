@@ -111,30 +111,65 @@ def sweep_plot(
 
 
 def speed_vs_staleness(rows: Sequence[Mapping], path: str | Path, title: str = "") -> Path:
-    """One point per policy: speedup over the baseline against the mean policy lag of trained samples (the bar
-    reaches the p99 lag), coloured by mean utilisation. ``rows``: :func:`oppo.sim.experiments.compare_rows`."""
+    """One point per policy: work done (finished trained responses per second, ratio to the baseline) against the
+    mean policy lag of trained samples (the bar reaches the p99 lag), coloured by mean utilisation. Labels are
+    placed so that none overlaps another. ``rows``: :func:`oppo.sim.experiments.compare_rows`."""
+    return _save(staleness_figure(rows, title), path)
+
+
+def staleness_figure(rows: Sequence[Mapping], title: str = ""):
+    """The figure of :func:`speed_vs_staleness`, laid out, not saved."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    util = [r["mean_util"] for r in rows]
-    for r in rows:
-        ax.plot([r["mean_lag"], r["p99_lag"]], [r["speedup"]] * 2, color="#999999", lw=1, zorder=1)
+    ys = [r["samples_speedup"] or 0.0 for r in rows]
+    for r, y in zip(rows, ys):
+        ax.plot([r["mean_lag"], r["p99_lag"]], [y] * 2, color="#999999", lw=1, zorder=1)
     points = ax.scatter(
-        [r["mean_lag"] for r in rows],
-        [r["speedup"] for r in rows],
-        c=util,
-        cmap="viridis",
-        vmin=0,
-        vmax=1,
-        s=60,
-        zorder=2,
+        [r["mean_lag"] for r in rows], ys, c=[r["mean_util"] for r in rows], cmap="viridis", vmin=0, vmax=1, s=60
     )
-    for r in rows:
-        ax.annotate(r["policy"], (r["mean_lag"], r["speedup"]), textcoords="offset points", xytext=(5, 5))
     fig.colorbar(points, ax=ax, label="mean utilisation")
     ax.set_xlabel("policy lag of trained samples (versions): mean, bar to p99")
-    ax.set_ylabel("step-time speedup over the baseline")
-    ax.set_title(title or "speed against staleness")
+    ax.set_ylabel("finished samples / s over the baseline")
+    ax.set_title(title or "work done against staleness")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    ax.margins(x=0.15, y=0.15)
+    fig.tight_layout()
+    place_labels(ax, [r["policy"] for r in rows], [(r["mean_lag"], y) for r, y in zip(rows, ys)])
+    return fig
+
+
+# offsets (points) tried in turn for a label, nearest first: right, above, left, below, then further out
+_LABEL_OFFSETS = [(dx * k, dy * k) for k in (1, 2, 3, 4) for dx, dy in ((6, 4), (6, -12), (-6, 4), (-6, -12))] + [
+    (0, 10 * k) for k in (2, 3, 4)
+]
+
+
+def place_labels(ax, labels: Sequence[str], xy: Sequence[tuple[float, float]]) -> list:
+    """Annotate each point with its label at the first offset (``_LABEL_OFFSETS``, in order) whose box overlaps
+    no label placed before it; deterministic. Returns the text artists."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed, texts = [], []
+    for label, (x, y) in zip(labels, xy):
+        for dx, dy in _LABEL_OFFSETS:
+            ha = "left" if dx >= 0 else "right"
+            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=9)
+            box = text.get_window_extent(renderer).expanded(1.05, 1.1)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            text.remove()
+        else:  # every offset taken: keep the last, drawn with a leader line
+            text = ax.annotate(
+                label,
+                (x, y),
+                textcoords="offset points",
+                xytext=(dx, dy),
+                ha=ha,
+                fontsize=9,
+                arrowprops={"arrowstyle": "-", "color": "#999999"},
+            )
+            box = text.get_window_extent(renderer)
+        placed.append(box)
+        texts.append(text)
+    return texts
 
 
 def plot_fidelity(measured: Mapping, predicted: Mapping, fitted: int, path: str | Path, title: str = "") -> Path:

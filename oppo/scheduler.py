@@ -182,7 +182,7 @@ class Scheduler:
             allowed = min(tokens, plan.budgets[seq_id] - self._step_tokens)
             if not 1 <= used <= allowed:
                 raise ValueError(f"seq {seq_id} finished after {used} tokens; 1..{allowed} allowed")
-        for seq_id, used in sorted(finished.items(), key=lambda item: (item[1], item[0])):
+        for used, seq_id in sorted(zip(finished.values(), finished.keys())):  # EOS order, then id
             self._stop(seq_id, self._step_tokens + used, finished=True)
         self._step_tokens += tokens
         self._since_stream += tokens
@@ -225,9 +225,6 @@ class Scheduler:
             return False
         return len(self._completed) >= plan.target and not self._starved_waiting
 
-    def _starved(self, seq_id: int) -> bool:
-        return self.buffer.seqs[seq_id].deferrals(self.step) >= self.config.max_deferrals
-
     # -- closing ----------------------------------------------------------------------------------------
     def select(self) -> tuple[TrainedSeq, ...]:
         """The sequences this step trains, in training order (call once generation is done; changes nothing).
@@ -244,8 +241,9 @@ class Scheduler:
             chosen = list(plan.active)
         else:
             complete = sorted(self._completed, key=self._completed.__getitem__)
-            if self.config.overcommit:
-                starved = {g for g in complete if self._starved(groups[g][0])}
+            if self.config.overcommit:  # starved: waited max_deferrals steps or more
+                seqs, step, limit = self.buffer.seqs, self.step, self.config.max_deferrals
+                starved = {g for g in complete if seqs[groups[g][0]].deferrals(step) >= limit}
                 complete = sorted(complete, key=lambda g: g not in starved)[: plan.target]
             chosen = [i for g in complete for i in groups[g]]
         if self.generation_done:  # final: cache it for close_step

@@ -62,3 +62,11 @@ def test_data_parallel(tmp_path):
 def test_every_benchmark_has_a_smoke_test():
     covered = {name.removeprefix("test_") for name in globals() if name.startswith("test_")} | {"gpu_validate"}
     assert {path.stem for path in BENCHMARKS.glob("*.py")} <= covered
+
+
+def test_sim_eval_speed(tmp_path):
+    other = Path(__file__).resolve().parents[1]  # this tree against itself: the script's plumbing, not a ratio
+    args = ("--other", str(other), "--repeats", "1", "--steps", "2", "--batch", "4")
+    res = bench("sim_eval_speed", *args, "--command-steps", "2", "--command-batch", "4", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("other / this") == 2 and "load average" in res.stdout

@@ -115,6 +115,8 @@ def test_lengths_plain_and_gzip(tmp_path):
         ("tokens\n1\n", "needs a 'response_tokens' column"),
         ("response_tokens\n", "needs a 'response_tokens' column"),
         ("response_tokens\n-3\n", "non-negative integer"),
+        ("response_tokens\n5\ninf\n", "non-negative integer"),  # float('inf') parses; int() of it would not
+        ("response_tokens\n1e400\n", "non-negative integer"),
         ("response_tokens\nabc\n", "non-numeric"),
         ("response_tokens\n\n5\n", None),  # csv skips blank lines
         ("response_tokens,x\n,1\n", "empty value"),
@@ -155,3 +157,11 @@ def test_stage_throughput_counts_a_group_operation_once():
     stages = stage_throughput(rows, {"actor": 10.0}, 100.0)
     assert stages["actor/train_actor"]["tokens_per_s"] == 500.0  # 1000 tokens in 2 s, not 2000
     assert stages["actor/train_actor"]["mfu"] == pytest.approx(3 * 10.0 * 1000 / (2.0 * 200.0))
+
+
+def test_gpu_names_as_torch_prints_them():
+    from oppo.gpus import gpu_by_device_name
+
+    names = {"NVIDIA GH200 480GB": "gh200", "NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100"}
+    assert {n: gpu_by_device_name(n).name for n in names} == names
+    assert gpu_by_device_name("Some Other Card") is None

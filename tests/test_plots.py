@@ -21,3 +21,33 @@ def test_plots_write_images(tmp_path):
     for path in paths:
         assert path.stat().st_size > 2000
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_staleness_labels_do_not_overlap():
+    """Policies at (nearly) the same point, as inter / oppo and sync / intra are on the 7B preset: every label
+    box is apart from every other."""
+    points = {
+        "sync": (0.0, 1.0),
+        "intra": (0.0, 0.998),
+        "inter": (0.231, 1.82),
+        "oppo": (0.231, 1.81),
+        "april": (0.249, 1.881),
+        "tppo": (0.594, 1.704),
+        "tailbatch": (0.018, 1.542),
+        "async": (0.995, 1.103),
+    }
+    rows = [
+        {"policy": p, "samples_speedup": y, "mean_lag": x, "p99_lag": 2 * x, "mean_util": 0.8}
+        for p, (x, y) in points.items()
+    ]
+    fig = plots.staleness_figure(rows, "overlap")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    texts = [t for t in ax.texts if t.get_text() in points]
+    assert sorted(t.get_text() for t in texts) == sorted(points)
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (texts[boxes.index(a)].get_text(), texts[boxes.index(b)].get_text())
+    plots.plt.close(fig)

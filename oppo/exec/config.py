@@ -135,7 +135,11 @@ class ExecConfig:
         "--dp > 1: shard the actor's and critic's parameters, gradients and Adam states over "
         "the ranks (FSDP2); generation and scoring gather the weights once per step",
     )
-    check_ranks: bool = opt(False, "debug: after every step check that all ranks hold the same weights (a digest)")
+    check_ranks: bool = opt(
+        False,
+        "debug: after every step compare a digest of the ranks' weights (whole weights; under --shard the "
+        "replicated state and each rank's shards against what its last optimizer step wrote)",
+    )
 
     def __post_init__(self) -> None:
         check_positive("steps", self.steps)

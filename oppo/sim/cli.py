@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate one policy and write its records")
     _common(run)
     run.add_argument("--out", required=True, help="output directory (summary.json, steps.csv, trace.csv, PNGs)")
-    compare = sub.add_parser("compare", help="simulate several policies side by side and print a table")
+    compare = sub.add_parser(
+        "compare",
+        help="simulate several policies side by side; print a table ranked by work done (finished samples / s)",
+    )
     _common(compare, policy=False)
     compare.add_argument("--policies", default="sync,intra,inter,oppo,tppo", help="comma-separated policies")
     compare.add_argument("--out", help="optional directory for compare.csv and plots")

@@ -93,17 +93,25 @@ def time_to_reward(steps: list[StepRecord], threshold: float, window: int = 5) -
 
 
 def compare_rows(summaries: list[dict]) -> list[dict]:
-    """One row per policy with ratios to ``sync`` (or to the first policy when sync is absent)."""
+    """One row per policy with ratios to ``sync`` (or to the first policy when sync is absent), ranked by work done:
+    ``samples_speedup`` (finished trained responses per second, the headline) and ``tokens_speedup`` (their
+    response tokens per second). The step-time ratio is per step (``per_step_speedup``): a policy whose steps train
+    fewer or partial responses (T-PPO's segments) gets a fast step without doing more work."""
     base = next((s for s in summaries if s["policy"] == "sync"), summaries[0])
+    ratio = lambda a, b: round(a / b, 3) if a and b else None  # noqa: E731
     rows = []
     for s in summaries:
         ttr, base_ttr = s["time_to_reward_s"], base["time_to_reward_s"]
         rows.append(
             {
                 "policy": s["policy"],
-                "mean_step_s": round(s["mean_step_s"], 3),
+                "samples_speedup": ratio(s["samples_per_s"], base["samples_per_s"]),
+                "tokens_speedup": ratio(s["tokens_per_s"], base["tokens_per_s"]),
+                "samples_per_s": round(s["samples_per_s"], 3),
+                "tokens_per_s": round(s["tokens_per_s"], 1),
+                "per_step_s": round(s["mean_step_s"], 3),
                 "p99_step_s": round(s["p99_step_s"], 3),
-                "speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
+                "per_step_speedup": round(base["mean_step_s"] / s["mean_step_s"], 3),
                 "mean_util": round(s["mean_utilization"], 3),
                 "mean_deferrals": round(s["mean_deferrals"], 3),
                 "mean_lag": round(s["mean_policy_lag"], 3),
@@ -114,7 +122,7 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
                 "ttr_speedup": round(base_ttr / ttr, 3) if ttr and base_ttr else None,
             }
         )
-    return rows
+    return sorted(rows, key=lambda r: -(r["samples_speedup"] or 0.0))
 
 
 def compare(

@@ -9,6 +9,8 @@ re-prefill resumed prefixes, decode in rounds, score, train, sync weights. Time 
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -237,14 +239,16 @@ class Trainer:
             ends = rest <= np.minimum(n, left)  # EOS inside this round
             context = prompt[idx] + decoded[idx]
             busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members), step_tokens)
-            seconds = float(busy_s.max())
+            seconds, tokens, context_tokens = float(busy_s.max()), int(k.sum()), int(context.sum())
             with actor.resource.request() as request:
                 yield request
                 total = self._co_run_fused(plan.step, seconds, fused)
-                actor.record(plan.step, "actor", "decode", env.now, seconds, len(idx), k.sum(), context.sum(), busy_s)
+                actor.record(
+                    plan.step, "actor", "decode", env.now, seconds, len(idx), tokens, context_tokens, busy_s.tolist()
+                )
                 yield env.timeout(total)
             fused = None
-            chunk = _merge(chunk, len(idx), int(k.sum()), int(context.sum()))
+            chunk = _merge(chunk, len(idx), tokens, context_tokens)
             decoded[idx] += k
             running[idx[ends | (k >= left)]] = False
             sched.report_round(env.now, n, dict(zip(ids[idx[ends]].tolist(), k[ends].tolist())))
@@ -365,12 +369,27 @@ def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None =
     env = simpy.Environment()
     result = SimResult()
     trainer = Trainer(env, config, costs or config.setup.costs(config.schedule.policy), trace, result)
-    if progress is None:
-        env.run(until=trainer.process)
-    else:
-        while trainer.process.is_alive:
-            before = len(result.steps)
-            env.step()
-            if len(result.steps) > before:
-                progress(result.steps[-1])
+    with _cycle_collector_paused():
+        if progress is None:
+            env.run(until=trainer.process)
+        else:
+            while trainer.process.is_alive:
+                before = len(result.steps)
+                env.step()
+                if len(result.steps) > before:
+                    progress(result.steps[-1])
     return result
+
+
+@contextmanager
+def _cycle_collector_paused():
+    """A simulation appends millions of records and makes next to no reference cycles: left on, Python's cyclic
+    garbage collector rescans the growing record lists again and again (~20% of a 1000-step B = 512 run).
+    Memory is still freed by reference counting; the collector runs again afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from oppo.config import DELTA_CONTROLLERS
-from oppo.metrics import hidden_fraction, stage_throughput, summarize
+from oppo.lengths import load_lengths
+from oppo.metrics import hidden_fraction, stage_throughput, summarize, work_done
+from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.sim import SimConfig, load_setup, simulate
-from oppo.sim.experiments import flops_and_peaks
+from oppo.sim.experiments import compare, compare_rows, flops_and_peaks
 from oppo.sim.workload import LengthModel
 
 LONG_COT = LengthModel(median_tokens=700, sigma=1.66)  # p50 ~700, p99 ~33k tokens: long chain-of-thought
@@ -76,3 +78,33 @@ def test_design_doc_describes_every_delta_controller():
     listed = design.split("Δ controllers (", 1)[1].split("\n\n", 1)[0]
     described = re.findall(r"^- `(\w+)`", listed, flags=re.MULTILINE)
     assert described == [*DELTA_CONTROLLERS, "fixed"]
+
+
+def test_work_done_counts_finished_samples_only():
+    """A policy whose fast steps train many partial segments (T-PPO-like) does not win on work done: only finished
+    responses count, each response's tokens once."""
+    whole = [TrainedSeq(i // 4, i, i, i // 4, 0, 400, 400, True, 0) for i in range(8)]  # 2 steps of 4 in 20 s
+    parts = [TrainedSeq(i, 100 + i, 100 + i, 0, 0, 256 * (i + 1), 256, i == 9, i) for i in range(10)]  # 10 x 2 s
+    assert work_done(whole, 20.0) == {"trained_samples": 8, "samples_per_s": 0.4, "tokens_per_s": 160.0}
+    assert work_done(parts, 20.0) == {"trained_samples": 1, "samples_per_s": 0.05, "tokens_per_s": 128.0}
+
+    def summary(policy, step_s, trained):
+        n = int(20.0 / step_s)
+        steps = [StepRecord(i, i * step_s, (i + 1) * step_s, step_s, 1.0, 4, 4, 0, 0) for i in range(n)]
+        trace = [TraceRow(0, "gpu0", "actor", "decode", 0.0, step_s, 4, 4, 0)]
+        return summarize(policy, steps, trace, trained, {}, 0.0) | {"time_to_reward_s": None}
+
+    rows = compare_rows([summary("sync", 10.0, whole), summary("segments", 2.0, parts)])
+    assert [r["policy"] for r in rows] == ["sync", "segments"]
+    assert rows[1]["per_step_speedup"] == 5.0 and rows[1]["samples_speedup"] == 0.125
+
+
+def test_tppo_does_not_rank_first_on_work_done_on_the_7b_preset():
+    """T-PPO's 256-token steps are ~3x shorter than sync's, but it finishes fewer responses per second than the
+    over-committing policies: the compare table ranks on finished samples per second, not on step time."""
+    trace = load_lengths("alpaca_eval")
+    rows = compare(load_setup("paper-7b-h200"), ["sync", "oppo", "april", "tppo"], 200, 0, trace)  # as the docs
+    by_policy = {r["policy"]: r for r in rows}
+    assert by_policy["tppo"]["per_step_speedup"] > 2.5  # the per-step ratio that used to head the table
+    assert [r["policy"] for r in rows] == ["april", "oppo", "tppo", "sync"]
+    assert by_policy["tppo"]["tokens_speedup"] < by_policy["oppo"]["tokens_speedup"]
