@@ -43,6 +43,7 @@ def test_trl_baseline(tmp_path):
     assert [r[:15].strip() for r in rows] == ["TRL", "oppo.exec sync", "oppo.exec oppo"]
 
 
+@pytest.mark.slow  # starts Ray (~12 s idle, ~35 s busy); the Ray paths it drives are tested in tests/exec
 def test_disaggregated_overlap(tmp_path):
     pytest.importorskip("ray")
     res = bench(
@@ -52,6 +53,7 @@ def test_disaggregated_overlap(tmp_path):
     assert "reward prefill hidden" in res.stdout and res.stdout.rstrip().splitlines()[-1].startswith("oppo")
 
 
+@pytest.mark.slow  # starts Ray (~12 s idle, ~35 s busy); the Ray paths it drives are tested in tests/exec
 def test_data_parallel(tmp_path):
     pytest.importorskip("ray")
     res = bench("data_parallel", *TINY, "--no-shard", "--out", str(tmp_path), cwd=tmp_path)

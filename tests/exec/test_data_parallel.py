@@ -129,8 +129,9 @@ def assert_same_steps(one: Run, two: Run, roles: tuple[str, ...] = ("actor", "cr
     "policy, algo, placement, shard",
     [
         ("sync", "ppo", "colocated", False),
-        ("oppo", "ppo", "colocated", False),
-        ("oppo", "grpo", "colocated", False),
+        pytest.param("oppo", "ppo", "colocated", False, marks=pytest.mark.slow),  # sync and sharded oppo cover it
+        # GRPO unsharded: the sharded GRPO case below covers the same targets (-m slow runs it too)
+        pytest.param("oppo", "grpo", "colocated", False, marks=pytest.mark.slow),
         ("oppo", "ppo", "disaggregated", False),
         ("oppo", "ppo", "colocated", True),
         ("oppo", "grpo", "colocated", True),
@@ -155,6 +156,7 @@ def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, sha
         assert not torch.equal(flat(two.weights[role]), flat_weights_at_start(role)), "the run should change them"
 
 
+@pytest.mark.slow  # float64 equivalence above is the correctness check; this one guards the float32 collectives
 def test_sharded_ranks_in_float32_stay_close_to_one():
     """The default dtype on CPU: FSDP2's collectives must be ones gloo has (a plain sum); float32 sums in another
     order than one batch, so rewards agree to 1e-4 only."""
@@ -163,7 +165,8 @@ def test_sharded_ranks_in_float32_stay_close_to_one():
     assert np.ravel(two) == pytest.approx(np.ravel(one), rel=1e-4, abs=1e-4)
 
 
-@pytest.mark.parametrize("shard", [False, True])
+# unsharded, a rank without a row would all-reduce zeros (-m slow); sharded, it would hang: the default run
+@pytest.mark.parametrize("shard", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_uneven_minibatches_on_two_ranks_take_the_steps_of_one(tmp_path, shard):
     """7 rows in 3 minibatches: 3, 2, 2 rows, each dealt to both ranks (sharded, a rank without a row would leave
     its peer waiting in FSDP's reduce-scatter: the two-rank run is a child process with a deadline)."""
@@ -323,6 +326,7 @@ def rank_pids(stderr: str) -> list[int]:
     return [int(m.group(3)) for m in RANK_LINE.finditer(stderr)]
 
 
+@pytest.mark.slow  # tests/exec/test_placement.py kills a scorer worker the same way in the default run
 def test_dead_rank_ends_run_with_records(tmp_path):
     out = tmp_path / "dies"
     cmd = [*TRAIN, "--steps", "100000", "--out", str(out)]
@@ -336,6 +340,7 @@ def test_dead_rank_ends_run_with_records(tmp_path):
     assert not alive(pids[0])
 
 
+@pytest.mark.slow  # two Ray nodes start and stop: ~20 s idle, over a minute on a busy machine
 def test_two_node_cluster(tmp_path):
     """A local Ray cluster of two nodes, one core each, started and stopped by this test: the two ranks land on
     different nodes and train together."""

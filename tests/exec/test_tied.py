@@ -37,7 +37,8 @@ def test_tied_checkpoint_loads_tied(tied_model):
     assert actor.lm_head.weight is actor.get_input_embeddings().weight
 
 
-@pytest.mark.parametrize("shard", [False, True])
+# unsharded, both ranks hold the one tied parameter whole (-m slow); sharded, the tie must survive FSDP
+@pytest.mark.parametrize("shard", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_tied_two_ranks_take_the_steps_of_one_in_float64(tmp_path, tied_model, one_rank, shard):
     """Sharded, the embedding and the head must stay one parameter (one FSDP unit): as two units they would be
     two copies, each updated with part of the gradient, and the run would differ from the first update on."""
