@@ -27,91 +27,20 @@ BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 SCORE_HEAD_ROLES = ("critic", "reward")  # one-label sequence classifiers: a score head (H x 1), no LM head
 
-HF_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-7b": dict(
-        num_hidden_layers=28,
-        hidden_size=3584,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        intermediate_size=18944,
-        vocab_size=152064,
-        dtype="bfloat16",
-        tie_word_embeddings=False,
-    ),
-    "qwen2.5-3b": dict(
-        num_hidden_layers=36,
-        hidden_size=2048,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        intermediate_size=11008,
-        vocab_size=151936,
-        dtype="bfloat16",
-        tie_word_embeddings=True,
-    ),
-    "qwen2.5-1.5b": dict(
-        num_hidden_layers=28,
-        hidden_size=1536,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        intermediate_size=8960,
-        vocab_size=151936,
-        dtype="bfloat16",
-        tie_word_embeddings=True,
-    ),
-    "qwen2.5-0.5b": dict(
-        num_hidden_layers=24,
-        hidden_size=896,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        intermediate_size=4864,
-        vocab_size=151936,
-        dtype="bfloat16",
-        tie_word_embeddings=True,
-    ),
-    "gemma-2-2b": dict(
-        num_hidden_layers=26,
-        hidden_size=2304,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=9216,
-        vocab_size=256000,
-        dtype="bfloat16",
-        tie_word_embeddings=True,
-    ),
-    "llama-2-7b": dict(
-        num_hidden_layers=32,
-        hidden_size=4096,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        intermediate_size=11008,
-        vocab_size=32000,
-        dtype="bfloat16",
-        tie_word_embeddings=False,
-    ),
+# Columns of the table below, in the order of its rows.
+_TABLE_KEYS = (*SHAPE_KEYS[:3], "num_key_value_heads", *SHAPE_KEYS[3:], "dtype", "tie_word_embeddings")
+_TABLE = {  # layers, hidden, heads, kv heads, intermediate, vocab, dtype, tied (published config.json files)
+    "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, "bfloat16", False),
+    "qwen2.5-3b": (36, 2048, 16, 2, 11008, 151936, "bfloat16", True),
+    "qwen2.5-1.5b": (28, 1536, 12, 2, 8960, 151936, "bfloat16", True),
+    "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, "bfloat16", True),
+    "gemma-2-2b": (26, 2304, 8, 4, 9216, 256000, "bfloat16", True),
+    "llama-2-7b": (32, 4096, 32, 32, 11008, 32000, "bfloat16", False),
     # The executor's presets (Llama architecture, untied embeddings, float32 on CPU).
-    # tiny-cpu: ~30k parameters, a default run finishes in a few minutes on 2 cores
-    "tiny-cpu": dict(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=64,
-        dtype="float32",
-        tie_word_embeddings=False,
-    ),
-    # small-cpu: ~25M parameters
-    "small-cpu": dict(
-        num_hidden_layers=8,
-        hidden_size=512,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=1536,
-        vocab_size=512,
-        dtype="float32",
-        tie_word_embeddings=False,
-    ),
+    "tiny-cpu": (2, 64, 4, 2, 128, 64, "float32", False),  # ~30k parameters: minutes on 2 cores
+    "small-cpu": (8, 512, 8, 4, 1536, 512, "float32", False),  # ~25M parameters
 }
+HF_SHAPES: dict[str, dict[str, Any]] = {name: dict(zip(_TABLE_KEYS, row)) for name, row in _TABLE.items()}
 
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
