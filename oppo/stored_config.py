@@ -13,8 +13,18 @@ from oppo.data import trace_path
 
 
 def load_stored_config(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a run's ``config.json`` (a run directory is accepted too)."""
-    return read_config_json(path, "config")
+    """The settings of a run's ``config.json`` (a run directory is accepted too); its ``provenance`` (versions,
+    commit, host: :mod:`oppo.provenance`) is information, not a setting, and is left out."""
+    raw = read_config_json(path, "config")
+    raw.pop("provenance", None)
+    return raw
+
+
+def with_provenance(config: dict[str, Any]) -> dict[str, Any]:
+    """A config as a run stores it in ``config.json``: its settings plus where the run came from."""
+    from oppo.provenance import provenance
+
+    return config | {"provenance": provenance()}
 
 
 def read_config_json(path: str | Path, what: str) -> dict[str, Any]:

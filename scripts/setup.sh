@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install oppo with its test, Ray and notebook extras. Idempotent.
+# Create .venv and install oppo with its test, Ray, notebook, baseline and tracking extras. Idempotent.
 # torch: the CPU wheel is pinned first so that no multi-GB CUDA build is pulled on a CPU machine;
 # on a GPU machine set OPPO_TORCH (e.g. OPPO_TORCH="torch" or a CUDA index URL spec) to choose your own.
 set -euo pipefail
@@ -9,5 +9,5 @@ PY="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q --upgrade pip
 # shellcheck disable=SC2086  # OPPO_TORCH may carry pip options (an index URL)
 .venv/bin/python -m pip install -q ${OPPO_TORCH:-torch==2.13.0}
-.venv/bin/python -m pip install -q -e ".[test,ray,notebooks,baseline]"
+.venv/bin/python -m pip install -q -e ".[test,ray,notebooks,baseline,track]"
 echo "oppo installed in .venv"

@@ -19,6 +19,7 @@ from pathlib import Path
 from oppo.cli import add_config_args, given_options, run_cli
 from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
+from oppo.tracking import add_tracking_args, track_run, trackers_from
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     for cls in (ModelConfig, PPOConfig, TaskConfig):
         add_config_args(parser, cls)
     add_config_args(parser, ScheduleConfig, skip=("policy",), shown=to_dict(default_schedule()))
+    add_tracking_args(parser)
     return parser
 
 
@@ -64,7 +66,10 @@ def _replace(config, changes: dict):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from(args)  # validates before anything is loaded or written
-    return train(config, Path(args.out))
+    trackers = trackers_from(args)
+    code = train(config, Path(args.out))
+    track_run(args.out, trackers, backend="exec")
+    return code
 
 
 def train(config: ExecConfig, out: Path) -> int:
@@ -126,14 +131,14 @@ class RunLog:
     def __init__(self, out: Path, config: ExecConfig, flops_per_token: dict, peak_flops: float | None) -> None:
         from oppo.exec.config import input_files
         from oppo.record_io import write_json
-        from oppo.stored_config import sources_of
+        from oppo.stored_config import sources_of, with_provenance
 
         self.out, self.config = out, config
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops  # for MFU per stage
         self.steps, self.trained, self.metrics = [], [], []
         out.mkdir(parents=True, exist_ok=True)
         self.config_dict = to_dict(config) | {"sources": sources_of(input_files(config))}
-        write_json(out / "config.json", self.config_dict)
+        write_json(out / "config.json", with_provenance(self.config_dict))
 
     def add(self, outcome, metrics) -> None:
         self.steps.append(outcome.record)

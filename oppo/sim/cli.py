@@ -23,11 +23,13 @@ from oppo.cli import add_config_args, given_options, run_cli
 from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.lengths import load_lengths
 from oppo.record_io import write_json, write_run
-from oppo.sim.experiments import Run, compare_rows, run_config, sweep_config
+from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
 from oppo.sim.model import SimConfig
+from oppo.sim.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setups import PRESETS, load_setup, setup_from_dict, setup_toml
-from oppo.stored_config import check_sources, config_from_dict, load_stored_config
+from oppo.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
+from oppo.tracking import add_tracking_args, track_run, trackers_from
 
 # schedule fields whose default comes from the setup (Setup.schedule)
 SCHEDULE_FROM_SETUP = (
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate one policy and write its records")
     _common(run)
     run.add_argument("--out", required=True, help="output directory (summary.json, steps.csv, trace.csv, PNGs)")
+    add_tracking_args(run)
     compare = sub.add_parser(
         "compare",
         help="simulate several policies side by side; print a table ranked by work done (finished samples / s)",
@@ -54,11 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(compare, policy=False)
     compare.add_argument("--policies", default="sync,intra,inter,oppo,tppo", help="comma-separated policies")
     compare.add_argument("--out", help="optional directory for compare.csv and plots")
+    add_pool_args(compare)
     sweep = sub.add_parser("sweep", help="step time against fixed chunk sizes or fixed Δ")
     _common(sweep)
     sweep.add_argument("--chunks", help="comma-separated chunk sizes (tokens)")
     sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
     sweep.add_argument("--out", required=True, help="directory for sweep.csv and sweep.png")
+    add_pool_args(sweep)
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
     for name, what in (
         ("calibrate-log", "fit a setup's framework layer to a real run's per-step log, validate on the rest"),
@@ -152,17 +157,19 @@ def _run(config: SimConfig, trace, label: str) -> Run:
 def cmd_run(args: argparse.Namespace) -> None:
     from oppo import plots
 
+    trackers = trackers_from(args)
     trace = _trace(args)
     (config,) = _configs(args, [args.policy])
     r = _run(config, trace, config.schedule.policy)
     result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)
-    write_json(Path(args.out) / "config.json", summary["config"])
+    write_json(Path(args.out) / "config.json", with_provenance(summary["config"]))
     chosen = [int(s) for s in args.timeline_steps.split(",") if s]
     plots.timeline(
         result.trace, Path(args.out) / "timeline.png", chosen, f"{config.setup.name} / {config.schedule.policy}"
     )
     plots.reward_curves({config.schedule.policy: result.steps}, Path(args.out) / "rewards.png")
+    track_run(args.out, trackers, backend="sim")
     print(
         f"{config.schedule.policy}: mean step {summary['mean_step_s']:.2f} s, p99 {summary['p99_step_s']:.2f} s, "
         f"utilization {summary['mean_utilization']:.1%}, mean deferrals {summary['mean_deferrals']:.2f}, "
@@ -170,13 +177,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
 
 
-def compare_policies(configs: list[SimConfig], trace) -> list[dict]:
-    """Simulate each config (with a progress bar); return their summaries."""
-    summaries = []
-    for config in configs:
-        r = _run(config, trace, config.schedule.policy)
-        summaries.append(r.summary | {"_steps": r.result.steps})
-    return summaries
+def compare_policies(configs: list[SimConfig], trace, pool: Pool = IN_PROCESS) -> list[dict]:
+    """Simulate each config (where ``pool`` says, with a progress bar); return their summaries in order."""
+    return evaluate(summarize_config, [(config, trace) for config in configs], pool, desc="policies")
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -193,7 +196,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             skipped.append(f"{policy}: {err}")
     if not configs:
         raise ValueError("no policy can run these settings (" + "; ".join(skipped) + ")")
-    summaries = compare_policies(configs, trace)
+    summaries = compare_policies(configs, trace, pool_from(args))
     rows = compare_rows(summaries)
     print(format_table(rows))
     for line in skipped:
@@ -234,7 +237,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
     values = [int(v) for v in text.split(",") if v]
     (base,) = _configs(args, [args.policy or ("intra" if knob == "chunk" else "inter")])
-    rows = sweep_config(base, knob, values, _trace(args))
+    rows = sweep_config(base, knob, values, _trace(args), pool_from(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "sweep.csv", rows)

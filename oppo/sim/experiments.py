@@ -18,6 +18,7 @@ from oppo.records import StepRecord
 from oppo.shapes import role_flops_per_token
 from oppo.sim.hardware import GPUS, model_shape
 from oppo.sim.model import SimConfig, SimResult, simulate
+from oppo.sim.pool import IN_PROCESS, Pool, evaluate
 from oppo.sim.setups import Setup
 
 
@@ -146,22 +147,31 @@ def sweep(
     return sweep_config(SimConfig(setup.schedule(policy=policy, **schedule), setup, steps, seed), knob, values, trace)
 
 
-def sweep_config(base: SimConfig, knob: str, values: Iterable, trace: LengthTrace | None = None) -> list[dict]:
-    """:func:`sweep` from a whole config: ``knob`` set to each value in turn."""
-    rows = []
-    for value in values:
-        config = dataclasses.replace(base, schedule=dataclasses.replace(base.schedule, **{knob: str(value)}))
-        summary = run_config(config, trace).summary
-        rows.append(
-            {
-                knob: value,
-                "policy": config.schedule.policy,
-                "mean_step_s": round(summary["mean_step_s"], 3),
-                "mean_util": round(summary["mean_utilization"], 3),
-                "final_reward": round(summary["final_reward"], 3),
-            }
-        )
-    return rows
+def sweep_config(
+    base: SimConfig, knob: str, values: Iterable, trace: LengthTrace | None = None, pool: Pool = IN_PROCESS
+) -> list[dict]:
+    """:func:`sweep` from a whole config: ``knob`` set to each value in turn (simulated where ``pool`` says)."""
+    values = list(values)
+    configs = [dataclasses.replace(base, schedule=dataclasses.replace(base.schedule, **{knob: str(v)})) for v in values]
+    summaries = evaluate(summarize_config, [(c, trace) for c in configs], pool, desc=f"sweep {knob}")
+    return [
+        {
+            knob: value,
+            "policy": summary["policy"],
+            "mean_step_s": round(summary["mean_step_s"], 3),
+            "mean_util": round(summary["mean_utilization"], 3),
+            "final_reward": round(summary["final_reward"], 3),
+        }
+        for value, summary in zip(values, summaries)
+    ]
+
+
+def summarize_config(item: tuple[SimConfig, LengthTrace | None]) -> dict:
+    """The summary of one simulation, its step records under ``_steps`` (a pool's unit of work: picklable in
+    and out)."""
+    config, trace = item
+    r = run_config(config, trace)
+    return r.summary | {"_steps": r.result.steps}
 
 
 def delta_study(setup: Setup, deltas: Iterable, steps: int, seed: int = 0, trace=None) -> dict[str, list[StepRecord]]:
