@@ -188,3 +188,31 @@ def plot_fidelity(measured: Mapping, predicted: Mapping, fitted: int, path: str 
     axes[0].set_title(title or "measured vs predicted")
     axes[-1].set_xlabel("logged step (fit | validate)")
     return _save(fig, path)
+
+
+def pareto_plot(
+    rows: Sequence[Mapping], path: str | Path, objective: str, max_lag: float | None = None, title: str = ""
+) -> Path:
+    """Work per second against mean policy lag for every configuration of a plan's last rung (grey), its Pareto
+    front (line, labelled) and the ``max_lag`` budget. ``rows``: :func:`oppo.sim.plan.plan_rows`."""
+    last = max(r["steps"] for r in rows)
+    final = [r for r in rows if r["steps"] == last]
+    front = sorted((r for r in final if r["pareto"]), key=lambda r: r["mean_lag"])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([r["mean_lag"] for r in final], [r[objective] for r in final], color="#bbbbbb", s=25, label="evaluated")
+    ax.plot([r["mean_lag"] for r in front], [r[objective] for r in front], "o-", color="#d62728", label="Pareto front")
+    if max_lag is not None:
+        ax.axvline(max_lag, color="#555555", ls="--", lw=1, label=f"max lag {max_lag:g}")
+    ax.set_xlabel("mean policy lag of trained samples (versions)")
+    ax.set_ylabel(objective.replace("_per_s", " / s"))
+    ax.set_title(title or f"plan: work against staleness ({last} steps)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.margins(x=0.15, y=0.15)
+    fig.tight_layout()
+    labels = [
+        " ".join(str(r[k]) for k in ("policy", "chunk", "delta_max", "staleness") if r[k] not in (None, ""))
+        for r in front
+    ]
+    place_labels(ax, labels, [(r["mean_lag"], r[objective]) for r in front])
+    return _save(fig, path)

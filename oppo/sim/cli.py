@@ -1,9 +1,10 @@
-"""``python -m oppo.sim``: run, compare and sweep scheduling policies in simulation.
+"""``python -m oppo.sim``: run, compare, sweep and plan scheduling policies in simulation.
 
 python -m oppo.sim run --setup paper-7b-h200 --policy oppo --steps 200 --out runs/oppo
 python -m oppo.sim run --config runs/oppo/config.json --out runs/again          # the same run again
 python -m oppo.sim compare --setup paper-7b-h200 --policies sync,intra,inter,oppo --steps 200
-python -m oppo.sim sweep --setup paper-7b-h200 --chunks 100,250,500,1000,3000 --out runs/sweep
+python -m oppo.sim sweep --setup paper-7b-h200 --chunks 100,250,500,1000,3000 --out runs/sweep --workers 2
+python -m oppo.sim plan --setup paper-7b-h200 --lengths alpaca_eval --max-lag 0.5 --out runs/plan
 python -m oppo.sim fit-gpus
 python -m oppo.sim calibrate-log --log run.log.gz --setup verl-qwen2.5-0.5b-gsm8k --out runs/cal
 python -m oppo.sim compare --setup runs/cal/setup.toml --policies sync,intra,inter,oppo \\
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -64,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
     sweep.add_argument("--out", required=True, help="directory for sweep.csv and sweep.png")
     add_pool_args(sweep)
+    plan = sub.add_parser(
+        "plan", help="search policies, chunk, Δ bound and controller, staleness and GPU split for the most work / s"
+    )
+    _common(plan, policy=False)
+    plan.add_argument("--policies", default=",".join(POLICIES), help="policies searched (default: all)")
+    plan.add_argument("--objective", default="samples", help="samples (finished samples / s) or tokens (tokens / s)")
+    plan.add_argument("--max-lag", type=float, help="bound on the mean policy lag of trained samples (versions)")
+    plan.add_argument("--budget", type=int, default=400, help="simulations at most, all rungs and seeds (default: 400)")
+    plan.add_argument("--rung-steps", default="40,100,200", help="steps simulated at each rung (default: 40,100,200)")
+    plan.add_argument("--rung-seeds", default="1,2,3", help="seeds simulated at each rung (default: 1,2,3)")
+    plan.add_argument("--out", required=True, help="directory for plan.csv, pareto.png and best/config.json")
+    add_pool_args(plan)
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
     for name, what in (
         ("calibrate-log", "fit a setup's framework layer to a real run's per-step log, validate on the rest"),
@@ -245,6 +259,79 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     print(format_table(rows))
 
 
+def cmd_plan(args: argparse.Namespace) -> None:
+    from oppo import plots
+    from oppo.sim import plan as planner
+
+    policies = tuple(p for p in args.policies.split(",") if p)
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    setup, trace = load_setup(args.setup or DEFAULTS["setup"]), _trace(args)
+    schedule = given_options(ScheduleConfig, args, skip=("policy",))
+    sized = {k: schedule.pop(k) for k in ("batch", "max_new_tokens") if k in schedule}  # the setup's own knobs
+    setup = dataclasses.replace(setup, **sized) if sized else setup
+    rungs = planner.Rungs(_ints(args.rung_steps, "--rung-steps"), _ints(args.rung_seeds, "--rung-seeds"))
+    seed = _pick(args.seed, DEFAULTS["seed"])
+    result = planner.plan(
+        setup,
+        planner.Space(policies),
+        trace,
+        schedule,
+        args.objective,
+        args.max_lag,
+        args.budget,
+        seed,
+        rungs,
+        pool_from(args),
+    )
+    key = planner.OBJECTIVES[args.objective]
+    rows = planner.plan_rows(result)
+    out = Path(args.out)
+    (out / "best").mkdir(parents=True, exist_ok=True)
+    _write_csv(out / "plan.csv", rows)
+    plots.pareto_plot(rows, out / "pareto.png", key, args.max_lag, f"plan on {setup.name}")
+    write_json(out / "best" / "config.json", with_provenance(planner.best_config(result, setup, trace, schedule, seed)))
+    _print_plan(result, rows, key, setup, planner.baselines(setup, schedule))
+    print(
+        f"-> {out / 'plan.csv'}, {out / 'pareto.png'}; re-run the best: python -m oppo.sim run --config "
+        f"{out / 'best' / 'config.json'} --out DIR"
+    )
+
+
+def _print_plan(result, rows: list[dict], key: str, setup, baselines) -> None:
+    from oppo.sim import plan as planner
+
+    last = max(r["steps"] for r in rows)
+    print(f"{result.budget_used} simulations; {len(result.skipped)} configurations skipped (do not fit GPU memory)")
+    print(f"Pareto front ({last} steps, mean over seeds):")
+    shown = (*planner.KNOBS, "samples_per_s", "samples_per_s_spread", "tokens_per_s", "mean_lag", "mean_step_s")
+    print(format_table([{k: r[k] for k in shown} for r in rows if r["pareto"]]))
+    best, met = result.best()
+    if not met:
+        print(f"no configuration reaches a mean lag <= {result.max_lag:g}; the closest:")
+    m, spread = best.mean(key), best.spread(key)
+    print(
+        f"best{'' if result.max_lag is None else f' under mean lag {result.max_lag:g}'}: {best.candidate.label} "
+        f"({key} {m:.4g} ± {spread:.2g} over {len(best.summaries)} seeds, mean lag {best.mean('mean_policy_lag'):.3f})"
+    )
+    for base in baselines:
+        other = result.baseline(base)
+        gain = m / other.mean(key)
+        err = gain * (spread / m + other.spread(key) / other.mean(key))
+        print(f"  vs {base.label} (the setup's defaults): {gain:.3f}x ± {err:.3f}")
+    if setup.gpu == "cpu-core":
+        flags = " ".join(planner.exec_flags(best.candidate, {}))
+        print(f"  on the executor: python -m oppo.exec.train --preset {setup.name} {flags}")
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v)
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
 def cmd_fit_gpus(args: argparse.Namespace) -> None:
     from oppo.sim.costs import gpu_efficiencies
 
@@ -316,6 +403,7 @@ COMMANDS = {
     "run": cmd_run,
     "compare": cmd_compare,
     "sweep": cmd_sweep,
+    "plan": cmd_plan,
     "fit-gpus": cmd_fit_gpus,
     "calibrate": cmd_calibrate,
     "calibrate-log": cmd_calibrate_log,
