@@ -61,7 +61,9 @@ class ScheduleConfig:
     max_deferrals: int = opt(3, "starvation bound (>= 1): a sequence deferred this many steps is waited for")
     window_tokens: int = opt(64, "tppo: at most this many new tokens per sequence per step")
     staleness: int = opt(
-        1, "async: generation runs ahead of training by at most this many policy versions (1: one-step-off)"
+        1,
+        "async: generation runs ahead of training by at most this many policy versions (1: one-step-off, 0: "
+        "synchronous)",
     )
 
     def __post_init__(self) -> None:
@@ -77,7 +79,6 @@ class ScheduleConfig:
         positive = (
             "batch",
             "group_size",
-            "staleness",
             "max_new_tokens",
             "explore_period_steps",
             "explore_trials",
@@ -89,6 +90,8 @@ class ScheduleConfig:
         )
         for name in positive:
             check_positive(name, getattr(self, name))
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0 (0: synchronous), got {self.staleness}")
         if self.max_deferrals < 1 or self.delta_min < 0:
             raise ValueError("max_deferrals must be >= 1 and delta_min >= 0")
         if self.delta_min > self.delta_max:

@@ -18,8 +18,9 @@ from typing import Any
 from oppo.stored_config import read_config_json
 
 # The keys a shape needs (Llama / Qwen / Mistral naming); num_key_value_heads defaults to num_attention_heads,
-# dtype (``torch_dtype`` in older configs) to bfloat16 and tie_word_embeddings (the LM head is the token
-# embedding) to the default of the model type's config class, which a config.json saved by transformers may omit.
+# head_dim to hidden_size / num_attention_heads (Gemma 2 and Qwen3 set it otherwise), dtype (``torch_dtype`` in
+# older configs) to bfloat16 and tie_word_embeddings (the LM head is the token embedding) to the default of the
+# model type's config class, which a config.json saved by transformers may omit.
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")  # model types whose configs default to tied
 
@@ -28,17 +29,23 @@ BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 SCORE_HEAD_ROLES = ("critic", "reward")  # one-label sequence classifiers: a score head (H x 1), no LM head
 
 # Columns of the table below, in the order of its rows.
-_TABLE_KEYS = (*SHAPE_KEYS[:3], "num_key_value_heads", *SHAPE_KEYS[3:], "dtype", "tie_word_embeddings")
-_TABLE = {  # layers, hidden, heads, kv heads, intermediate, vocab, dtype, tied (published config.json files)
-    "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, "bfloat16", False),
-    "qwen2.5-3b": (36, 2048, 16, 2, 11008, 151936, "bfloat16", True),
-    "qwen2.5-1.5b": (28, 1536, 12, 2, 8960, 151936, "bfloat16", True),
-    "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, "bfloat16", True),
-    "gemma-2-2b": (26, 2304, 8, 4, 9216, 256000, "bfloat16", True),
-    "llama-2-7b": (32, 4096, 32, 32, 11008, 32000, "bfloat16", False),
+_TABLE_KEYS = (*SHAPE_KEYS[:3], "num_key_value_heads", "head_dim", *SHAPE_KEYS[3:], "dtype", "tie_word_embeddings")
+_TABLE = {  # layers, hidden, heads, kv heads, head dim, intermediate, vocab, dtype, tied (published config.json)
+    "qwen2.5-7b": (28, 3584, 28, 4, 128, 18944, 152064, "bfloat16", False),
+    "qwen2.5-3b": (36, 2048, 16, 2, 128, 11008, 151936, "bfloat16", True),
+    "qwen2.5-1.5b": (28, 1536, 12, 2, 128, 8960, 151936, "bfloat16", True),
+    "qwen2.5-0.5b": (24, 896, 14, 2, 64, 4864, 151936, "bfloat16", True),
+    "qwen3-0.6b": (28, 1024, 16, 8, 128, 3072, 151936, "bfloat16", True),  # Qwen3: head_dim 128 at every size
+    "qwen3-1.7b": (28, 2048, 16, 8, 128, 6144, 151936, "bfloat16", True),
+    "qwen3-4b": (36, 2560, 32, 8, 128, 9728, 151936, "bfloat16", True),
+    "qwen3-8b": (36, 4096, 32, 8, 128, 12288, 151936, "bfloat16", False),
+    "gemma-2-2b": (26, 2304, 8, 4, 256, 9216, 256000, "bfloat16", True),  # head_dim 256, not 2304 / 8
+    "llama-2-7b": (32, 4096, 32, 32, 128, 11008, 32000, "bfloat16", False),
+    "llama-3.1-8b": (32, 4096, 32, 8, 128, 14336, 128256, "bfloat16", False),
+    "deepseek-llm-7b": (30, 4096, 32, 32, 128, 11008, 102400, "bfloat16", False),
     # The executor's presets (Llama architecture, untied embeddings, float32 on CPU).
-    "tiny-cpu": (2, 64, 4, 2, 128, 64, "float32", False),  # ~30k parameters: minutes on 2 cores
-    "small-cpu": (8, 512, 8, 4, 1536, 512, "float32", False),  # ~25M parameters
+    "tiny-cpu": (2, 64, 4, 2, 16, 128, 64, "float32", False),  # ~30k parameters: minutes on 2 cores
+    "small-cpu": (8, 512, 8, 4, 64, 1536, 512, "float32", False),  # ~25M parameters
 }
 HF_SHAPES: dict[str, dict[str, Any]] = {name: dict(zip(_TABLE_KEYS, row)) for name, row in _TABLE.items()}
 
@@ -57,6 +64,7 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not a decoder-only model config, missing {', '.join(missing)}")
     shape = {k: raw[k] for k in SHAPE_KEYS}
     shape["num_key_value_heads"] = raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    shape["head_dim"] = head_dim(raw)
     for key, value in shape.items():
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
@@ -70,11 +78,18 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     return shape
 
 
+def head_dim(shape: Mapping[str, Any]) -> int:
+    """Width of one attention head: the config's ``head_dim``, else hidden / heads."""
+    return shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
+
+
 def layer_parameters(shape: Mapping[str, Any]) -> int:
-    """Weights of one decoder layer: the q, k, v, o projections (k and v over the key-value heads) and the gated
-    MLP's three matrices; RMSNorm weights and attention biases aside."""
+    """Weights of one decoder layer: the q, k, v, o projections (q and o over the attention heads, k and v over the
+    key-value heads, each ``head_dim`` wide) and the gated MLP's three matrices; RMSNorm weights (Qwen3's q / k
+    norms too) and attention biases aside."""
     hidden, heads, kv_heads = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
-    attention = hidden * (hidden + 2 * kv_heads * (hidden // heads)) + hidden * hidden
+    width = head_dim(shape)
+    attention = hidden * (heads + 2 * kv_heads) * width + heads * width * hidden
     return attention + 3 * hidden * shape["intermediate_size"]
 
 

@@ -203,7 +203,7 @@ class FixedCost:
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(1, 4),
-    st.integers(1, 3),
+    st.integers(0, 3),  # K = 0: synchronous, every lag 0
     st.integers(1, 2),
     st.floats(0.001, 1.0),
     st.floats(0.01, 5.0),

@@ -45,6 +45,9 @@ class ModelConfig:
             raise ValueError(f"unknown device {self.device!r}; choose auto, cpu, cuda or cuda:N")
 
 
+OFFPOLICY = ("none", "decoupled")
+
+
 @dataclass(frozen=True)
 class PPOConfig:
     lr: float = opt(3e-4, "actor learning rate (Adam)")
@@ -60,10 +63,20 @@ class PPOConfig:
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
     temperature: float = opt(1.0, "sampling temperature")
     tppo_drop_tokens: int = opt(0, "tppo: drop this many last tokens of unfinished segments from the loss")
+    offpolicy: str = opt(
+        "none",
+        "none: ratio against old log-probs recomputed by the trainer; decoupled: clipped ratio against those "
+        "(proximal) log-probs, each token weighted by proximal / behaviour (the sampling weights' log-probs)",
+    )
+    max_importance_ratio: float = opt(5.0, "decoupled: cap on a token's proximal / behaviour weight")
 
     def __post_init__(self) -> None:
         for name in ("lr", "critic_lr", "epochs", "minibatches", "temperature", "max_grad_norm"):
             check_positive(name, getattr(self, name))
+        if self.offpolicy not in OFFPOLICY:
+            raise ValueError(f"unknown offpolicy {self.offpolicy!r}; choose from {', '.join(OFFPOLICY)}")
+        if self.max_importance_ratio < 1:
+            raise ValueError(f"max_importance_ratio must be >= 1, got {self.max_importance_ratio}")
         if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
             raise ValueError("gamma and lam must be in [0, 1]")
 

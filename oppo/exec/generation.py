@@ -75,44 +75,50 @@ class ChunkedDecoder:
         self.position = self.mask.sum(1)  # next position id per row. Shape (B,)
         positions = (self.mask.cumsum(1) - 1).clamp(min=0)
         out = actor(input_ids=ids, attention_mask=self.mask, position_ids=positions, past_key_values=self.cache)
-        self.logits = out.logits[:, -1].float()  # (B, V)
+        self.logits = _at_least_float32(out.logits[:, -1])  # (B, V)
         self.running = self.budgets > 0
         self.decoded = torch.zeros_like(self.budgets)  # tokens decoded this step per row
         self.iterations = 0
         self.new_tokens: list[list[int]] = [[] for _ in rows]
 
     @torch.no_grad()
-    def decode(self, n: int) -> tuple[dict[int, int], list[list[int]]]:
+    def decode(self, n: int) -> tuple[dict[int, int], list[list[int]], list[list[float]]]:
         """Up to ``n`` iterations. Returns ({row: tokens it decoded this round, EOS included} for rows that hit
-        EOS, and the new tokens of every row this round)."""
+        EOS, the new tokens of every row this round, and their behaviour log-probs: log pi(token) under the
+        weights that sampled it, the policy's softmax(logits / T) before any forced-length masking)."""
         finished: dict[int, int] = {}
         chunk: list[list[int]] = [[] for _ in self.new_tokens]
+        logprobs: list[list[float]] = [[] for _ in self.new_tokens]
         for _ in range(n):
             if not self.running.any():
                 break
-            token = self._sample()
+            token, logp = self._sample()
             live = self.running.clone()
             token = torch.where(live, token, torch.full_like(token, self.pad_id))
             self.decoded += live.long()
-            tokens = token.tolist()  # one device->host copy per iteration
+            tokens, logps = token.tolist(), logp.tolist()  # one device->host copy each per iteration
             for row in live.nonzero().flatten().tolist():
                 t = tokens[row]
                 self.new_tokens[row].append(t)
                 chunk[row].append(t)
+                logprobs[row].append(logps[row])
                 if t == self.eos_id:
                     finished[row] = len(chunk[row])
             self.running &= (token != self.eos_id) & (self.decoded < self.budgets)
             self._advance(token, live)
-        return finished, chunk
+        return finished, chunk, logprobs
 
-    def _sample(self) -> torch.Tensor:
-        logp = sampled_logprobs(self.logits.double(), self.temperature)  # (B, V) what the scorers score
+    def _sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of every row (B,) and its log-prob under the policy (B,)."""
+        policy = sampled_logprobs(self.logits.double(), self.temperature)  # (B, V) what the scorers score
         total = self.done_before + self.decoded  # response tokens before this one
         forced = self.forced >= 0
+        logp = policy.clone() if forced.any() else policy
         logp[forced & (total + 1 < self.forced), self.eos_id] = float("-inf")
         noise = gumbel_noise(self.row_keys, total, logp.shape[-1]).to(logp.device)
         token = (logp + noise).argmax(dim=-1)  # a sample of softmax(logits / T): Gumbel-max
-        return torch.where(forced & (total + 1 >= self.forced), torch.full_like(token, self.eos_id), token)
+        token = torch.where(forced & (total + 1 >= self.forced), torch.full_like(token, self.eos_id), token)
+        return token, policy.gather(1, token[:, None]).squeeze(1)
 
     def _advance(self, token: torch.Tensor, live: torch.Tensor) -> None:
         slot = self.width + self.iterations  # the static cache writes one slot per forward
@@ -125,4 +131,10 @@ class ChunkedDecoder:
             past_key_values=self.cache,
         )
         self.position += live.long()
-        self.logits = out.logits[:, -1].float()
+        self.logits = _at_least_float32(out.logits[:, -1])
+
+
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits up to float32 for sampling; a float64 model keeps float64, so the behaviour log-probs
+    of its samples equal the trainer's recomputed ones to float64 rounding."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -79,13 +79,25 @@ def policy_loss(
     mask: torch.Tensor,
     clip: float,
     total: float | None = None,  # the denominator of the token mean (see masked_mean)
+    weight: torch.Tensor | None = None,  # (B, T) per-token weight of the surrogate (decoupled PPO), no gradient
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped surrogate loss (to minimise) and the fraction of clipped positions."""
+    """Clipped surrogate loss (to minimise) and the fraction of clipped positions.
+
+    With ``weight`` (:func:`behaviour_weight`) this is decoupled PPO (Hilton et al. 2021; AReaL): ``old_logprobs``
+    are the proximal policy's (the trainer's weights before this update), the clip keeps the update near it, and
+    each token's surrogate is reweighted from the behaviour policy that sampled it to the proximal one."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - clip, 1 + clip)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask, total)
+    surrogate = torch.maximum(unclipped, clipped)
+    loss = masked_mean(surrogate if weight is None else weight * surrogate, mask, total)
     return loss, masked_mean((clipped > unclipped).float(), mask, total)
+
+
+def behaviour_weight(proximal: torch.Tensor, behaviour: torch.Tensor, cap: float) -> torch.Tensor:
+    """pi_prox / pi_behav per token, at most ``cap`` (truncated importance sampling: a token sampled by much older
+    weights cannot dominate the update; AReaL instead drops tokens over its cap), without gradient. (B, T)."""
+    return torch.exp(proximal - behaviour).clamp(max=cap).detach()
 
 
 def value_loss(
@@ -104,12 +116,14 @@ def value_loss(
 def group_advantages(score: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: each sample's score relative to its prompt group, (r - mean_g) / (std_g + eps). (B,) -> (B,).
 
-    A group whose samples all scored alike carries no signal: its advantages are 0."""
+    std_g is the sample standard deviation (divided by n - 1), as ``torch.std`` computes it in TRL's and verl's
+    GRPO. A group whose samples all scored alike, or a group of one, carries no signal: its advantages are 0."""
     _, group = torch.unique(group_ids, return_inverse=True)  # (B,) group index 0..G-1
     count = torch.zeros(int(group.max()) + 1, dtype=score.dtype).index_add_(0, group, torch.ones_like(score))
     mean = torch.zeros_like(count).index_add_(0, group, score) / count
-    var = torch.zeros_like(count).index_add_(0, group, (score - mean[group]) ** 2) / count
-    return (score - mean[group]) / (var.sqrt()[group] + eps)
+    squares = torch.zeros_like(count).index_add_(0, group, (score - mean[group]) ** 2)
+    std = (squares / (count - 1).clamp(min=1)).sqrt()
+    return (score - mean[group]) / (std[group] + eps)
 
 
 def kl_k3(

@@ -87,24 +87,25 @@ class ActorRank:
                 done,
             )
 
-    def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+    def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
         """Up to ``n`` iterations. Returns ({seq id: tokens decoded this round} of those that hit EOS, {seq id:
-        its new tokens})."""
+        its new tokens}, {seq id: their behaviour log-probs})."""
         decoder = self.decoder
         if decoder is None:
-            return {}, {}
+            return {}, {}, {}
         with self.rec.op(step, self.label, "actor", "decode") as info:
             # every row of the batch is computed each iteration, stopped ones too (as in HF generate):
             # tokens processed = iterations x rows; context = cached positions of all rows at the start
             rows = len(self.rows)
             info["batch"], info["context"] = rows, decoder.width * rows + decoder.iterations * rows
             before = decoder.iterations
-            finished, chunk = decoder.decode(n)
+            finished, chunk, logprobs = decoder.decode(n)
             info["tokens"] = (decoder.iterations - before) * rows
         new = {self.rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
         for seq_id, tokens in new.items():
             self.unstreamed.setdefault(seq_id, []).extend(tokens)
-        return {self.rows[r]: k for r, k in finished.items()}, new
+        behaviour = {self.rows[r]: lp for r, lp in enumerate(logprobs) if lp}
+        return {self.rows[r]: k for r, k in finished.items()}, new, behaviour
 
     def stream(self, step: int) -> None:
         """Feed the tokens decoded since the last call to the streamed scorers."""

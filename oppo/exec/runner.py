@@ -34,6 +34,7 @@ class SeqData:
     prompt: list[int]
     response: list[int] = field(default_factory=list)
     forced_length: int | None = None  # traced response length (EOS forced there), None = natural
+    behaviour_logprobs: list[float] = field(default_factory=list)  # per response token, at sampling (float64)
 
     @property
     def tokens(self) -> list[int]:
@@ -92,7 +93,7 @@ class Executor:
         for seq_id in plan.new:
             self.data[seq_id] = self._new_sequence(seq_id)
         for seq_id in plan.restarted:  # tailbatch: an aborted sample is generated again from its prompt
-            self.data[seq_id].response = []
+            self.data[seq_id].response, self.data[seq_id].behaviour_logprobs = [], []
         self._deal(plan)
         # 2. a critic scoring elsewhere gets this step's weights; streamed scorers take every sequence in flight
         #    (carried ones keep a frozen scorer's cache)
@@ -182,10 +183,11 @@ class Executor:
         while not sched.generation_done:
             n = sched.next_round_tokens()
             finished: dict[int, int] = {}
-            for done, new in group.call("decode", [(plan.step, n)] * group.size):  # all ranks decode the round
+            for done, new, logprobs in group.call("decode", [(plan.step, n)] * group.size):  # every rank decodes
                 finished |= done
                 for seq_id, tokens in new.items():
                     self.data[seq_id].response.extend(tokens)
+                    self.data[seq_id].behaviour_logprobs.extend(logprobs[seq_id])
                     unstreamed.setdefault(seq_id, []).extend(tokens)
             sched.report_round(rec.now(), n, finished)  # over-commit stops every rank at the same check
             if sched.stream_now:
@@ -215,8 +217,10 @@ class Executor:
         finished = torch.tensor([t.finished for t in trained])
         shown = score[finished] if finished.any() else score
         kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
+        behaviour = [torch.tensor(self.data[i].behaviour_logprobs, dtype=torch.float64) for i in ids]
         return {
             "old_logprobs": out["actor"],
+            "behaviour_logprobs": behaviour,
             "ref_logprobs": out["reference"],
             "values": out.get("critic"),
             "score": score,

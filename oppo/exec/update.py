@@ -19,6 +19,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from oppo.exec.config import ExecConfig, PPOConfig
 from oppo.exec.models import Roles
 from oppo.exec.ppo import (
+    behaviour_weight,
     gae,
     group_advantages,
     kl_k3,
@@ -68,7 +69,10 @@ class Learner:
         if len(part["ids"]):
             logits = actor(input_ids=part["ids"], attention_mask=part["attn"]).logits  # (b, L, V)
             logp = gather_logprobs(logits.to(part["adv"].dtype), part["pos"], part["targets"], cfg.temperature)
-            loss, _ = policy_loss(logp, part["old_lp"], part["adv"], part["mask"], cfg.clip, total)
+            weight = None
+            if cfg.offpolicy == "decoupled":  # the old log-probs are the proximal policy's
+                weight = behaviour_weight(part["old_lp"], part["behav_lp"], cfg.max_importance_ratio)
+            loss, _ = policy_loss(logp, part["old_lp"], part["adv"], part["mask"], cfg.clip, total, weight)
             if self.grpo:  # GRPO keeps the policy near the reference through a loss term, not the reward
                 loss = loss + cfg.kl_coef * kl_k3(logp, part["ref_lp"], part["mask"], total)
             loss.backward()
@@ -142,6 +146,9 @@ def step_batch(config: ExecConfig, trained, data, scores: dict, pad_id: int) -> 
     whole batch (advantage whitening, group statistics) whatever the number of ranks."""
     truncated = config.schedule.truncated
     batch = padded_batch(trained, data, pad_id, config.ppo.tppo_drop_tokens, truncated)
+    if config.ppo.offpolicy == "decoupled":  # the log-probs of the weights that sampled each token
+        dtype = scores["old_logprobs"][0].dtype
+        batch["behav_lp"] = pad_rows(scores["behaviour_logprobs"], batch["mask"].shape[1]).to(dtype)
     if config.schedule.algo == "grpo":
         return batch | grpo_targets(trained, scores, batch["mask"])
     return batch | ppo_targets(config, trained, scores, batch["mask"])

@@ -196,11 +196,11 @@ TRL = Framework(
     forward_micro_batch=64,
     train_micro_batch=8,
     gradient_checkpointing=True,
-    old_log_prob=StageCost(half_efficiency_tokens=4567.0),
-    ref=StageCost(half_efficiency_tokens=4567.0),
-    values=StageCost(half_efficiency_tokens=3845.0),
-    reward=StageCost(half_efficiency_tokens=4567.0),
-    update_actor=StageCost(half_efficiency_tokens=3330.0),
-    update_critic=StageCost(half_efficiency_tokens=2707.0),
+    old_log_prob=StageCost(half_efficiency_tokens=4648.0),
+    ref=StageCost(half_efficiency_tokens=4648.0),
+    values=StageCost(half_efficiency_tokens=3915.0),
+    reward=StageCost(half_efficiency_tokens=4648.0),
+    update_actor=StageCost(half_efficiency_tokens=3392.0),
+    update_critic=StageCost(half_efficiency_tokens=2760.0),
 )
 FRAMEWORKS = {"roofline": Framework(), "trl": TRL}  # a setup's [framework] table may start from one (base = NAME)

@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 
 from oppo.gpus import GPU, GPUS  # noqa: F401  (re-exported: the simulator's hardware in one namespace)
-from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, forward_flops_per_token, load_hf_config, parameter_count
+from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, forward_flops_per_token, head_dim, load_hf_config, parameter_count
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,11 @@ class ModelShape:
     vocab: int
     bytes_per_param: int = 2  # bf16
     tied: bool = False  # the LM head is the token embedding: V x H weights (and bytes) fewer, the same FLOPs
+    head_dim: int = 0  # width of an attention head; 0: hidden / heads (Gemma 2 and Qwen3 set their own)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
     @classmethod
     def from_hf(cls, name: str, config: dict) -> ModelShape:
@@ -41,6 +46,7 @@ class ModelShape:
             config["vocab_size"],
             BYTES_PER_PARAM[config.get("dtype", "bfloat16")],
             config.get("tie_word_embeddings", False),
+            head_dim(config),
         )
 
     @property
@@ -54,11 +60,8 @@ class ModelShape:
             intermediate_size=self.mlp,
             vocab_size=self.vocab,
             tie_word_embeddings=self.tied,
+            head_dim=self.head_dim,
         )
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
 
     @cached_property
     def params(self) -> int:
@@ -81,7 +84,8 @@ class ModelShape:
 
     def forward_flops(self, tokens: float, attended: float) -> float:
         """FLOPs of a forward pass over ``tokens`` new tokens that attend to ``attended`` (query, key) pairs."""
-        return self.flops_per_token * tokens + 4 * self.layers * self.hidden * attended
+        # QK^T and the attention-weighted V: 2 FLOPs each per (query, key) pair per unit of the heads' width
+        return self.flops_per_token * tokens + 4 * self.layers * self.heads * self.head_dim * attended
 
 
 MODELS = {name: ModelShape.from_hf(name, config) for name, config in HF_SHAPES.items()}

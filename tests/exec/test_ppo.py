@@ -105,9 +105,11 @@ def test_group_advantages_match_a_loop(seed):
     for gid in groups.unique():
         rows = groups == gid
         r = score[rows]
-        expected = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
+        expected = (r - r.mean()) / (r.std() + 1e-6)  # the sample std (n - 1), as TRL's and verl's GRPO
         torch.testing.assert_close(got[rows], expected, rtol=1e-12, atol=1e-12)
     assert group_advantages(torch.ones(4, dtype=torch.float64), torch.tensor([0, 0, 1, 1])).abs().max() == 0
+    lone = group_advantages(torch.tensor([3.0, 1.0, 2.0], dtype=torch.float64), torch.tensor([0, 1, 1]))
+    assert lone[0] == 0 and lone[1] == pytest.approx(-0.5 / (0.5**0.5 + 1e-6))  # a group of one: no signal
 
 
 def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():

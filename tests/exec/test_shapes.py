@@ -85,6 +85,52 @@ def test_parameter_count_is_the_built_model(name):
     assert sum(p.numel() for p in model.parameters()) == MODELS[name].params + norms_and_biases(MODELS[name])
 
 
+ARCHITECTURES = {  # the public shapes, built by the config class of their model type
+    "qwen3-0.6b": "Qwen3",
+    "qwen3-1.7b": "Qwen3",
+    "qwen3-4b": "Qwen3",
+    "qwen3-8b": "Qwen3",
+    "gemma-2-2b": "Gemma2",
+    "llama-3.1-8b": "Llama",
+    "llama-2-7b": "Llama",
+    "deepseek-llm-7b": "Llama",  # its config.json: LlamaForCausalLM
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_public_shapes_count_the_matrices_of_the_built_model(name):
+    """Every weight matrix (2-D parameter: embedding, projections, head) of the model transformers builds from the
+    shape, on the meta device: head_dim (Qwen3's 128, Gemma 2's 256) and ties included; 1-D norms and biases are
+    what the count leaves aside."""
+    import transformers
+
+    arch = ARCHITECTURES[name]
+    config = getattr(transformers, f"{arch}Config")(**{k: v for k, v in HF_SHAPES[name].items() if k != "dtype"})
+    with torch.device("meta"):
+        model = getattr(transformers, f"{arch}ForCausalLM")(config)
+    assert sum(p.numel() for p in model.parameters() if p.dim() == 2) == MODELS[name].params
+
+
+@pytest.mark.parametrize(
+    "name, published",  # model cards' totals: every parameter, norms included
+    [("gemma-2-2b", 2_614_341_888), ("llama-3.1-8b", 8_030_261_248)],
+)
+def test_public_shapes_match_their_model_cards(name, published):
+    shape = MODELS[name]
+    norms = {"gemma-2-2b": (4 * shape.layers + 1) * shape.hidden, "llama-3.1-8b": (2 * shape.layers + 1) * shape.hidden}
+    assert shape.params + norms[name] == published
+
+
+def test_an_explicit_head_dim_sizes_the_kv_cache(tmp_path):
+    gemma = MODELS["gemma-2-2b"]
+    assert gemma.head_dim == 256 != gemma.hidden // gemma.heads
+    assert gemma.kv_bytes_per_token == 2 * 26 * 4 * 256 * 2
+    (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-8b"] | {"model_type": "qwen3"}))
+    assert model_shape(str(tmp_path / "config.json")).head_dim == 128  # 4096 / 32 would say 128 too
+    (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-0.6b"] | {"model_type": "qwen3"}))
+    assert model_shape(str(tmp_path / "config.json")).head_dim == 128  # not 1024 / 16 = 64
+
+
 def test_a_tie_saves_weights_and_bytes_not_flops():
     tied = MODELS["qwen2.5-0.5b"]
     untied = dataclasses.replace(tied, tied=False)

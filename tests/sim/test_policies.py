@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from oppo.config import DELTA_CONTROLLERS
 from oppo.lengths import load_lengths
@@ -42,6 +43,15 @@ def test_async_overlaps_generation_and_training_with_lag_bounded_by_staleness():
     train = {r.device for r in result.trace if r.phase == "train_actor"}
     assert gen == {"gpu0", "gpu1", "gpu2", "gpu3"} and train == {"gpu4", "gpu5", "gpu6"}  # on their own devices
     assert hidden_fraction(result.trace, ("actor", "train_actor"), ("actor", "decode")) > 0.5
+
+
+def test_async_with_staleness_0_is_synchronous():
+    """K = 0: a step's generation starts only once the previous update is done; no lag, no overlap."""
+    result, summary = run("async", staleness=0, steps=8)
+    assert summary["mean_policy_lag"] == 0 and summary["p99_policy_lag"] == 0
+    assert hidden_fraction(result.trace, ("actor", "train_actor"), ("actor", "decode")) == 0
+    with pytest.raises(ValueError, match="staleness must be >= 0"):
+        run("async", staleness=-1, steps=1)
 
 
 def test_grpo_trains_whole_groups_without_a_critic():
