@@ -148,6 +148,7 @@ class ExecConfig:
         "--dp > 1: shard the actor's and critic's parameters, gradients and Adam states over "
         "the ranks (FSDP2); generation and scoring gather the weights once per step",
     )
+    save_every: int = opt(0, "write RUN_DIR/checkpoint every this many steps, for --resume RUN_DIR (0: never)")
     check_ranks: bool = opt(
         False,
         "debug: after every step compare a digest of the ranks' weights (whole weights; under --shard the "
@@ -157,6 +158,10 @@ class ExecConfig:
     def __post_init__(self) -> None:
         check_positive("steps", self.steps)
         check_positive("dp", self.dp)
+        if self.save_every < 0:
+            raise ValueError(f"save_every must be >= 0, got {self.save_every}")
+        if self.save_every and (self.dp > 1 or self.placement != "colocated"):
+            raise ValueError("--save-every supports one-process runs only (--dp 1, colocated placement)")
         if self.shard and self.dp < 2:
             raise ValueError("--shard needs --dp 2 or more")
         # Every executor policy trains B x G rows a step (T-PPO: a segment of each of the B in flight; over-commit:

@@ -25,7 +25,10 @@ from oppo.tracking import add_tracking_args, track_run, trackers_from
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m oppo.exec.train", description=__doc__.split("\n")[0])
     parser.add_argument("--mode", help=f"scheduling policy: {', '.join(POLICIES)} (default: oppo)")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", help="output directory (required unless --resume)")
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR", help="go on with a run from its last checkpoint (--save-every), to --steps"
+    )
     parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
     add_config_args(parser, ExecConfig)
     for cls in (ModelConfig, PPOConfig, TaskConfig):
@@ -65,15 +68,44 @@ def _replace(config, changes: dict):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.resume:
+        out = resume_dir(args)
+    elif args.out:
+        out = Path(args.out)
+    else:
+        raise ValueError("--out is required (or --resume RUN_DIR)")
     config = config_from(args)  # validates before anything is loaded or written
+    if args.resume:
+        check_resumable(config, load_config(out / "config.json"), out)
     trackers = trackers_from(args)
-    code = train(config, Path(args.out))
-    track_run(args.out, trackers, backend="exec")
+    code = train(config, out, resume=bool(args.resume))
+    track_run(out, trackers, backend="exec")
     return code
 
 
-def train(config: ExecConfig, out: Path) -> int:
-    """Run ``config.steps`` steps, writing records to ``out`` as it goes (kept on Ctrl-C)."""
+def resume_dir(args: argparse.Namespace) -> Path:
+    """The run ``--resume`` names; its stored config becomes the base of the options given beside it."""
+    from oppo.exec.snapshot import latest
+
+    run_dir = Path(args.resume)
+    if args.config or (args.out and Path(args.out).resolve() != run_dir.resolve()):
+        raise ValueError("--resume RUN_DIR goes on in RUN_DIR with its own config: drop --config and --out")
+    latest(run_dir)  # no checkpoint: nothing to resume
+    args.config = str(run_dir / "config.json")
+    return run_dir
+
+
+def check_resumable(config: ExecConfig, stored: ExecConfig, run_dir: Path) -> None:
+    """A resumed run must be the same run: only its length (``--steps``, ``--save-every``) may change."""
+    free = {"steps": config.steps, "save_every": config.save_every}
+    if dataclasses.replace(stored, **free) != config:
+        changed = [f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(stored, f.name)]
+        raise ValueError(f"--resume {run_dir}: {', '.join(changed)} differ from the run's; only --steps may change")
+
+
+def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
+    """Run ``config.steps`` steps, writing records to ``out`` as it goes (kept on Ctrl-C); ``resume``: go on from
+    the last checkpoint in ``out``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from oppo.lengths import load_lengths
 
@@ -83,6 +115,7 @@ def train(config: ExecConfig, out: Path) -> int:
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
+    from oppo.exec import snapshot
     from oppo.exec.models import load_roles
     from oppo.exec.runner import Executor, RunAborted, run_roles
     from oppo.exec.timing import Recorder
@@ -98,16 +131,19 @@ def train(config: ExecConfig, out: Path) -> int:
     else:
         executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), recorder, lengths)
     log = RunLog(out, config, *stage_costs(config))
+    done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
     code = 0
     try:
-        with tqdm(total=config.steps, desc=config.schedule.policy, unit="step", disable=None) as bar:
-            for _ in range(config.steps):
+        with tqdm(total=config.steps, initial=done, desc=config.schedule.policy, unit="step", disable=None) as bar:
+            for _ in range(config.steps - done):
                 outcome, metrics = executor.step()
                 log.add(outcome, metrics)
                 bar.update()
                 bar.set_postfix(reward=f"{metrics.mean_reward:.3f}", step_s=f"{outcome.record.step_s:.2f}")
                 if len(log.steps) % 10 == 0:
                     log.write(recorder.rows, time.perf_counter() - start)
+                if config.save_every and len(log.steps) % config.save_every == 0:
+                    snapshot.save(out, executor, log, recorder)
     except KeyboardInterrupt:
         print(f"interrupted after {len(log.steps)} steps: records so far kept in {out}", file=sys.stderr)
         code = 130

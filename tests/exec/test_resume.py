@@ -1,0 +1,104 @@
+"""``--save-every N`` and ``--resume RUN_DIR``: a resumed run is the uninterrupted run (float64), Ctrl-C keeps the
+last complete checkpoint, and a resume that would not be the same run is refused."""
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+COMMON = (
+    "--preset", "tiny-cpu", "--mode", "inter", "--delta", "2", "--check-tokens", "2", "--batch", "4",
+    "--max-new-tokens", "24", "--dtype", "float64", "--seed", "5",
+)  # fmt: skip
+
+
+def train(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "oppo.exec.train", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def rows(path, drop=("start_s", "end_s", "step_s")) -> list[dict]:
+    with open(path, newline="") as fh:
+        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(fh)]
+
+
+def weights(run_dir, role: str) -> torch.Tensor:
+    tensors = load_file(run_dir / "checkpoint" / role / "model.safetensors")
+    return torch.cat([tensors[k].flatten() for k in sorted(tensors)])
+
+
+@pytest.fixture(scope="module")
+def cut_run(tmp_path_factory):
+    """A run of 3 steps that saved a checkpoint at its end."""
+    cut = tmp_path_factory.mktemp("resume") / "cut"
+    res = train(*COMMON, "--steps", "3", "--save-every", "3", "--out", str(cut))
+    assert res.returncode == 0, res.stderr
+    return cut
+
+
+def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, cut_run):
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    shutil.copytree(cut_run, cut)
+    assert train(*COMMON, "--steps", "6", "--save-every", "6", "--out", str(straight)).returncode == 0
+    assert int(rows(cut / "steps.csv")[-1]["deferred"]) > 0  # sequences with their tokens carried over the cut
+    res = train("--resume", str(cut), "--steps", "6", "--save-every", "6")
+    assert res.returncode == 0, res.stderr
+    assert rows(cut / "sequences.csv") == rows(straight / "sequences.csv")  # the same trained ids, lags, lengths
+    assert rows(cut / "steps.csv") == rows(straight / "steps.csv")  # rewards, Δ, finished, deferred
+    assert rows(cut / "metrics.csv") == rows(straight / "metrics.csv")  # losses, KL, gradient norms
+    for role in ("actor", "critic"):
+        a, b = weights(straight, role), weights(cut, role)
+        assert a.dtype == torch.float64 and float((a - b).abs().max()) <= 1e-10 * float(a.abs().max()), role
+    steps = list(csv.DictReader(open(cut / "steps.csv")))
+    assert float(steps[3]["start_s"]) >= float(steps[2]["end_s"])  # the clock goes on from the save
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_last_checkpoint_and_the_run_goes_on(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "oppo.exec.train", *COMMON, "--steps", "500", "--save-every", "2", "--out", str(run)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoint" / "state.pkl").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (run / "checkpoint" / "state.pkl").exists(), "no checkpoint written"
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    saved = len(rows(run / "steps.csv"))
+    res = train("--resume", str(run), "--steps", "12", "--save-every", "0")
+    assert res.returncode == 0, res.stderr
+    assert [int(r["step"]) for r in rows(run / "steps.csv")] == list(range(12))
+    assert saved >= 2
+
+
+def test_a_resume_that_would_be_another_run_is_refused(cut_run):
+    before = (cut_run / "checkpoint" / "state.pkl").read_bytes()
+    for args, message in [
+        (("--seed", "9"), "seed differ from the run's; only --steps may change"),
+        (("--out", "elsewhere"), "drop --config and --out"),
+    ]:
+        res = train("--resume", str(cut_run), "--steps", "4", *args)
+        assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert (cut_run / "checkpoint" / "state.pkl").read_bytes() == before  # nothing written
+
+
+def test_no_checkpoint_or_an_unsupported_run_is_bad_input(tmp_path):
+    res = train("--resume", str(tmp_path), "--steps", "4")
+    assert res.returncode == 2 and "no checkpoint in" in res.stderr
+    res = train("--dp", "2", "--save-every", "2", "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and "--save-every supports one-process runs only" in res.stderr
+    res = train("--steps", "2")
+    assert res.returncode == 2 and "--out is required" in res.stderr
