@@ -326,6 +326,9 @@ def load_setup(name_or_file: str) -> Setup:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path}: invalid TOML ({err})") from None
+    for role in MODEL_KEYS:  # a model's config.json (or checkpoint folder) is relative to the TOML naming it
+        if isinstance(data.get(role), str):
+            data[role] = _model_path(data[role], path.parent)
     base = data.pop("base", "paper-7b-h200")
     if base in PRESETS or (data_dir() / "setups" / f"{base}.toml").is_file():
         return _override(load_setup(base), data, str(path))
@@ -333,6 +336,17 @@ def load_setup(name_or_file: str) -> Setup:
     if base_path.suffix != ".toml" or base_path.resolve() == path.resolve():
         raise ValueError(f"{path}: unknown base setup {base!r} (a preset, a bundled setup or another .toml)")
     return _override(load_setup(str(base_path)), data, str(path))
+
+
+MODEL_KEYS = ("actor", "reward")  # setup keys naming a model: a shape name, "rule" (reward), or a config.json
+
+
+def _model_path(value: str, folder: Path) -> str:
+    """A ``config.json`` file or a checkpoint folder, absolute (relative ones from ``folder``); a shape name or
+    "rule" as it is."""
+    if value.endswith(".json") or (folder / value).is_dir():
+        return str((folder / value).resolve())
+    return value
 
 
 def setup_toml(setup: Setup, base: str) -> str:

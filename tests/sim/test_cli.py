@@ -110,6 +110,7 @@ def test_bad_input_exit_2_one_line(tmp_path, content, extra, message):
         ("colour = 1", "unknown key 'colour'"),
         ('[framework]\nbase = "nope"', "[framework] base 'nope'; choose from"),
         ('gpu = "cpu-core"', "no fitted efficiency for gpu 'cpu-core'"),  # a KeyError once, shown as "error: cpu-core"
+        ('actor = "missing.config.json"', "model config not found: "),  # named relative to the TOML
     ],
 )
 def test_bad_setup_file_exit_2_one_line(tmp_path, toml, message):
@@ -196,6 +197,14 @@ def test_setup_with_a_checkpoint_config(tmp_path):
     setup.write_text(f'base = "paper-7b-gh200-gsm8k"\nactor = "{config}"\n')
     res = sim("run", "--setup", str(setup), "--steps", "3", "--out", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr
+    (tmp_path / "setups").mkdir()
+    (tmp_path / "setups" / "relative.toml").write_text('base = "paper-7b-gh200-gsm8k"\nactor = "../config.json"\n')
+    res = sim(
+        "run", "--setup", str(tmp_path / "setups" / "relative.toml"), "--steps", "3", "--out", str(tmp_path / "r")
+    )
+    assert res.returncode == 0, res.stderr  # a config.json path is relative to the TOML, not the working directory
+    stored = json.loads((tmp_path / "r" / "config.json").read_text())["setup"]["actor"]
+    assert stored == str(config.resolve())
     config.write_text(json.dumps({"hidden_size": 896}))
     res = sim("run", "--setup", str(setup), "--steps", "3", "--out", str(tmp_path / "bad"))
     assert res.returncode == 2 and "missing num_hidden_layers" in res.stderr
