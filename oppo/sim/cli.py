@@ -292,14 +292,14 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _write_csv(out / "plan.csv", rows)
     plots.pareto_plot(rows, out / "pareto.png", key, args.max_lag, f"plan on {setup.name}")
     write_json(out / "best" / "config.json", with_provenance(planner.best_config(result, setup, trace, schedule, seed)))
-    _print_plan(result, rows, key, setup, planner.baselines(setup, schedule))
+    _print_plan(result, rows, key, setup, schedule)
     print(
         f"-> {out / 'plan.csv'}, {out / 'pareto.png'}; re-run the best: python -m oppo.sim run --config "
         f"{out / 'best' / 'config.json'} --out DIR"
     )
 
 
-def _print_plan(result, rows: list[dict], key: str, setup, baselines) -> None:
+def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> None:
     from oppo.sim import plan as planner
 
     last = max(r["steps"] for r in rows)
@@ -315,13 +315,13 @@ def _print_plan(result, rows: list[dict], key: str, setup, baselines) -> None:
         f"best{'' if result.max_lag is None else f' under mean lag {result.max_lag:g}'}: {best.candidate.label} "
         f"({key} {m:.4g} ± {spread:.2g} over {len(best.summaries)} seeds, mean lag {best.mean('mean_policy_lag'):.3f})"
     )
-    for base in baselines:
+    for base in planner.baselines(setup, schedule):
         other = result.baseline(base)
         gain = m / other.mean(key)
         err = gain * (spread / m + other.spread(key) / other.mean(key))
         print(f"  vs {base.label} (the setup's defaults): {gain:.3f}x ± {err:.3f}")
     if setup.gpu == "cpu-core":
-        flags = " ".join(planner.exec_flags(best.candidate, {}))
+        flags = " ".join(planner.exec_flags(planner.sim_config(setup, best.candidate, schedule, 1, 0).schedule))
         print(f"  on the executor: python -m oppo.exec.train --preset {setup.name} {flags}")
 
 

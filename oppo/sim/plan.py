@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from oppo.config import DELTA_CONTROLLERS, POLICIES
+from oppo.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
 from oppo.lengths import LengthTrace
 from oppo.sim.experiments import config_dict, summarize_config
 from oppo.sim.hardware import GPUS, model_shape
@@ -332,9 +332,10 @@ def best_config(result: Plan, setup: Setup, trace: LengthTrace | None, schedule:
     return config_dict(sim_config(setup, best.candidate, schedule, best.steps, seed), trace)
 
 
-def exec_flags(candidate: Candidate, schedule: dict) -> list[str]:
-    """The ``python -m oppo.exec.train`` options of a configuration (for the presets the executor runs)."""
-    values = schedule | candidate.schedule_overrides()
+def exec_flags(schedule: ScheduleConfig) -> list[str]:
+    """The ``python -m oppo.exec.train`` options that run ``schedule`` (every field spelt out: the executor's own
+    defaults differ from a setup's)."""
+    values = dataclasses.asdict(schedule)
     flags = ["--mode", values.pop("policy")]
     for name, value in values.items():
         text = ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)

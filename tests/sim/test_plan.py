@@ -120,3 +120,13 @@ def test_bad_plans_exit_2_in_one_line(tmp_path, args, message):
 
 def test_workers_do_not_change_an_in_process_plan():
     assert plan_rows(small_plan(budget=30, pool=Pool(workers=2))) == plan_rows(small_plan(budget=30))
+
+
+def test_executor_flags_of_a_plan_give_the_executor_the_simulated_schedule():
+    from oppo.exec.train import build_parser, config_from
+    from oppo.sim.plan import exec_flags
+
+    setup = load_setup("tiny-cpu")  # the executor's own defaults differ from the setup's (e.g. Δ init, windows)
+    schedule = sim_config(setup, Candidate("oppo", chunk="8", delta_max=6, delta_controller="tail"), {}, 1, 0).schedule
+    args = build_parser().parse_args(["--preset", "tiny-cpu", *exec_flags(schedule), "--out", "unused"])
+    assert config_from(args).schedule == schedule
