@@ -72,3 +72,22 @@ def test_sim_eval_speed(tmp_path):
     res = bench("sim_eval_speed", *args, "--command-steps", "2", "--command-batch", "4", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("other / this") == 2 and "load average" in res.stdout
+
+
+def test_staleness(tmp_path):
+    args = (
+        "--variants",
+        "sync,async2-decoupled",
+        "--steps",
+        "3",
+        "--seeds",
+        "1",
+        "--batch",
+        "4",
+        "--out",
+        str(tmp_path),
+    )
+    res = bench("staleness", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "async2-decoupled" in res.stdout and (tmp_path / "learning.png").stat().st_size > 0
+    assert sum(1 for _ in open(tmp_path / "learning.csv")) == 1 + 2 * 3  # header, 3 steps of 2 variants

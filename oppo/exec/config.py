@@ -176,8 +176,11 @@ class ExecConfig:
                 f"--shard needs at least --dp rows in every minibatch: the smallest has floor(batch x group size / "
                 f"minibatches) = {smallest} < {self.dp}"
             )
-        if self.schedule.policy == "async":
-            raise ValueError("policy async runs in the simulator only (python -m oppo.sim), not in the executor")
+        if self.schedule.policy == "async" and (self.dp > 1 or self.placement != "colocated"):
+            raise ValueError(
+                "the executor runs async in one process (generation K versions behind training, no overlap): "
+                "--dp 1 and colocated placement only"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
         unknown = {role for entry in self.remote_roles for role in entry.split("+")} - set(REMOTE_ROLES)

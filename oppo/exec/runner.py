@@ -9,6 +9,9 @@ scores with the actor and its colocated roles, and trains.
 
 from __future__ import annotations
 
+import contextlib
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +57,43 @@ class StepMetrics:
     response_len: float  # mean response tokens of the trained sequences
 
 
+class WeightHistory:
+    """``async`` in one process: the actor's weights of the last K + 1 versions (version v: after v updates). Step s
+    generates with version max(0, s - K), the oldest a rollout running ahead of training may use (AReaL's bound,
+    reached: generation as far ahead as allowed), then training goes on with the newest. Nothing overlaps in time:
+    this is the learning side of asynchronous RL (stale samples, their behaviour log-probs, the correction), not its
+    speed."""
+
+    def __init__(self, actor: torch.nn.Module, staleness: int) -> None:
+        self.actor = actor
+        self.versions: deque[dict[str, torch.Tensor]] = deque([self._copy()], maxlen=staleness + 1)
+        self.newest = 0  # updates applied
+
+    def _copy(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.actor.state_dict().items()}
+
+    @property
+    def generating_version(self) -> int:
+        return self.newest - (len(self.versions) - 1)
+
+    def updated(self) -> None:
+        self.versions.append(self._copy())
+        self.newest += 1
+
+    @contextmanager
+    def generating(self):
+        """The actor holds the generating version's weights inside, the newest again after."""
+        if len(self.versions) == 1:  # K = 0, or the first step: the newest weights generate
+            yield
+            return
+        with torch.no_grad():
+            self.actor.load_state_dict(self.versions[0])
+            try:
+                yield
+            finally:
+                self.actor.load_state_dict(self.versions[-1])
+
+
 class Executor:
     def __init__(
         self,
@@ -75,6 +115,9 @@ class Executor:
         self.streamed_roles = config.schedule.streamed_scorers if config.schedule.streaming else ()
         self.streamed = {role: handle for role, handle in scorers.items() if role in self.streamed_roles}
         self.prompts = load_prompts(config) if config.task.prompts else None  # token ids per line
+        self.history = None  # async: the actor's recent versions (one process: the group's one rank)
+        if config.schedule.policy == "async":
+            self.history = WeightHistory(group.rank.roles.actor, config.schedule.staleness)
 
     @classmethod
     def colocated(cls, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None):
@@ -88,7 +131,7 @@ class Executor:
     # -- one step ---------------------------------------------------------------------------------------
     def step(self) -> tuple[StepOutcome, StepMetrics]:
         rec, sched, group = self.rec, self.scheduler, self.group
-        plan = sched.plan_step(rec.now())
+        plan = sched.plan_step(rec.now(), None if self.history is None else self.history.generating_version)
         # 1. admit the new prompts and deal every sequence in flight to a rank
         for seq_id in plan.new:
             self.data[seq_id] = self._new_sequence(seq_id)
@@ -102,20 +145,23 @@ class Executor:
         contexts = [(i, self.data[i].tokens, len(self.data[i].prompt)) for i in plan.active]
         for scorer in self.streamed.values():
             scorer.begin(plan.step, contexts)
-        group.call(
-            "begin",
-            [
-                (plan.step, self._mine(r, contexts), self._decoding(r, plan), self.streamed_roles)
-                for r in range(group.size)
-            ],
-        )
-        # 3. generation in rounds; every complete chunk is streamed to the scorers
-        self._generate(plan)
+        with self.history.generating() if self.history else contextlib.nullcontext():
+            group.call(
+                "begin",
+                [
+                    (plan.step, self._mine(r, contexts), self._decoding(r, plan), self.streamed_roles)
+                    for r in range(group.size)
+                ],
+            )
+            # 3. generation in rounds; every complete chunk is streamed to the scorers
+            self._generate(plan)
         # 4. score the trained sequences
         trained = sched.select()
         scores = self._score(plan.step, trained)
         # 5. PPO update
         losses = self._train(plan.step, trained, scores)
+        if self.history:
+            self.history.updated()
         # 6. close the step
         outcome = sched.close_step(rec.now(), scores["mean_reward"])
         carried = list(outcome.carried)

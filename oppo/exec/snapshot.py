@@ -6,7 +6,8 @@ A checkpoint holds what the next step depends on:
   load from the run's config as at its start);
 - ``optimizers.pt``: the optimizers' states and torch's random state;
 - ``state.pkl``: the scheduling core (buffer, controllers, the carried sequences), the executor's sequences (their
-  tokens and behaviour log-probs) and the records so far (steps, trained sequences, metrics, trace), pickled.
+  tokens and behaviour log-probs), the records so far (steps, trained sequences, metrics, trace) and, for
+  ``async``, the actor's recent versions, pickled.
 
 KV caches are not saved: the decoder prefills every sequence it decodes at the start of each step anyway, and a
 streamed scorer that lacks a carried sequence's cache prefills its tokens again (float64: within 1e-12 of the
@@ -37,6 +38,7 @@ class Saved:
     metrics: list
     trace: list
     elapsed_s: float  # the run's clock at the save: a resumed run's records go on from there
+    versions: list | None = None  # async: the actor's recent versions (state dicts), oldest first
 
 
 def save(run_dir: Path, executor, log, recorder) -> None:
@@ -60,6 +62,7 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         log.metrics,
         recorder.rows,
         recorder.now(),
+        None if executor.history is None else list(executor.history.versions),
     )
     with open(tmp / "state.pkl", "wb") as fh:
         pickle.dump(state, fh)
@@ -94,6 +97,10 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
     with open(checkpoint / "state.pkl", "rb") as fh:
         state: Saved = pickle.load(fh)
     executor.scheduler, executor.data, executor.rank_of = state.scheduler, state.data, state.rank_of
+    if executor.history is not None:  # async: generation goes on with the versions it had
+        executor.history.versions.clear()
+        executor.history.versions.extend(state.versions)
+        executor.history.newest = len(state.steps)
     log.steps, log.trained, log.metrics = state.steps, state.trained, state.metrics
     recorder.rows = state.trace
     recorder.t0 -= state.elapsed_s  # the clock goes on from the save
