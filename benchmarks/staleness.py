@@ -107,6 +107,17 @@ def write_csv(path: Path, runs: dict[str, list[list[dict]]]) -> None:
                     writer.writerow([variant, seed, r["step"], r["end_s"], r["samples"], r["reward"], r["rule_score"]])
 
 
+SMOOTH = 5  # steps in the plotted running mean: one step's reward over B samples is noisy
+
+
+def smoothed(rewards: np.ndarray) -> np.ndarray:
+    """Running mean over the last ``SMOOTH`` steps (fewer at the start), per seed. (seeds, steps) -> same."""
+    sums = np.cumsum(rewards, axis=1)
+    shifted = np.concatenate([np.zeros((len(rewards), SMOOTH)), sums[:, :-SMOOTH]], axis=1)[:, : rewards.shape[1]]
+    counts = np.minimum(np.arange(1, rewards.shape[1] + 1), SMOOTH)
+    return (sums - shifted) / counts
+
+
 def plot(runs: dict[str, list[list[dict]]], path: Path) -> None:
     import matplotlib
 
@@ -115,7 +126,7 @@ def plot(runs: dict[str, list[list[dict]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for variant, seeds in runs.items():
-        rewards = np.array([[r["reward"] for r in rows] for rows in seeds])  # (seeds, steps)
+        rewards = smoothed(np.array([[r["reward"] for r in rows] for rows in seeds]))  # (seeds, steps)
         samples = np.mean([[r["samples"] for r in rows] for rows in seeds], axis=0)
         seconds = np.array([[r["end_s"] for r in rows] for rows in seeds])
         grid = np.linspace(0, seconds[:, -1].min(), len(samples))  # the time every seed reached
@@ -125,7 +136,7 @@ def plot(runs: dict[str, list[list[dict]]], path: Path) -> None:
             ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=line.get_color(), alpha=0.15)
     axes[0].set_xlabel("samples trained")
     axes[1].set_xlabel("wall-clock seconds")
-    axes[0].set_ylabel("reward of the trained samples (mean, range over seeds)")
+    axes[0].set_ylabel(f"reward of the trained samples\n({SMOOTH}-step mean; mean and range over seeds)")
     axes[0].legend(fontsize=8)
     for ax in axes:
         ax.grid(alpha=0.3)
