@@ -82,6 +82,7 @@ def kill_mid_run(cmd: list[str], out, log, pids_of, count: int, victim: int) -> 
     return proc.returncode, log.read_text(), pids
 
 
+@pytest.mark.slow  # ~40 s with both cores busy; the dead data-parallel rank's test is slow too
 def test_dead_worker_ends_run_with_records(tmp_path):
     out = tmp_path / "dies"
     cmd = [*TRAIN, "--steps", "100000", "--placement", "disaggregated", "--out", str(out)]
