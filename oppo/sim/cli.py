@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget", type=int, default=400, help="simulations at most, all rungs and seeds (default: 400)")
     plan.add_argument("--rung-steps", default="40,100,200", help="steps simulated at each rung (default: 40,100,200)")
     plan.add_argument("--rung-seeds", default="1,2,3", help="seeds simulated at each rung (default: 1,2,3)")
+    plan.add_argument(
+        "--no-memory-screen",
+        action="store_true",
+        help="keep configurations the GPU-memory estimate would skip (a run known to fit, e.g. with offload)",
+    )
     plan.add_argument("--out", required=True, help="directory for plan.csv, pareto.png and best/config.json")
     add_pool_args(plan)
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
@@ -284,6 +289,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         seed,
         rungs,
         pool_from(args),
+        memory_screen=not args.no_memory_screen,
     )
     key = planner.OBJECTIVES[args.objective]
     rows = planner.plan_rows(result)
@@ -317,6 +323,9 @@ def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> No
     )
     for base in planner.baselines(setup, schedule):
         other = result.baseline(base)
+        if other is None:
+            print(f"  vs {base.label}: not simulated (skipped by the memory screen)")
+            continue
         gain = m / other.mean(key)
         err = gain * (spread / m + other.spread(key) / other.mean(key))
         print(f"  vs {base.label} (the setup's defaults): {gain:.3f}x ± {err:.3f}")

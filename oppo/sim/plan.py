@@ -104,23 +104,35 @@ def sim_config(setup: Setup, candidate: Candidate, schedule: dict, steps: int, s
     return SimConfig(placed.schedule(**schedule | candidate.schedule_overrides()), placed, steps, seed)
 
 
-def fits_memory(config: SimConfig) -> bool:
-    """A screening estimate of the busiest GPU's memory (bytes) against the datasheet's, less 10% headroom:
-    trained models (actor, and critic for PPO) hold weights, gradients and Adam states sharded over the training
-    GPUs (ZeRO-3), the reference its weights; the generating GPUs hold the KV cache of every sequence in flight,
-    (B + Δ) x G at prompt + cap tokens, and a rollout GPU a whole copy of the actor's weights."""
+def memory_bytes(config: SimConfig) -> float:
+    """A screening estimate of the busiest GPU's memory (bytes): trained models (actor, and critic for PPO) hold
+    weights, gradients and Adam states sharded over the training GPUs (ZeRO-3; a role the framework offloads keeps
+    only its bf16 weights on the GPUs), the reference its weights; the generating GPUs hold the KV cache of every
+    sequence in flight, (B + Δ) x G at prompt + cap tokens, and a rollout GPU a whole copy of the actor's weights."""
     setup, schedule = config.setup, config.schedule
-    if setup.gpu not in GPUS:  # the CPU presets: a core has no memory budget worth screening
-        return True
     actor = model_shape(setup.actor)
     rollout = setup.placement.rollout_for(schedule.policy)
     train_gpus = setup.placement.actor_gpus - rollout
-    trained = (1 + (setup.critic and schedule.algo == "ppo")) * actor.params * TRAINED_BYTES_PER_PARAM
+    roles = ["actor"] + (["critic"] if setup.critic and schedule.algo == "ppo" else [])
+    offloaded = set(setup.framework.offload)
+    trained = sum(actor.weight_bytes if r in offloaded else actor.params * TRAINED_BYTES_PER_PARAM for r in roles)
     training = (trained + setup.reference * actor.weight_bytes) / train_gpus
     in_flight = (schedule.batch + (schedule.delta_max if schedule.overcommit else 0)) * schedule.group_size
     kv = in_flight * (setup.lengths.prompt_tokens + schedule.max_new_tokens) * actor.kv_bytes_per_token
     generating = kv / rollout + actor.weight_bytes if rollout else training + kv / train_gpus
-    return max(training, generating) <= MEMORY_HEADROOM * GPUS[setup.gpu].memory_bytes
+    return max(training, generating)
+
+
+def memory_budget(setup: Setup) -> float | None:
+    """The bytes a GPU of ``setup`` may fill (the datasheet's less the headroom); None on the CPU presets, where a
+    core has no memory budget worth screening."""
+    gpu = GPUS.get(setup.gpu)
+    return None if gpu is None else MEMORY_HEADROOM * gpu.memory_bytes
+
+
+def fits_memory(config: SimConfig) -> bool:
+    budget = memory_budget(config.setup)
+    return budget is None or memory_bytes(config) <= budget
 
 
 @dataclass
@@ -193,9 +205,10 @@ class Plan:
             return max(feasible, key=lambda e: e.mean(key)), True
         return min(rows, key=lambda e: (e.mean("mean_policy_lag"), -e.mean(key))), False
 
-    def baseline(self, candidate: Candidate) -> Evaluated:
+    def baseline(self, candidate: Candidate) -> Evaluated | None:
+        """The last rung's evaluation of a baseline (None: it was skipped by the memory screen)."""
         last = max(e.steps for e in self.evaluated)
-        return next(e for e in self.evaluated if e.candidate == candidate and e.steps == last)
+        return next((e for e in self.evaluated if e.candidate == candidate and e.steps == last), None)
 
 
 def baselines(setup: Setup, schedule: dict) -> list[Candidate]:
@@ -219,8 +232,11 @@ def plan(
     seed: int = 0,
     rungs: Rungs = Rungs(),  # noqa: B008
     pool: Pool = IN_PROCESS,
+    memory_screen: bool = True,
 ) -> Plan:
-    """Search ``space`` on ``setup`` within ``budget`` simulations (a simulation: one config, one seed)."""
+    """Search ``space`` on ``setup`` within ``budget`` simulations (a simulation: one config, one seed);
+    ``memory_screen`` False keeps configurations :func:`fits_memory` would skip (a run known to fit by means the
+    estimate does not see)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
     schedule = schedule or {}
@@ -231,8 +247,15 @@ def plan(
             config = sim_config(setup, c, schedule, 1, seed)
         except ValueError:
             continue  # a combination the policy refuses (e.g. T-PPO with groups): not in this space
-        (valid if fits_memory(config) else skipped).append(c)
+        (valid if not memory_screen or fits_memory(config) else skipped).append(c)
     if not any(c in searched for c in valid):
+        screened = [c for c in skipped if c in searched]
+        if screened:
+            least = min(memory_bytes(sim_config(setup, c, schedule, 1, seed)) for c in screened)
+            raise ValueError(
+                f"all {len(screened)} configurations were skipped by the memory screen (the least needs "
+                f"{least / 1e9:.1f} GB of {memory_budget(setup) / 1e9:.1f} GB per GPU); --no-memory-screen plans anyway"
+            )
         raise ValueError("empty search space: no configuration of the given policies can run this setup")
     fixed = [b for b in baselines(setup, schedule) if b in valid]
     alive = _within_budget(valid, fixed, rungs, budget, np.random.default_rng(seed))
@@ -280,7 +303,10 @@ def _within_budget(valid, baselines, rungs: Rungs, budget: int, rng) -> list[Can
 
 
 def _kept(n: int, n_baselines: int, keep: float) -> int:
-    return min(n, max(n_baselines, math.ceil(n * keep)))
+    """How many of ``n`` candidates (``n_baselines`` of them baselines) go on: ``keep`` of them, the baselines
+    and at least one searched configuration among them, so the last rung always has one to recommend."""
+    others = n - n_baselines
+    return n_baselines + min(others, max(1, math.ceil(n * keep) - n_baselines))
 
 
 def _promote(alive, evaluated, baselines, objective: str, max_lag: float | None, keep: float) -> list[Candidate]:

@@ -46,7 +46,7 @@ def test_simulator_shape_is_the_executor_model(preset, tmp_path):
     config.save_pretrained(tmp_path)  # the config.json a prepared checkpoint carries
     from_checkpoint = model_shape(str(tmp_path / "config.json"))
     named = MODELS[preset]
-    fields = ("layers", "hidden", "heads", "kv_heads", "mlp", "vocab", "bytes_per_param", "tied")
+    fields = ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab", "bytes_per_param", "tied")
     assert [getattr(from_checkpoint, f) for f in fields] == [getattr(named, f) for f in fields]
     if preset == "tiny-cpu":  # the analytic parameter count matches the real model (RMSNorm weights aside)
         torch_params = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
