@@ -13,6 +13,7 @@ PRESETS = ("tiny-cpu", "small-cpu", "hf")
 REMOTE_ROLES = ("reward", "reference", "critic")
 PLACEMENTS = ("colocated", "disaggregated")
 REWARDS = ("learned", "rule")
+EVAL_DECODINGS = ("sample", "greedy")  # how --eval-every answers held-out prompts
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 
 
@@ -94,6 +95,13 @@ class TaskConfig:
         "file or a bundled trace (alpaca_eval, gsm8k, hh_rlhf_harmless)",
     )
     lengths_model: str | None = opt(None, "keep only trace rows whose 'model' column equals this")
+    eval_every: int = opt(
+        0,
+        "every this many steps, score the trained actor's answers to fixed held-out prompts "
+        "(metrics.csv held_out_*; 0: never)",
+    )
+    eval_decoding: str = opt("sample", "--eval-every answers: sample (the same noise every time) or greedy")
+    eval_prompts: int = opt(16, "held-out prompts of --eval-every (with --prompts: the file's last lines, not trained)")
 
     def __post_init__(self) -> None:
         if self.reward_kind not in REWARDS:
@@ -103,6 +111,11 @@ class TaskConfig:
             raise ValueError(f"prompts file not found: {self.prompts}")
         if self.lengths_model is not None and self.lengths is None:
             raise ValueError("--lengths-model needs --lengths")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
+        check_positive("eval_prompts", self.eval_prompts)
+        if self.eval_decoding not in EVAL_DECODINGS:
+            raise ValueError(f"unknown eval_decoding {self.eval_decoding!r}; choose from {', '.join(EVAL_DECODINGS)}")
 
 
 def default_schedule(**overrides) -> ScheduleConfig:
@@ -162,6 +175,8 @@ class ExecConfig:
             raise ValueError(f"save_every must be >= 0, got {self.save_every}")
         if self.save_every and (self.dp > 1 or self.placement != "colocated"):
             raise ValueError("--save-every supports one-process runs only (--dp 1, colocated placement)")
+        if self.task.eval_every and (self.dp > 1 or self.placement != "colocated"):
+            raise ValueError("--eval-every scores the actor in this process: --dp 1 and colocated placement only")
         if self.shard and self.dp < 2:
             raise ValueError("--shard needs --dp 2 or more")
         # Every executor policy trains B x G rows a step (T-PPO: a segment of each of the B in flight; over-commit:

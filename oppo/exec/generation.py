@@ -52,14 +52,17 @@ class ChunkedDecoder:
     """Decodes ``rows`` (token lists) until each stops: EOS, or its ``budgets`` of new tokens this step.
 
     ``forced``: per row, the response length at which EOS is forced (None = natural); before it, EOS is masked
-    out. Used to replay traced lengths for benchmarking; it changes the sampling distribution.
+    out. Used to replay traced lengths for benchmarking; it changes the sampling distribution. ``greedy``: the most
+    likely token instead of a sample (held-out evaluation).
     """
 
     @torch.no_grad()
-    def __init__(self, actor, rows, budgets, eos_id, pad_id, row_keys, temperature=1.0, forced=None, done=None):
+    def __init__(
+        self, actor, rows, budgets, eos_id, pad_id, row_keys, temperature=1.0, forced=None, done=None, greedy=False
+    ):
         """``row_keys``: one 32-bit key per row (derived from the run's seed and the sequence's id)."""
         self.actor, self.eos_id, self.pad_id = actor, eos_id, pad_id
-        self.temperature = temperature
+        self.temperature, self.greedy = temperature, greedy
         device = next(actor.parameters()).device
         self.row_keys = torch.tensor(row_keys, dtype=torch.int64, device=device) & MASK32
         self.budgets = torch.tensor(budgets, device=device)
@@ -115,8 +118,11 @@ class ChunkedDecoder:
         forced = self.forced >= 0
         logp = policy.clone() if forced.any() else policy
         logp[forced & (total + 1 < self.forced), self.eos_id] = float("-inf")
-        noise = gumbel_noise(self.row_keys, total, logp.shape[-1]).to(logp.device)
-        token = (logp + noise).argmax(dim=-1)  # a sample of softmax(logits / T): Gumbel-max
+        if self.greedy:
+            token = logp.argmax(dim=-1)
+        else:
+            noise = gumbel_noise(self.row_keys, total, logp.shape[-1]).to(logp.device)
+            token = (logp + noise).argmax(dim=-1)  # a sample of softmax(logits / T): Gumbel-max
         token = torch.where(forced & (total + 1 >= self.forced), torch.full_like(token, self.eos_id), token)
         return token, policy.gather(1, token[:, None]).squeeze(1)
 

@@ -10,6 +10,8 @@ scores with the actor and its colocated roles, and trains.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ import torch
 
 from oppo.exec import task
 from oppo.exec.config import ExecConfig
+from oppo.exec.evaluation import HeldOut, synthetic_prompts
 from oppo.exec.models import Roles, load_prompts
 from oppo.exec.rank import ActorRank, LocalGroup
 from oppo.exec.scoring import LocalScorer
@@ -55,6 +58,11 @@ class StepMetrics:
     actor_grad_norm: float  # before clipping, mean over the step's minibatches
     critic_grad_norm: float
     response_len: float  # mean response tokens of the trained sequences
+    # --eval-every: the trained weights' greedy answers to held-out prompts after this step's update (NaN: none)
+    held_out_reward: float = math.nan
+    held_out_rule_score: float = math.nan
+    held_out_len: float = math.nan
+    held_out_s: float = 0.0  # wall seconds the evaluation took (outside the step's own timing)
 
 
 class WeightHistory:
@@ -118,6 +126,23 @@ class Executor:
         self.history = None  # async: the actor's recent versions (one process: the group's one rank)
         if config.schedule.policy == "async":
             self.history = WeightHistory(group.rank.roles.actor, config.schedule.staleness)
+        self.held_out = self._held_out(token_ids) if config.task.eval_every else None
+
+    def _held_out(self, token_ids: tuple[int, int, int]) -> HeldOut:
+        """The evaluator of ``--eval-every`` (one process: it scores the live actor); a prompts file gives up its
+        last lines to it."""
+        n = self.config.task.eval_prompts
+        if self.prompts is not None:
+            if len(self.prompts) <= n:
+                raise ValueError(f"--eval-prompts {n} leaves no training prompt of the {len(self.prompts)} given")
+            self.prompts, held_out = self.prompts[:-n], self.prompts[-n:]
+        else:
+            held_out = synthetic_prompts(n, self.config.task.prompt_tokens, self.vocab_size, self._seed(5))
+        reward = self.scorers["reward"].model if "reward" in self.scorers else None
+        task, cap = self.config.task, self.config.schedule.max_new_tokens
+        actor = self.group.rank.roles.actor
+        temperature = self.config.ppo.temperature
+        return HeldOut(actor, reward, held_out, token_ids[:2], cap, task.eval_decoding, temperature, self._seed(6))
 
     @classmethod
     def colocated(cls, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None):
@@ -177,7 +202,7 @@ class Executor:
         for t in outcome.trained:
             if t.finished:
                 del self.data[t.seq_id], self.rank_of[t.seq_id]
-        return outcome, StepMetrics(
+        metrics = StepMetrics(
             plan.step,
             scores["mean_reward"],
             scores["rule_score"],
@@ -185,6 +210,17 @@ class Executor:
             *losses,
             response_len=float(np.mean([t.response_tokens for t in trained])),
         )
+        if self.held_out and (plan.step + 1) % self.config.task.eval_every == 0:
+            with self.rec.paused():
+                held = self.held_out.score()
+            metrics = dataclasses.replace(
+                metrics,
+                held_out_reward=held.reward,
+                held_out_rule_score=held.rule_score,
+                held_out_len=held.response_len,
+                held_out_s=held.seconds,
+            )
+        return outcome, metrics
 
     def _new_sequence(self, seq_id: int) -> SeqData:
         group = self.scheduler.buffer.seqs[seq_id].group_id  # the samples of a group answer one prompt

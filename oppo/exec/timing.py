@@ -37,6 +37,14 @@ class Recorder:
         row = TraceRow(step, device, role, phase, start, self.now(), info["batch"], info["tokens"], info["context"])
         self.rows.append(row)
 
+    @contextmanager
+    def paused(self):
+        """The clock stands still inside (held-out evaluation: measuring the run is not part of it). Only for a
+        recorder no other process shares ``t0`` with."""
+        start = time.perf_counter()
+        yield
+        self.t0 += time.perf_counter() - start
+
     def add(self, row: TraceRow) -> None:
         """A row timed elsewhere (a remote worker), already on this clock."""
         self.rows.append(row)

@@ -1,0 +1,98 @@
+"""Held-out evaluation: the trained actor's answers to fixed prompts, scored.
+
+The rewards of the samples a step trains on describe the weights that generated them: under ``async`` those are up
+to K versions older than the learner's, so they lag the learner (and a learner that improves looks worse than it
+is by about K steps of progress). Scoring the trained weights themselves on prompts no step trains on measures the
+learner: the comparison of sync, OPPO and async that staleness arguments need.
+
+Answers are sampled with the same noise at every evaluation (fixed sampling keys: common random numbers), so two
+evaluations differ by the weights alone, or decoded greedily. Greedy decoding suits a task with one best answer; on
+the default task it stops at once (EOS is the single most likely token of a policy whose content tokens spread over
+the vocabulary), so sampling is the default.
+
+Held-out prompts are synthetic prompts drawn from their own seed stream, or, with ``--prompts``, the file's last
+``--eval-prompts`` lines (then left out of training).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from oppo.exec import task
+from oppo.exec.generation import ChunkedDecoder
+from oppo.exec.scoring import score_once
+
+
+@dataclass(frozen=True)
+class HeldOutScore:
+    reward: float  # the reward model's mean score of the greedy answers (the rule's where the reward is a rule)
+    rule_score: float  # the task's ground-truth score
+    response_len: float  # mean answer tokens, EOS included
+    seconds: float  # wall time of the evaluation (outside every step's timing)
+
+
+NOT_EVALUATED = HeldOutScore(math.nan, math.nan, math.nan, 0.0)
+
+
+class HeldOut:
+    """Scores ``actor`` (a live module: the weights the last update wrote) on ``prompts`` (token ids per prompt)."""
+
+    def __init__(
+        self,
+        actor,
+        reward,
+        prompts: list[list[int]],
+        token_ids: tuple[int, int],
+        max_new_tokens: int,
+        decoding: str = "sample",
+        temperature: float = 1.0,
+        seed: int = 0,
+    ):
+        """``reward``: the reward model, or None for the rule; ``token_ids``: (padding id, EOS id); ``seed``: the
+        sampling keys' (the same at every evaluation)."""
+        self.actor, self.reward, self.prompts, self.max_new_tokens = actor, reward, prompts, max_new_tokens
+        self.pad_id, self.eos_id = token_ids
+        self.greedy, self.temperature = decoding == "greedy", temperature
+        self.keys = [seed * 7919 + i for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def score(self) -> HeldOutScore:
+        start = time.perf_counter()
+        answers = self.answers()
+        rule = task.rule_score(answers)
+        if self.reward is None:
+            reward = rule
+        else:
+            seqs = [(i, p + a, len(p)) for i, (p, a) in enumerate(zip(self.prompts, answers))]
+            reward = torch.stack(score_once(self.reward, "reward", seqs, self.pad_id)).double()
+        return HeldOutScore(
+            float(reward.mean()),
+            float(rule.mean()),
+            sum(map(len, answers)) / len(answers),
+            time.perf_counter() - start,
+        )
+
+    def answers(self) -> list[list[int]]:
+        """Each prompt's answer, until EOS or the cap."""
+        budgets = [self.max_new_tokens] * len(self.prompts)
+        decoder = ChunkedDecoder(
+            self.actor,
+            self.prompts,
+            budgets,
+            self.eos_id,
+            self.pad_id,
+            self.keys,
+            temperature=self.temperature,
+            greedy=self.greedy,
+        )
+        decoder.decode(self.max_new_tokens)
+        return decoder.new_tokens
+
+
+def synthetic_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """``n`` held-out synthetic prompts drawn with ``seed`` (a stream no training prompt is drawn from)."""
+    return task.random_prompts(torch.Generator().manual_seed(seed), n, length, vocab_size)
