@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -95,6 +96,53 @@ def reward_curves(runs: Mapping[str, Sequence[StepRecord]], path: str | Path, ti
     bottom.set_xlabel("step")
     bottom.set_ylabel("step time (s)")
     return _save(fig, path)
+
+
+SMOOTH_STEPS = 5  # the running mean of learning_plot: one step's reward over B samples is noisy
+
+
+def learning_plot(runs: Mapping[str, Sequence[Sequence[Mapping]]], path: str | Path, title: str = "") -> Path:
+    """Learning under staleness (:mod:`oppo.exec.learning` rows, per variant a list of runs over seeds): the trained
+    samples' reward (top, running mean) and the held-out reward of the trained weights (bottom, where evaluated)
+    against samples trained (left) and run seconds (right); mean line and range over seeds."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharey="row")
+    for variant, seeds in runs.items():
+        samples = np.array([[r["samples"] for r in rows] for rows in seeds], dtype=float)  # (seeds, steps)
+        seconds = np.array([[r["end_s"] for r in rows] for rows in seeds])
+        rewards = _running_mean(np.array([[r["reward"] for r in rows] for rows in seeds]), SMOOTH_STEPS)
+        color = _band(axes[0], variant, samples, seconds, rewards, None)
+        evaluated = [i for i, r in enumerate(seeds[0]) if r["held_out_reward"] is not None]  # the same steps per seed
+        if evaluated:
+            held = np.array([[rows[i]["held_out_reward"] for i in evaluated] for rows in seeds])
+            _band(axes[1], variant, samples[:, evaluated], seconds[:, evaluated], held, color, marker="o")
+    axes[0, 0].set_ylabel(f"reward of the trained samples\n({SMOOTH_STEPS}-step mean)")
+    axes[1, 0].set_ylabel("held-out reward of the trained weights")
+    axes[1, 0].set_xlabel("samples trained")
+    axes[1, 1].set_xlabel("run seconds")
+    axes[0, 0].legend(fontsize=8)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "learning under staleness (mean and range over seeds)")
+    return _save(fig, path)
+
+
+def _running_mean(values, window: int):
+    """Mean over the last ``window`` points (fewer at the start), per row. (rows, points) -> same."""
+    sums = np.cumsum(values, axis=1)
+    shifted = np.concatenate([np.zeros((len(values), window)), sums[:, :-window]], axis=1)[:, : values.shape[1]]
+    return (sums - shifted) / np.minimum(np.arange(1, values.shape[1] + 1), window)
+
+
+def _band(row, label: str, samples, seconds, values, color, marker=None):
+    """``values`` (seeds, points) against samples trained (left) and against seconds (right, on a grid every seed
+    reached): the mean line and the range over seeds. Returns the line's colour."""
+    grid = np.linspace(seconds[:, 0].max(), seconds[:, -1].min(), values.shape[1])
+    on_grid = np.array([np.interp(grid, t, v) for t, v in zip(seconds, values)])
+    for ax, x, y in ((row[0], samples.mean(axis=0), values), (row[1], grid, on_grid)):
+        (line,) = ax.plot(x, y.mean(axis=0), label=label, color=color, marker=marker, markersize=3)
+        color = line.get_color()
+        ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
+    return color
 
 
 def sweep_plot(

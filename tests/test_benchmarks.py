@@ -2,6 +2,7 @@
 directory, records under it: the checkout is left as it was). gpu_validate.py needs CUDA for minutes: its
 arguments and its refusal without CUDA are tested in tests/exec/test_gpu_validate.py."""
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -84,10 +85,16 @@ def test_staleness(tmp_path):
         "1",
         "--batch",
         "4",
+        "--eval-every",
+        "2",
+        "--eval-prompts",
+        "4",
         "--out",
         str(tmp_path),
     )
     res = bench("staleness", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "async2-decoupled" in res.stdout and (tmp_path / "learning.png").stat().st_size > 0
-    assert sum(1 for _ in open(tmp_path / "learning.csv")) == 1 + 2 * 3  # header, 3 steps of 2 variants
+    rows = list(csv.DictReader(open(tmp_path / "learning.csv")))
+    assert len(rows) == 2 * 3  # 3 steps of 2 variants
+    assert [r["held_out_reward"] != "" for r in rows] == [False, True, False] * 2  # evaluated after step 1 only

@@ -99,3 +99,13 @@ def test_a_prompts_file_gives_its_last_lines_to_evaluation(tmp_path):
     prompts.write_text("".join(f"a b c {i}\n" for i in range(3)))
     res = train(tmp_path / "run", "--steps", "1", "--prompts", str(prompts), "--eval-every", "1", "--eval-prompts", "3")
     assert res.returncode == 2 and "--eval-prompts 3 leaves no training prompt of the 3 given" in res.stderr
+
+
+def test_study_variants_name_their_executor_options():
+    from oppo.exec.learning import variant_flags, variant_options
+
+    assert variant_options("async4-decoupled") == {"mode": "async", "staleness": "4", "offpolicy": "decoupled"}
+    assert variant_flags("oppo") == ["--mode", "oppo"]
+    for bad in ("asyncX", "sync-clipped", "tppo"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            variant_options(bad)
