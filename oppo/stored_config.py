@@ -20,11 +20,16 @@ def load_stored_config(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def with_provenance(config: dict[str, Any]) -> dict[str, Any]:
-    """A config as a run stores it in ``config.json``: its settings plus where the run came from."""
+def with_provenance(config: dict[str, Any], resumed_from: str | Path | None = None) -> dict[str, Any]:
+    """A config as a run stores it in ``config.json``: its settings plus where the run came from. A resumed run
+    (``resumed_from``: its ``config.json``) keeps where it started and appends this process to ``resumed``."""
     from oppo.provenance import provenance
 
-    return config | {"provenance": provenance()}
+    here = provenance()
+    if resumed_from is None:
+        return config | {"provenance": here}
+    first = read_config_json(resumed_from, "config").get("provenance", {})
+    return config | {"provenance": first | {"resumed": [*first.get("resumed", []), here]}}
 
 
 def read_config_json(path: str | Path, what: str) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
         executor = RayExecutor(config, recorder, lengths)
     else:
         executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), recorder, lengths)
-    log = RunLog(out, config, *stage_costs(config))
+    log = RunLog(out, config, *stage_costs(config), resume=resume)
     done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
     code = 0
     try:
@@ -164,7 +164,10 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
 class RunLog:
     """Accumulates the run's records and writes the contract files (atomically, so a crash keeps a whole set)."""
 
-    def __init__(self, out: Path, config: ExecConfig, flops_per_token: dict, peak_flops: float | None) -> None:
+    def __init__(
+        self, out: Path, config: ExecConfig, flops_per_token: dict, peak_flops: float | None, resume: bool = False
+    ) -> None:
+        """``resume``: the run goes on in ``out``; its ``config.json`` keeps where the run started."""
         from oppo.exec.config import input_files
         from oppo.record_io import write_json
         from oppo.stored_config import sources_of, with_provenance
@@ -174,7 +177,8 @@ class RunLog:
         self.steps, self.trained, self.metrics = [], [], []
         out.mkdir(parents=True, exist_ok=True)
         self.config_dict = to_dict(config) | {"sources": sources_of(input_files(config))}
-        write_json(out / "config.json", with_provenance(self.config_dict))
+        resumed_from = out / "config.json" if resume else None
+        write_json(out / "config.json", with_provenance(self.config_dict, resumed_from))
 
     def add(self, outcome, metrics) -> None:
         self.steps.append(outcome.record)

@@ -2,6 +2,7 @@
 last complete checkpoint, and a resume that would not be the same run is refused."""
 
 import csv
+import json
 import os
 import shutil
 import signal
@@ -48,8 +49,12 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, cut_run):
     shutil.copytree(cut_run, cut)
     assert train(*COMMON, "--steps", "6", "--save-every", "6", "--out", str(straight)).returncode == 0
     assert int(rows(cut / "steps.csv")[-1]["deferred"]) > 0  # sequences with their tokens carried over the cut
+    started = json.loads((cut / "config.json").read_text())["provenance"]
     res = train("--resume", str(cut), "--steps", "6", "--save-every", "6")
     assert res.returncode == 0, res.stderr
+    provenance = json.loads((cut / "config.json").read_text())["provenance"]
+    assert {k: v for k, v in provenance.items() if k != "resumed"} == started  # where the run started, kept
+    assert [set(p) for p in provenance["resumed"]] == [set(started)]  # and the process that went on
     assert rows(cut / "sequences.csv") == rows(straight / "sequences.csv")  # the same trained ids, lags, lengths
     assert rows(cut / "steps.csv") == rows(straight / "steps.csv")  # rewards, Δ, finished, deferred
     assert rows(cut / "metrics.csv") == rows(straight / "metrics.csv")  # losses, KL, gradient norms
