@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import StaticCache
 
+from oppo.exec.models import cache_arg
 from oppo.exec.ppo import sampled_logprobs
 
 MASK32 = 0xFFFFFFFF
@@ -77,7 +78,7 @@ class ChunkedDecoder:
         self.width = width
         self.position = self.mask.sum(1)  # next position id per row. Shape (B,)
         positions = (self.mask.cumsum(1) - 1).clamp(min=0)
-        out = actor(input_ids=ids, attention_mask=self.mask, position_ids=positions, past_key_values=self.cache)
+        out = actor(input_ids=ids, attention_mask=self.mask, position_ids=positions, **cache_arg(actor, self.cache))
         self.logits = _at_least_float32(out.logits[:, -1])  # (B, V)
         self.running = self.budgets > 0
         self.decoded = torch.zeros_like(self.budgets)  # tokens decoded this step per row
@@ -134,7 +135,7 @@ class ChunkedDecoder:
             input_ids=token[:, None],
             attention_mask=self.attn[:, : slot + 1],
             position_ids=self.position[:, None],
-            past_key_values=self.cache,
+            **cache_arg(self.actor, self.cache),
         )
         self.position += live.long()
         self.logits = _at_least_float32(out.logits[:, -1])

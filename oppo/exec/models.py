@@ -10,6 +10,8 @@ the last real token, frozen).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +109,17 @@ def token_ids(config: ModelConfig) -> tuple[int, int, int]:
     eos = hf.eos_token_id[0] if isinstance(hf.eos_token_id, list) else hf.eos_token_id
     pad = hf.pad_token_id if hf.pad_token_id is not None else eos
     return int(pad), int(eos), int(hf.vocab_size)
+
+
+def cache_arg(model: torch.nn.Module, cache) -> dict:
+    """``cache`` as the keyword ``model``'s forward takes it: transformers renamed ``past_key_values`` to ``cache``
+    (5.24; the old name still works there, with a deprecation warning on every forward)."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.cache
+def _cache_keyword(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def backbone(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from oppo.exec.models import backbone, score_head
+from oppo.exec.models import backbone, cache_arg, score_head
 from oppo.exec.ppo import sampled_logprobs
 
 KINDS = ("reward", "value", "logprob")
@@ -146,12 +146,13 @@ class StreamingScorer:
             cmask[i, : len(tokens)] = 1
         positions = start[:, None] + torch.arange(width)[None, :]  # (B, C)
         attn = torch.cat([self.mask, cmask.to(self.device)], dim=1)  # past + current. (B, T + C)
-        out = backbone(self.model)(
+        body = backbone(self.model)
+        out = body(
             input_ids=ids.to(self.device),
             attention_mask=attn,
             position_ids=positions.to(self.device),
-            past_key_values=self.cache,
             use_cache=True,
+            **cache_arg(body, self.cache),
         )
         hidden = out.last_hidden_state  # (B, C, H)
         for i, (seq_id, tokens) in enumerate(zip(self.batch, chunk)):
