@@ -1,7 +1,11 @@
-"""GPU datasheets: memory bandwidth, dense BF16 peak, memory. One table for both backends (the simulator's cost
-model, the executor's MFU). Dense figures, no sparsity, from the vendors' datasheets:
+"""GPU datasheets: memory bandwidth, dense BF16 peak, memory, intra-node link. One table for both backends (the
+simulator's cost model, the executor's MFU). Dense figures, no sparsity, from the vendors' datasheets:
 NVIDIA A100 (40 / 80 GB SXM), H100 SXM, H200 SXM, GH200 (96 GB HBM3), HGX B200 (per GPU), A40, L40S;
 AMD Instinct MI300X.
+
+The link is the GPU-to-GPU bandwidth within a node, per GPU and per direction (half the bidirectional figure the
+datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
+MI300X Infinity Fabric 896 GB/s over its seven peer links; A40 and L40S talk over PCIe 4.0 x16 (64 GB/s).
 """
 
 from __future__ import annotations
@@ -15,23 +19,25 @@ class GPU:
     hbm_bytes_per_s: float  # datasheet memory bandwidth
     peak_flops: float  # datasheet dense BF16 FLOP/s
     memory_bytes: float
+    link_bytes_per_s: float  # intra-node GPU-to-GPU link, per GPU per direction (NVLink, Infinity Fabric, PCIe)
 
 
 GPUS = {
     g.name: g
     for g in (
-        GPU("b200", 8.0e12, 2250e12, 180e9),
-        GPU("h200", 4.8e12, 989e12, 141e9),
-        GPU("h100", 3.35e12, 989e12, 80e9),
-        GPU("gh200", 4.0e12, 989e12, 96e9),
-        GPU("mi300x", 5.3e12, 1307.4e12, 192e9),
-        GPU("a100", 2.039e12, 312e12, 80e9),
-        GPU("a100-40gb", 1.555e12, 312e12, 40e9),
-        GPU("l40s", 0.864e12, 362.05e12, 48e9),
-        GPU("a40", 0.696e12, 149.7e12, 48e9),
+        GPU("b200", 8.0e12, 2250e12, 180e9, 900e9),
+        GPU("h200", 4.8e12, 989e12, 141e9, 450e9),
+        GPU("h100", 3.35e12, 989e12, 80e9, 450e9),
+        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9),
+        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9),
+        GPU("a100", 2.039e12, 312e12, 80e9, 300e9),
+        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9),
+        GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9),
+        GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9),
         # One CPU core of this project's development machine running the executor's tiny models (float32):
-        # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile.
-        GPU("cpu-core", 10e9, 20e9, 24e9),
+        # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile; its "link"
+        # is the cores' shared memory.
+        GPU("cpu-core", 10e9, 20e9, 24e9, 10e9),
     )
 }
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -58,9 +59,19 @@ class Efficiency:
     layer_overhead_s: float = 5e-6  # fixed time per layer per pass (kernel launches)
 
 
+ALLREDUCE_LATENCY_S = 10e-6  # [assumed] one small all-reduce between the GPUs of a node (NCCL/RCCL, one launch)
+
+
 @dataclass(frozen=True)
 class RooflineCost:
-    """Cost of one model replicated data-parallel on ``n_gpus`` GPUs (batch split evenly across them)."""
+    """Cost of one model replicated data-parallel on ``n_gpus`` GPUs (batch split evenly across them).
+
+    Generation (:meth:`decode_s`) reads three more settings of the rollout engine: ``tensor_parallel`` GPUs per
+    engine (weights and KV cache split over them, two all-reduces of the activations per layer per iteration over
+    the GPU's intra-node link; ``n_gpus / tensor_parallel`` engines each decode their share of the batch),
+    ``kv_budget_bytes`` per GPU (a batch whose KV cache does not fit runs in waves: each wave reads the weights
+    again), and ``eager_decode`` (every layer launches its kernels each iteration, ``layer_overhead_s`` apiece;
+    with CUDA graphs an iteration is one launch)."""
 
     model: ModelShape
     gpu: GPU
@@ -69,6 +80,17 @@ class RooflineCost:
     efficiency: Efficiency = Efficiency()
     link_bytes_per_s: float = 200e9  # weight sync link (NVLink-class)
     optimizer_bytes_per_param: float = 16.0  # Adam: fp32 master, m, v read + written
+    tensor_parallel: int = 1
+    kv_budget_bytes: float = math.inf
+    eager_decode: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1 or self.n_gpus % self.tensor_parallel:
+            raise ValueError(
+                f"rollout tensor parallel {self.tensor_parallel} does not divide the {self.n_gpus} generating GPUs"
+            )
+        if self.kv_budget_bytes <= 0:
+            raise ValueError("the rollout engine's KV budget must be > 0 bytes per GPU")
 
     @property
     def _bandwidth(self) -> float:
@@ -80,14 +102,37 @@ class RooflineCost:
 
     def decode_s(self, batch, context_tokens):
         """One decode iteration: ``batch`` sequences each emit one token; ``context_tokens`` summed over them."""
-        batch = np.asarray(batch, dtype=float) / self.n_gpus
-        context = np.asarray(context_tokens, dtype=float) / self.n_gpus
-        m = self.model
-        read = m.weight_bytes + m.kv_bytes_per_token * context
+        tp, m = self.tensor_parallel, self.model
+        engines = self.n_gpus // tp
+        batch = np.asarray(batch, dtype=float) / engines  # one engine's share (on its tp GPUs)
+        context = np.asarray(context_tokens, dtype=float) / engines
+        waves = 1.0
+        if self.kv_budget_bytes < math.inf:  # KV of the engine's share over its budget: waves, each a share of it
+            waves = np.maximum(1.0, np.ceil(m.kv_bytes_per_token * context / (self.kv_budget_bytes * tp)))
+            batch, context = batch / waves, context / waves
+        read = m.weight_bytes + m.kv_bytes_per_token * context  # the engine's; its GPUs read 1 / tp of it each
         memory_s = read / (self._bandwidth * self.engine.decode_efficiency)
         compute_s = m.forward_flops(batch, context) / self._flops
-        overhead_s = self.engine.decode_step_overhead_s + self._pass_overhead_s
-        return np.maximum(memory_s, compute_s) + overhead_s
+        if tp > 1:
+            memory_s, compute_s = memory_s / tp, compute_s / tp
+        overhead_s = self.engine.decode_step_overhead_s + self._decode_launch_s + self._allreduce_s(batch)
+        return waves * (np.maximum(memory_s, compute_s) + overhead_s)
+
+    @property
+    def _decode_launch_s(self) -> float:
+        """Launch and weight-gather time of one decode iteration."""
+        if self.eager_decode:
+            return self._pass_overhead_s
+        return self._pass_overhead_s - (self.model.layers - 1) * self.efficiency.layer_overhead_s
+
+    def _allreduce_s(self, rows):
+        """Tensor parallel: two all-reduces per layer of ``rows`` activations (ring: 2 (t - 1) / t of them cross
+        the link); 0 without."""
+        tp, m = self.tensor_parallel, self.model
+        if tp == 1:
+            return 0.0
+        moved = 2 * (tp - 1) / tp * rows * m.hidden * m.bytes_per_param
+        return 2 * m.layers * (ALLREDUCE_LATENCY_S + moved / self.gpu.link_bytes_per_s)
 
     @property
     def _pass_overhead_s(self) -> float:

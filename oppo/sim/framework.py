@@ -97,10 +97,16 @@ class Framework:
     """A run's framework settings (structural, from its configuration) and fitted stage terms."""
 
     train_micro_batch: int = 0  # sequences per GPU per forward+backward micro-batch (0: the whole minibatch)
+    critic_train_micro_batch: int = 0  # the critic's, where it differs (0: train_micro_batch)
     forward_micro_batch: int = 0  # sequences per GPU per scoring forward micro-batch (0: the whole batch)
     gradient_checkpointing: bool = False  # the backward recomputes the forward: 4 instead of 3 forward FLOPs
+    packed: bool = True  # remove-padding: passes compute real tokens (False: every row padded to the longest)
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
+    # the rollout engine (:class:`oppo.sim.costs.RooflineCost` reads them for generation)
+    decode_cuda_graphs: bool = False  # False: eager, every layer's kernels launched each decode iteration
+    rollout_tensor_parallel: int = 1  # GPUs per rollout engine (weights and KV cache split over them)
+    rollout_memory_fraction: float = 0.0  # the engine's share of GPU memory, weights + KV (0: KV unbounded)
     gen: StageCost = StageCost()
     old_log_prob: StageCost = StageCost()
     ref: StageCost = StageCost()
@@ -110,14 +116,29 @@ class Framework:
     update_critic: StageCost = StageCost()
 
     def __post_init__(self) -> None:
-        if self.train_micro_batch < 0 or self.forward_micro_batch < 0 or self.host_bytes_per_s <= 0:
+        micro = (self.train_micro_batch, self.critic_train_micro_batch, self.forward_micro_batch)
+        if min(micro) < 0 or self.host_bytes_per_s <= 0:
             raise ValueError("framework needs micro-batch sizes >= 0 and host_bytes_per_s > 0")
+        if self.rollout_tensor_parallel < 1 or not 0 <= self.rollout_memory_fraction <= 1:
+            raise ValueError("framework needs rollout_tensor_parallel >= 1 and 0 <= rollout_memory_fraction <= 1")
         unknown = set(self.offload) - set(ROLE_STAGES)
         if unknown:
             raise ValueError(f"framework offload: unknown role(s) {sorted(unknown)}")
 
     def stage(self, name: str | None) -> StageCost:
         return getattr(self, name) if name else StageCost()
+
+    def pass_tokens(self, lengths: np.ndarray) -> float:
+        """Tokens a scoring or training pass over sequences of ``lengths`` computes: their own (packed), or every
+        row padded to the longest."""
+        if self.packed or not len(lengths):
+            return float(lengths.sum())
+        return float(len(lengths) * lengths.max())
+
+    def train_micro_batch_of(self, role: str) -> int:
+        if role == "critic" and self.critic_train_micro_batch:
+            return self.critic_train_micro_batch
+        return self.train_micro_batch
 
 
 def micro_batches(rows: float, micro_batch: int, n_gpus: int) -> int:
@@ -166,7 +187,7 @@ class FrameworkCost:
         stage = self.framework.stage(ROLE_STAGES[self.role][1])
         recompute = 4 / 3 if self.framework.gradient_checkpointing else 1.0
         roofline = self.base.train_s(tokens, attended) * recompute
-        return stage.seconds(self._pass_load(roofline, tokens, rows, self.framework.train_micro_batch))
+        return stage.seconds(self._pass_load(roofline, tokens, rows, self.framework.train_micro_batch_of(self.role)))
 
     def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches."""

@@ -149,6 +149,7 @@ class Trainer:
         self.fused = [r for r in streamed if self.device[r] is actor]  # share the actor's device (colocated)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
         self.engine = setup.engine_spec
+        self.framework = setup.framework
         self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
         self.prompt: dict[int, int] = {}
         if schedule.policy == "async":  # generation runs ahead on its own devices, training follows
@@ -317,10 +318,11 @@ class Trainer:
         """A full forward pass of ``role`` over sequences of the given lengths (nothing cached), on the devices
         of ``on`` (default: the role's own)."""
         tokens = float(lengths.sum())
-        attended = pass_attended(tokens, 0.0, len(lengths))
+        computed = self.framework.pass_tokens(lengths)  # padded to the longest row unless packed
+        attended = pass_attended(computed, 0.0, len(lengths))
         cost = self.costs[on or role]
         pass_s = cost.prefill_s if phase == "prefill" else cost.score_s
-        seconds = pass_s(tokens, attended, rows=len(lengths))
+        seconds = pass_s(computed, attended, rows=len(lengths))
         yield from self.device[on or role].run(step, role, phase, seconds, len(lengths), tokens, 0)
 
     def _score(self, step: int, trained):
@@ -350,9 +352,10 @@ class Trainer:
         setup = self.config.setup
         full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
         rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
+        computed = self.framework.pass_tokens(full) / setup.minibatches  # padded to the longest unless packed
         for _ in range(setup.ppo_epochs * setup.minibatches):
             for role, phase in (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]:
-                seconds = self.costs[role].train_s(tokens, pass_attended(tokens, 0.0, rows), rows=rows)
+                seconds = self.costs[role].train_s(computed, pass_attended(computed, 0.0, rows), rows=rows)
                 yield from self.device[role].run(step, role, phase, seconds, round(rows), tokens, 0)
         # weights pushed to the generation engine: its own copy (vLLM) or its own devices
         sync_s = self.costs["actor"].transfer_s() if self.gen == "rollout" else self.costs["actor"].sync_s()

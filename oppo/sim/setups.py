@@ -182,11 +182,31 @@ class Setup:
                 'use cost = "analytic" or a calibrated .json profile'
             )
         eff = gpu_efficiencies()[self.gpu].efficiency if self.cost == "fitted" else Efficiency()
+        devices = self.devices_for(policy)
+        generating = "rollout" if "rollout" in devices else "actor"
         out = {}
-        for role, device in self.devices_for(policy).items():
-            roofline = RooflineCost(model_shape(self.shape(role)), gpu, device_count(device), engine, eff)
+        for role, device in devices.items():
+            model = model_shape(self.shape(role))
+            engine_terms = self._rollout_engine(model, gpu) if role == generating else {}
+            roofline = RooflineCost(model, gpu, device_count(device), engine, eff, **engine_terms)
             out[role] = FrameworkCost(roofline, role, self.framework)
         return out
+
+    def _rollout_engine(self, model, gpu) -> dict[str, Any]:
+        """The rollout engine's settings of the framework layer, as the generating role's roofline reads them."""
+        fw = self.framework
+        terms: dict[str, Any] = {"tensor_parallel": fw.rollout_tensor_parallel}
+        terms["eager_decode"] = not fw.decode_cuda_graphs
+        if fw.rollout_memory_fraction:
+            budget = gpu.memory_bytes * fw.rollout_memory_fraction - model.weight_bytes / fw.rollout_tensor_parallel
+            if budget <= 0:
+                raise ValueError(
+                    f"setup {self.name}: rollout_memory_fraction {fw.rollout_memory_fraction:g} of {gpu.name} "
+                    f"({gpu.memory_bytes * fw.rollout_memory_fraction / 1e9:.1f} GB) leaves no KV memory beside "
+                    f"the weights ({model.weight_bytes / fw.rollout_tensor_parallel / 1e9:.1f} GB per GPU)"
+                )
+            terms["kv_budget_bytes"] = budget
+        return terms
 
 
 def _gpu_range(first: int, end: int) -> str:

@@ -111,6 +111,9 @@ def test_bad_input_exit_2_one_line(tmp_path, content, extra, message):
         ('[framework]\nbase = "nope"', "[framework] base 'nope'; choose from"),
         ('gpu = "cpu-core"', "no fitted efficiency for gpu 'cpu-core'"),  # a KeyError once, shown as "error: cpu-core"
         ('actor = "missing.config.json"', "model config not found: "),  # named relative to the TOML
+        ("[framework]\nrollout_tensor_parallel = 2", "rollout tensor parallel 2 does not divide the 7 generating"),
+        ("[framework]\nrollout_memory_fraction = 0.05", "leaves no KV memory beside the weights"),
+        ("[framework]\nrollout_memory_fraction = 1.5", "0 <= rollout_memory_fraction <= 1"),
     ],
 )
 def test_bad_setup_file_exit_2_one_line(tmp_path, toml, message):
@@ -120,6 +123,23 @@ def test_bad_setup_file_exit_2_one_line(tmp_path, toml, message):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_framework_keys_of_a_real_run_load_and_cost_what_they_say(tmp_path):
+    """The bundled setup of a real verl run (every [framework] key of the contract) runs; padding every row to the
+    longest makes its scoring and training passes slower, CUDA graphs its decoding faster."""
+    seconds = {}
+    for name, extra in (("as-run", ""), ("padded", "packed = false"), ("graphs", "decode_cuda_graphs = true")):
+        toml = tmp_path / f"{name}.toml"
+        toml.write_text(f'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[framework]\n{extra}\n')
+        res = sim("run", "--setup", str(toml), "--steps", "3", "--seed", "1", "--out", str(tmp_path / name))
+        assert res.returncode == 0, res.stderr
+        phases = json.loads((tmp_path / name / "summary.json").read_text())["phase_s_per_step"]
+        seconds[name] = phases
+    assert seconds["padded"]["actor/train_actor"] > seconds["as-run"]["actor/train_actor"]
+    assert seconds["padded"]["critic/score"] > seconds["as-run"]["critic/score"]
+    assert seconds["graphs"]["actor/decode"] < seconds["as-run"]["actor/decode"]
+    assert seconds["graphs"]["actor/train_actor"] == pytest.approx(seconds["as-run"]["actor/train_actor"], rel=1e-9)
 
 
 def test_help():

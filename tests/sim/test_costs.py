@@ -33,3 +33,55 @@ def test_decode_is_bandwidth_bound_and_prefill_compute_bound():
     assert cost.prefill_s(8192, 8192 * 512) > 3 * cost.prefill_s(2048, 2048 * 512)  # compute grows with tokens
     h200 = RooflineCost(MODELS["qwen2.5-7b"], GPUS["h200"], 1, ENGINES["vllm"], Efficiency())
     assert h200.decode_s(1, 100) < one  # more bandwidth, faster decode
+
+
+# -- the rollout engine's framework settings ------------------------------------------------------------------
+def vllm_on(gpus: int, **engine) -> RooflineCost:
+    return RooflineCost(MODELS["deepseek-llm-7b"], GPUS["mi300x"], gpus, ENGINES["vllm"], Efficiency(), **engine)
+
+
+def test_tensor_parallel_splits_the_weights_and_pays_an_all_reduce_per_layer():
+    model, gpu = MODELS["deepseek-llm-7b"], GPUS["mi300x"]
+    batch, context = np.array([256.0]), np.array([256.0 * 300])
+    dp, tp = vllm_on(8).decode_s(batch, context), vllm_on(8, tensor_parallel=4).decode_s(batch, context)
+    # two engines of 4 GPUs: each reads a quarter of the weights per GPU for 128 rows instead of all of them for
+    # 32; memory-bound, so per iteration: (W/4 + KV(128 rows)/4) vs (W + KV(32 rows)), plus the all-reduces
+    bandwidth = gpu.hbm_bytes_per_s * Efficiency().bandwidth_frac * ENGINES["vllm"].decode_efficiency
+    kv = model.kv_bytes_per_token * context[0] / 8  # per GPU in both layouts
+    moved = 2 * 3 / 4 * 128 * model.hidden * model.bytes_per_param
+    allreduce = 2 * model.layers * (10e-6 + moved / gpu.link_bytes_per_s)
+    expected_gain = (model.weight_bytes + kv) / bandwidth - (model.weight_bytes / 4 + kv) / bandwidth - allreduce
+    assert dp[0] - tp[0] == pytest.approx(expected_gain, rel=1e-9)
+    with pytest.raises(ValueError, match="rollout tensor parallel 3 does not divide the 8 generating GPUs"):
+        vllm_on(8, tensor_parallel=3)
+
+
+def test_a_batch_beyond_the_kv_budget_decodes_in_waves():
+    model = MODELS["deepseek-llm-7b"]
+    batch, context = np.array([512.0, 512.0]), np.array([512.0 * 100, 512.0 * 1000])
+    kv_per_gpu = model.kv_bytes_per_token * context / 8
+    budget = kv_per_gpu[1] / 2.5  # the short contexts fit, the long ones take 3 waves
+    free, tight = vllm_on(8).decode_s(batch, context), vllm_on(8, kv_budget_bytes=budget).decode_s(batch, context)
+    assert tight[0] == free[0]
+    bandwidth = GPUS["mi300x"].hbm_bytes_per_s * Efficiency().bandwidth_frac * ENGINES["vllm"].decode_efficiency
+    # the same rows and KV in three passes: the weights are read twice more, the fixed per-iteration costs paid 3x
+    fixed = ENGINES["vllm"].decode_step_overhead_s + model.layers * Efficiency().layer_overhead_s
+    assert tight[1] - free[1] == pytest.approx(2 * (model.weight_bytes / bandwidth + fixed), rel=1e-9)
+
+
+def test_cuda_graphs_launch_an_iteration_once_instead_of_per_layer():
+    batch, context = np.array([64.0]), np.array([64.0 * 500])
+    eager, graphs = vllm_on(8).decode_s(batch, context), vllm_on(8, eager_decode=False).decode_s(batch, context)
+    layers = MODELS["deepseek-llm-7b"].layers
+    assert eager[0] - graphs[0] == pytest.approx((layers - 1) * Efficiency().layer_overhead_s, rel=1e-9)
+
+
+def test_padding_and_the_critics_own_micro_batch():
+    from oppo.sim.framework import Framework
+
+    lengths = np.array([100, 300, 200])
+    assert Framework().pass_tokens(lengths) == 600  # packed: real tokens
+    assert Framework(packed=False).pass_tokens(lengths) == 900  # every row padded to the longest
+    fw = Framework(train_micro_batch=16, critic_train_micro_batch=32)
+    assert (fw.train_micro_batch_of("actor"), fw.train_micro_batch_of("critic")) == (16, 32)
+    assert Framework(train_micro_batch=16).train_micro_batch_of("critic") == 16
