@@ -134,9 +134,10 @@ def _running_mean(values, window: int):
 
 
 def _band(row, label: str, samples, seconds, values, color, marker=None):
-    """``values`` (seeds, points) against samples trained (left) and against seconds (right, on a grid every seed
-    reached): the mean line and the range over seeds. Returns the line's colour."""
-    grid = np.linspace(seconds[:, 0].max(), seconds[:, -1].min(), values.shape[1])
+    """``values`` (seeds, points) against samples trained (left) and against seconds (right, on a grid up to the
+    time every seed reached; before a seed's first point, its first value): the mean line and the range over
+    seeds. Returns the line's colour."""
+    grid = np.linspace(0.0, seconds[:, -1].min(), values.shape[1])
     on_grid = np.array([np.interp(grid, t, v) for t, v in zip(seconds, values)])
     for ax, x, y in ((row[0], samples.mean(axis=0), values), (row[1], grid, on_grid)):
         (line,) = ax.plot(x, y.mean(axis=0), label=label, color=color, marker=marker, markersize=3)
