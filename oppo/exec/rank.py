@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from oppo.exec import sharding
 from oppo.exec.config import ExecConfig
-from oppo.exec.generation import ChunkedDecoder
 from oppo.exec.models import Roles
+from oppo.exec.rollout import Rollout
 from oppo.exec.scoring import LocalScorer, score_once
 from oppo.exec.timing import Recorder
 from oppo.exec.update import Learner, weights_digest
@@ -38,8 +38,7 @@ class ActorRank:
         self.sharded = sharding.is_sharded(roles.actor)
         self.gathered = False  # sharded models' weights gathered for this step's generation and scoring
         self.streamed: dict[str, LocalScorer] = {}
-        self.decoder: ChunkedDecoder | None = None
-        self.rows: list[int] = []  # sequence id of each decoder row
+        self.rollout = Rollout(roles.actor, roles.eos_id, roles.pad_id, config.ppo.temperature, recorder, label)
         self.unstreamed: dict[int, list[int]] = {}  # tokens decoded since the last streamed chunk
 
     @classmethod
@@ -67,45 +66,16 @@ class ActorRank:
         self.streamed = {role: s for role, s in self.scorers.items() if role in streamed}
         for scorer in self.streamed.values():
             scorer.begin(step, contexts)
-        self.rows, self.unstreamed, self.decoder = [row[0] for row in decoding], {}, None
-        if not decoding:
-            return
+        self.unstreamed = {}
         tokens = {seq_id: context for seq_id, context, _ in contexts}
-        rows = [tokens[seq_id] for seq_id in self.rows]
-        with self.rec.op(step, self.label, "actor", "prefill", batch=len(rows)) as info:
-            info["tokens"] = len(rows) * max(map(len, rows))  # left-padded: every row computes the width
-            budgets, keys, forced, done = ([row[k] for row in decoding] for k in range(1, 5))
-            self.decoder = ChunkedDecoder(
-                self.roles.actor,
-                rows,
-                budgets,
-                self.roles.eos_id,
-                self.roles.pad_id,
-                keys,
-                self.config.ppo.temperature,
-                forced,
-                done,
-            )
+        self.rollout.begin(step, tokens, decoding)
 
     def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
-        """Up to ``n`` iterations. Returns ({seq id: tokens decoded this round} of those that hit EOS, {seq id:
-        its new tokens}, {seq id: their behaviour log-probs})."""
-        decoder = self.decoder
-        if decoder is None:
-            return {}, {}, {}
-        with self.rec.op(step, self.label, "actor", "decode") as info:
-            # every row of the batch is computed each iteration, stopped ones too (as in HF generate):
-            # tokens processed = iterations x rows; context = cached positions of all rows at the start
-            rows = len(self.rows)
-            info["batch"], info["context"] = rows, decoder.width * rows + decoder.iterations * rows
-            before = decoder.iterations
-            finished, chunk, logprobs = decoder.decode(n)
-            info["tokens"] = (decoder.iterations - before) * rows
-        new = {self.rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
+        """Up to ``n`` iterations (:meth:`Rollout.decode`); the new tokens wait for the next :meth:`stream`."""
+        finished, new, behaviour = self.rollout.decode(step, n)
         for seq_id, tokens in new.items():
             self.unstreamed.setdefault(seq_id, []).extend(tokens)
-        behaviour = {self.rows[r]: lp for r, lp in enumerate(logprobs) if lp}
-        return {self.rows[r]: k for r, k in finished.items()}, new, behaviour
+        return finished, new, behaviour
 
     def stream(self, step: int) -> None:
         """Feed the tokens decoded since the last call to the streamed scorers."""
@@ -137,7 +107,7 @@ class ActorRank:
     def end(self, carried: list[int]) -> None:
         for scorer in self.scorers.values():
             scorer.end(carried)
-        self.decoder = None
+        self.rollout.end()
 
     def state(self, role: str) -> dict[str, torch.Tensor] | None:
         """A role's whole weights on the CPU (the trained critic, for a critic scoring in another process). Sharded

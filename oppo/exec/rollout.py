@@ -1,0 +1,55 @@
+"""The actor's generation of a step, timed: one prefill of the rows it decodes, then decode rounds.
+
+Used by a rank of the actor group (:class:`oppo.exec.rank.ActorRank`, which also streams the rounds to its
+scorers) and by an asynchronous rollout worker (:class:`oppo.exec.placement.RolloutWorker`), so both decode, and
+record, alike.
+"""
+
+from __future__ import annotations
+
+from oppo.exec.generation import ChunkedDecoder
+from oppo.exec.timing import Recorder
+
+
+class Rollout:
+    def __init__(self, actor, eos_id: int, pad_id: int, temperature: float, recorder: Recorder, label: str) -> None:
+        """``label``: the device in the records."""
+        self.actor, self.eos_id, self.pad_id, self.temperature = actor, eos_id, pad_id, temperature
+        self.rec, self.label = recorder, label
+        self.decoder: ChunkedDecoder | None = None
+        self.rows: list[int] = []  # sequence id of each decoder row
+
+    def begin(self, step: int, tokens: dict[int, list[int]], decoding: list[tuple]) -> None:
+        """Prefill the rows of ``decoding`` ((seq id, token budget, sampling key, forced length or None, response
+        tokens so far)), whose contexts are ``tokens[seq id]``."""
+        self.rows, self.decoder = [row[0] for row in decoding], None
+        if not decoding:
+            return
+        rows = [tokens[seq_id] for seq_id in self.rows]
+        with self.rec.op(step, self.label, "actor", "prefill", batch=len(rows)) as info:
+            info["tokens"] = len(rows) * max(map(len, rows))  # left-padded: every row computes the width
+            budgets, keys, forced, done = ([row[k] for row in decoding] for k in range(1, 5))
+            self.decoder = ChunkedDecoder(
+                self.actor, rows, budgets, self.eos_id, self.pad_id, keys, self.temperature, forced, done
+            )
+
+    def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
+        """Up to ``n`` iterations. Returns ({seq id: tokens decoded this round} of those that hit EOS, {seq id:
+        its new tokens}, {seq id: their behaviour log-probs})."""
+        decoder = self.decoder
+        if decoder is None:
+            return {}, {}, {}
+        with self.rec.op(step, self.label, "actor", "decode") as info:
+            # every row of the batch is computed each iteration, stopped ones too (as in HF generate):
+            # tokens processed = iterations x rows; context = cached positions of all rows at the start
+            rows = len(self.rows)
+            info["batch"], info["context"] = rows, decoder.width * rows + decoder.iterations * rows
+            before = decoder.iterations
+            finished, chunk, logprobs = decoder.decode(n)
+            info["tokens"] = (decoder.iterations - before) * rows
+        new = {self.rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
+        behaviour = {self.rows[r]: lp for r, lp in enumerate(logprobs) if lp}
+        return {self.rows[r]: k for r, k in finished.items()}, new, behaviour
+
+    def end(self) -> None:
+        self.decoder = None
