@@ -161,6 +161,16 @@ class ExecConfig:
         "--dp > 1: shard the actor's and critic's parameters, gradients and Adam states over "
         "the ranks (FSDP2); generation and scoring gather the weights once per step",
     )
+    rollout_workers: int = opt(
+        0,
+        "async: rollout workers (Ray actors, one core or GPU each, each with its own copy of the actor) "
+        "generating ahead of the trainer; 0: generation in this process, K versions behind, nothing overlapping",
+    )
+    queue_groups: int = opt(
+        0,
+        "async with rollout workers: generated groups that may wait for the trainer, at least --batch "
+        "(0: as many as the staleness bound lets through)",
+    )
     save_every: int = opt(0, "write RUN_DIR/checkpoint every this many steps, for --resume RUN_DIR (0: never)")
     check_ranks: bool = opt(
         False,
@@ -191,10 +201,19 @@ class ExecConfig:
                 f"--shard needs at least --dp rows in every minibatch: the smallest has floor(batch x group size / "
                 f"minibatches) = {smallest} < {self.dp}"
             )
+        if self.rollout_workers < 0 or self.queue_groups < 0:
+            raise ValueError("rollout_workers and queue_groups must be >= 0")
+        if self.rollout_workers and self.schedule.policy != "async":
+            raise ValueError(f"--rollout-workers runs the async policy (--mode async), not {self.schedule.policy}")
+        if self.queue_groups and not self.rollout_workers:
+            raise ValueError("--queue-groups bounds the queue of rollout workers: give --rollout-workers too")
+        if self.queue_groups and self.queue_groups < self.schedule.batch:
+            raise ValueError(f"--queue-groups {self.queue_groups} cannot hold one step's {self.schedule.batch} groups")
+        if self.rollout_workers and self.save_every:
+            raise ValueError("--save-every supports one-process runs only (no --rollout-workers)")
         if self.schedule.policy == "async" and (self.dp > 1 or self.placement != "colocated"):
             raise ValueError(
-                "the executor runs async in one process (generation K versions behind training, no overlap): "
-                "--dp 1 and colocated placement only"
+                "async trains in one process (its rollout in --rollout-workers): --dp 1 and colocated placement only"
             )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")

@@ -63,6 +63,11 @@ class StepMetrics:
     held_out_rule_score: float = math.nan
     held_out_len: float = math.nan
     held_out_s: float = 0.0  # wall seconds the evaluation took (outside the step's own timing)
+    # async with rollout workers: how the trainer and the rollout met (0 elsewhere)
+    trainer_idle_s: float = 0.0  # the trainer waited this long for a generated step
+    rollout_idle_s: float = 0.0  # the rollout waited this long before generating it (staleness bound, full queue)
+    queue_wait_s: float = 0.0  # from the step's generation end to its training start
+    queue_depth: int = 0  # generated steps waiting when the trainer took this one, this one included
 
 
 class WeightHistory:
@@ -124,7 +129,7 @@ class Executor:
         self.streamed = {role: handle for role, handle in scorers.items() if role in self.streamed_roles}
         self.prompts = load_prompts(config) if config.task.prompts else None  # token ids per line
         self.history = None  # async: the actor's recent versions (one process: the group's one rank)
-        if config.schedule.policy == "async":
+        if config.schedule.policy == "async" and not config.rollout_workers:
             self.history = WeightHistory(group.rank.roles.actor, config.schedule.staleness)
         self.held_out = self._held_out(token_ids) if config.task.eval_every else None
 
@@ -210,17 +215,21 @@ class Executor:
             *losses,
             response_len=float(np.mean([t.response_tokens for t in trained])),
         )
-        if self.held_out and (plan.step + 1) % self.config.task.eval_every == 0:
-            with self.rec.paused():
-                held = self.held_out.score()
-            metrics = dataclasses.replace(
-                metrics,
-                held_out_reward=held.reward,
-                held_out_rule_score=held.rule_score,
-                held_out_len=held.response_len,
-                held_out_s=held.seconds,
-            )
-        return outcome, metrics
+        return outcome, self._held_out_metrics(plan.step, metrics)
+
+    def _held_out_metrics(self, step: int, metrics: StepMetrics) -> StepMetrics:
+        """``metrics`` with the held-out scores of the trained weights, on the steps ``--eval-every`` names."""
+        if not self.held_out or (step + 1) % self.config.task.eval_every:
+            return metrics
+        with self.rec.paused():
+            held = self.held_out.score()
+        return dataclasses.replace(
+            metrics,
+            held_out_reward=held.reward,
+            held_out_rule_score=held.rule_score,
+            held_out_len=held.response_len,
+            held_out_s=held.seconds,
+        )
 
     def _new_sequence(self, seq_id: int) -> SeqData:
         group = self.scheduler.buffer.seqs[seq_id].group_id  # the samples of a group answer one prompt

@@ -124,7 +124,11 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
     torch.manual_seed(config.seed)
     start = time.perf_counter()
     recorder = Recorder()
-    if config.placement == "disaggregated" or config.dp > 1:
+    if config.rollout_workers:
+        from oppo.exec.placement import AsyncPipeline
+
+        executor = AsyncPipeline(config, recorder, lengths)
+    elif config.placement == "disaggregated" or config.dp > 1:
         from oppo.exec.placement import RayExecutor
 
         executor = RayExecutor(config, recorder, lengths)

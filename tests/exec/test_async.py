@@ -83,7 +83,7 @@ def test_an_async_run_resumes_with_its_recent_versions(tmp_path):
     "args, message",
     [
         (("--mode", "async", "--staleness", "-1"), "staleness must be >= 0"),
-        (("--mode", "async", "--dp", "2"), "the executor runs async in one process"),
+        (("--mode", "async", "--dp", "2"), "async trains in one process"),
     ],
 )
 def test_bad_async_settings_exit_2(tmp_path, args, message):

@@ -73,7 +73,7 @@ def test_hf_preset_loads_local_folders(tmp_path):
         (("--mode", "fast"), "unknown policy"),
         (("--lengths", "missing.csv"), "not found"),
         (("--algo", "grpo"), "algo grpo needs group_size >= 2"),
-        (("--mode", "async", "--placement", "disaggregated"), "the executor runs async in one process"),
+        (("--mode", "async", "--placement", "disaggregated"), "async trains in one process"),
         (("--device", "nope"), "unknown device 'nope'"),
         (("--mode", "tppo", "--algo", "grpo", "--group-size", "4"), "tppo trains segments of single sequences"),
     ],
