@@ -98,3 +98,10 @@ def test_staleness(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "learning.csv")))
     assert len(rows) == 2 * 3  # 3 steps of 2 variants
     assert [r["held_out_reward"] != "" for r in rows] == [False, True, False] * 2  # evaluated after step 1 only
+
+
+def test_async_speed(tmp_path):
+    args = ("--preset", "tiny-cpu", "--batch", "2", "--steps", "2", "--max-new-tokens", "8", "--repeats", "1")
+    res = bench("async_speed", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout and "x" in res.stdout

@@ -132,6 +132,7 @@ class Executor:
         if config.schedule.policy == "async" and not config.rollout_workers:
             self.history = WeightHistory(group.rank.roles.actor, config.schedule.staleness)
         self.held_out = self._held_out(token_ids) if config.task.eval_every else None
+        self.precomputed: dict[str, dict[int, torch.Tensor]] = {}  # role -> seq id -> outputs scored elsewhere
 
     def _held_out(self, token_ids: tuple[int, int, int]) -> HeldOut:
         """The evaluator of ``--eval-every`` (one process: it scores the live actor); a prompts file gives up its
@@ -303,6 +304,7 @@ class Executor:
                 by_id.setdefault(role, {}).update(zip((s[0] for s in share), tensors))
         out = {role: [rows[i] for i in ids] for role, rows in by_id.items()}
         out |= {role: [t.cpu() for t in p.get()] for role, p in pending.items()}
+        out |= {role: [rows.pop(i) for i in ids] for role, rows in self.precomputed.items()}
         rule = task.rule_score([self.data[i].response for i in ids])
         score = torch.stack(out["reward"]).float() if "reward" in out else rule
         finished = torch.tensor([t.finished for t in trained])

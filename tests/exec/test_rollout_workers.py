@@ -75,9 +75,13 @@ def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups
     for role, a in local.weights.items():
         b = remote.weights[role]
         assert a.dtype == torch.float64 and float((a - b).abs().max()) <= 1e-10 * float(a.abs().max()), role
-    # generation on the worker's core, scoring and training on the trainer's
-    assert ("actor", "decode", "cpu1") in remote.devices and ("actor", "train_actor", "cpu0") in remote.devices
-    assert not any(phase == "decode" and device == "cpu0" for _, phase, device in remote.devices)
+    # generation and the frozen scorers on the worker's core; old log-probs, values and training on the trainer's
+    assert {("actor", "decode", "cpu1"), ("reward", "score", "cpu1"), ("reference", "score", "cpu1")} <= remote.devices
+    assert {("actor", "train_actor", "cpu0"), ("critic", "score", "cpu0")} <= remote.devices
+    assert not any(
+        device == "cpu0" and (phase == "decode" or role in ("reward", "reference"))
+        for role, phase, device in remote.devices
+    )
     assert all(m.queue_depth >= 1 and m.trainer_idle_s >= 0 and m.rollout_idle_s >= 0 for m in remote.metrics)
 
 

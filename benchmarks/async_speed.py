@@ -1,0 +1,93 @@
+"""Asynchronous RL on this machine's cores: ``async`` with rollout workers (generation on their own cores, ahead of
+the trainer) against ``sync`` as a user runs it (one process, torch on every core), per trained group.
+
+    python benchmarks/async_speed.py --preset small-cpu --batch 4 --steps 8 --repeats 3
+    python benchmarks/async_speed.py --staleness 1,2 --rollout-workers 1
+
+Each run is ``python -m oppo.exec.train`` in its own process with AlpacaEval lengths forced (cap
+``--max-new-tokens``); variants are interleaved within a repeat so that a slow moment of the machine falls on all
+alike. The time per trained group is taken from the end of the first step to the end of the last (the first step
+pays the warm-up), over the groups trained in between. Prints, per variant, the median seconds per trained group,
+the spread (min - max) over repeats, the ratio to ``sync`` (median of sync / median of the variant), each device's
+busy fraction (the union of its operations over the run, from ``summary.json``) and the mean policy lag.
+"""
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def variants(staleness: list[int], workers: int) -> dict[str, list[str]]:
+    out = {"sync": ["--mode", "sync"]}
+    for k in staleness:
+        out[f"async K={k}, {workers} worker(s)"] = [
+            *("--mode", "async", "--staleness", str(k)),
+            *("--rollout-workers", str(workers)),
+        ]
+    return out
+
+
+def seconds_per_group(run: Path, batch: int) -> float:
+    with open(run / "steps.csv", newline="") as fh:
+        ends = [float(row["end_s"]) for row in csv.DictReader(fh)]
+    return (ends[-1] - ends[0]) / (batch * (len(ends) - 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="small-cpu")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8, help="steps per run (>= 2: the first is warm-up)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--staleness", default="1", help="comma-separated K of the async variants")
+    parser.add_argument("--rollout-workers", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step is warm-up)")
+    chosen = variants([int(k) for k in args.staleness.split(",")], args.rollout_workers)
+    common = ["--preset", args.preset, "--batch", str(args.batch), "--steps", str(args.steps)]
+    common += ["--max-new-tokens", str(args.max_new_tokens), "--lengths", "alpaca_eval", "--lengths-model", "alpaca-7b"]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.out or tmp)
+        per_group: dict[str, list[float]] = {name: [] for name in chosen}
+        summaries: dict[str, list[dict]] = {name: [] for name in chosen}
+        for repeat in range(args.repeats):
+            for i, (name, flags) in enumerate(chosen.items()):
+                run = root / f"r{repeat}-v{i}"
+                cmd = [sys.executable, "-m", "oppo.exec.train", *common, *flags, "--out", str(run)]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise SystemExit(f"{name} failed: {done.stderr.strip().splitlines()[-1]}")
+                per_group[name].append(seconds_per_group(run, args.batch))
+                summaries[name].append(json.loads((run / "summary.json").read_text()))
+        report(per_group, summaries, args)
+
+
+def report(per_group: dict[str, list[float]], summaries: dict[str, list[dict]], args) -> None:
+    base = statistics.median(per_group["sync"])
+    print(
+        f"{args.preset}, B {args.batch}, AlpacaEval lengths capped at {args.max_new_tokens}, {args.steps} steps, "
+        f"{args.repeats} repeats interleaved; seconds per trained group after the first step"
+    )
+    print(f"{'variant':<28} {'s/group':>8} {'spread':>15} {'vs sync':>8} {'mean lag':>9}  busy fraction per device")
+    for name, values in per_group.items():
+        median = statistics.median(values)
+        busy = {}
+        for summary in summaries[name]:
+            for device, frac in summary["utilization"].items():
+                busy.setdefault(device, []).append(frac)
+        busy_text = ", ".join(f"{d} {statistics.median(f):.0%}" for d, f in sorted(busy.items()))
+        lag = statistics.fmean(s["mean_policy_lag"] for s in summaries[name])
+        spread = f"{min(values):.3f}-{max(values):.3f}"
+        print(f"{name:<28} {median:8.3f} {spread:>15} {base / median:7.2f}x {lag:9.2f}  {busy_text}")
+
+
+if __name__ == "__main__":
+    main()
