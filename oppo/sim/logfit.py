@@ -85,8 +85,10 @@ def _expected_max(step: LoggedStep, z_max: float, cap: int) -> float:
 
 def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     """Simulate the logged steps with ``sync`` on ``setup`` and measure every stage's load per step (the setup's
-    structural framework settings hold; its stage terms are replaced by the probes)."""
-    n, cap = setup.batch, setup.max_new_tokens
+    structural framework settings hold; its stage terms are replaced by the probes). A step runs batch x group
+    size sequences (GRPO's samples share their prompt)."""
+    n, cap = setup.batch * setup.group_size, setup.max_new_tokens
+    check_token_counts(setup, steps)
     response = np.concatenate([step_lengths(s, n, cap) for s in steps])
     prompt = np.repeat([max(1, round(s.prompt_mean or setup.lengths.prompt_tokens)) for s in steps], n)
     trace = LengthTrace("log-replay", response, prompt, ordered=True)
@@ -101,12 +103,33 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     return Replay(loads)
 
 
+TOKEN_TOLERANCE = 0.10  # a setup whose sequences per step miss the log's token totals by more is the wrong setup
+
+
+def check_token_counts(setup: Setup, steps: list[LoggedStep]) -> None:
+    """Where the log counts a step's tokens (verl's ``total_num_tokens``), the setup's sequences per step (batch x
+    group size) at the logged mean prompt and response lengths must make them, to 10% (median over steps)."""
+    logged = [s for s in steps if s.total_tokens and s.prompt_mean is not None]
+    if not logged:
+        return
+    n = setup.batch * setup.group_size
+    expected = np.array([n * (s.prompt_mean + s.response_mean) for s in logged])
+    total = np.array([s.total_tokens for s in logged])
+    if abs(np.median(expected / total) - 1) > TOKEN_TOLERANCE:
+        i = len(logged) // 2
+        raise ValueError(
+            f"the log counts {total[i]:.0f} tokens at step {logged[i].step} (total_num_tokens) but the setup's "
+            f"{n} sequences (batch {setup.batch} x group size {setup.group_size}) of {logged[i].prompt_mean:.0f} + "
+            f"{logged[i].response_mean:.0f} tokens make {expected[i]:.0f}: set batch and group_size as the run did"
+        )
+
+
 def _stage_seconds(setup: Setup, cost: StageCost, trace: LengthTrace, n_steps: int) -> dict[str, np.ndarray]:
     """Seconds of each stage per step in a sync simulation with ``cost`` as every stage's terms. An operation
     takes its GPU group's time (the longest of its GPUs: a decode round ends with the group's last row)."""
     framework = dataclasses.replace(setup.framework, **dict.fromkeys(STAGE_OPS, cost))
     probe = dataclasses.replace(setup, framework=framework)
-    schedule = probe.schedule(policy="sync", algo="ppo", group_size=1)
+    schedule = probe.schedule(policy="sync")  # the setup's algorithm and group size, as the run had them
     result = simulate(SimConfig(schedule, probe, steps=n_steps, seed=0), trace)
     stage_of = {op: stage for stage, ops in STAGE_OPS.items() for op in ops}
     ops: dict[tuple, float] = defaultdict(float)
@@ -129,7 +152,7 @@ def predict_stages(setup: Setup, replayed: Replay, stages: list[str]) -> dict[st
 
 
 def _stages_run(setup: Setup) -> set[str]:
-    return {"gen"} | {s for role in setup.roles("ppo") for s in ROLE_STAGES[role] if s}
+    return {"gen"} | {s for role in setup.roles(setup.algo) for s in ROLE_STAGES[role] if s}
 
 
 def _parts(setup: Setup, stage: str) -> list[str]:

@@ -49,6 +49,7 @@ LENGTHS = {  # statistic -> its metric names, first found wins (verl, OpenRLHF)
     "min": ("response_length_min",),
     "prompt": ("prompt_length_mean",),
     "clipped": ("response_length_clip_ratio", "rollout_truncated_rate"),  # share of responses at the cap
+    "tokens": ("total_num_tokens",),  # prompt + response tokens of the step, every sequence (verl)
 }
 STEP_KEYS = ("step", "global_step")
 PREFIXES = ("", "train_")  # a W&B export of OpenRLHF names its metrics train/...
@@ -66,6 +67,7 @@ class LoggedStep:
     response_min: float | None
     prompt_mean: float | None
     clipped: float | None = None  # share of responses that hit the length cap, where logged
+    total_tokens: float | None = None  # prompt + response tokens of every sequence of the step, where logged
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,7 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
                 lengths["min"],
                 lengths["prompt"],
                 lengths["clipped"],
+                lengths["tokens"],
             )
         )
     if not steps:
