@@ -239,6 +239,33 @@ def plot_fidelity(measured: Mapping, predicted: Mapping, fitted: int, path: str 
     return _save(fig, path)
 
 
+def fidelity_matrix(report: Mapping[str, Mapping], path: str | Path, title: str = "") -> Path:
+    """Median step and stage errors per run (rows): within (the shared layer on the run's validated steps) and
+    leave-one-run-out (fitted on the other runs), one heat map each, the value printed in every cell."""
+    kinds = [k for k in ("within", "leave_one_out") if any(k in entry for entry in report.values())]
+    runs = list(report)
+    stages = (s for entry in report.values() for k in kinds for s in entry.get(k, {}).get("stages", {}))
+    columns = ["step", *dict.fromkeys(stages)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(1.1 * len(columns) * len(kinds) + 3, 0.55 * len(runs) + 1.6))
+    for ax, kind in zip(np.atleast_1d(axes), kinds):
+        cells = np.full((len(runs), len(columns)), np.nan)
+        for i, run in enumerate(runs):
+            fid = report[run].get(kind)
+            for j, col in enumerate(columns):
+                stat = fid and (fid["step"] if col == "step" else fid["stages"].get(col))
+                if stat:
+                    cells[i, j] = stat["median_abs_err"]
+        ax.imshow(np.minimum(cells, 1.0), cmap="RdYlGn_r", vmin=0, vmax=1, aspect="auto")
+        for (i, j), value in np.ndenumerate(cells):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(runs)), runs if ax is np.atleast_1d(axes)[0] else [""] * len(runs), fontsize=8)
+        ax.set_title(kind.replace("_", "-") + " (median error)", fontsize=10)
+    fig.suptitle(title or "one framework layer across runs")
+    return _save(fig, path)
+
+
 def pareto_plot(
     rows: Sequence[Mapping], path: str | Path, objective: str, max_lag: float | None = None, title: str = ""
 ) -> Path:

@@ -89,13 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
         ("validate-log", "predict every step of a real run's log with a setup as it is (no fitting)"),
     ):
         log = sub.add_parser(name, help=what)
-        log.add_argument("--log", required=True, help="verl console log (plain or .gz), or per-step CSV / JSON-lines")
+        several = name == "calibrate-log"  # several --log/--setup pairs: one framework layer for every run
+        log.add_argument(
+            "--log",
+            required=True,
+            action="append" if several else None,
+            help="verl console log (plain or .gz), or per-step CSV / JSON-lines"
+            + ("; repeat with a --setup each for one layer fitted across runs" if several else ""),
+        )
         log.add_argument(
             "--setup",
             required=True,
+            action="append" if several else None,
             help="the run's setup: a preset, a bundled run setup (e.g. verl-qwen2.5-0.5b-gsm8k) or a .toml file",
         )
-        log.add_argument("--out", required=True, help="directory for fidelity.json, fidelity.png (and setup.toml)")
+        log.add_argument(
+            "--out",
+            required=True,
+            help="directory for fidelity.json, fidelity.png and setup.toml (several logs: framework.toml)",
+        )
         if name == "calibrate-log":
             log.add_argument("--fit-frac", type=float, default=0.6, help="share of the steps fitted (default: 0.6)")
     cal = sub.add_parser("calibrate", help="fit a cost profile to an executor run's trace.csv")
@@ -375,12 +387,49 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 def cmd_calibrate_log(args: argparse.Namespace) -> None:
     from oppo.sim.logfit import calibrate
 
-    log, setup = load_run_log(args.log), load_setup(args.setup)
+    if len(args.log) != len(args.setup):
+        raise ValueError(f"{len(args.log)} --log but {len(args.setup)} --setup: give each log its setup, in order")
+    if len(args.log) > 1:
+        _calibrate_shared(args)
+        return
+    log, setup = load_run_log(args.log[0]), load_setup(args.setup[0])
     calibrated, fitted = calibrate(setup, log, args.fit_frac)
     _log_fidelity(calibrated, log, fitted, Path(args.out))
-    base = args.setup if not args.setup.endswith(".toml") else str(Path(args.setup).resolve())
+    base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
     (Path(args.out) / "setup.toml").write_text(setup_toml(calibrated, base))
     print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
+
+
+def _calibrate_shared(args: argparse.Namespace) -> None:
+    """One framework layer fitted across several runs: ``framework.toml``, and per run its within-run and
+    leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
+    from oppo import plots
+    from oppo.sim.logfit import logged_run, shared_fidelity
+    from oppo.sim.setups import framework_toml
+
+    runs = [logged_run(load_setup(s), load_run_log(log), args.fit_frac) for log, s in zip(args.log, args.setup)]
+    layer, report = shared_fidelity(runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sources = "\n".join(f"  {run.name}: {run.log.source} ({run.n_fit} of {len(run.log.steps)} steps)" for run in runs)
+    (out / "framework.toml").write_text(
+        framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}")
+    )
+    write_json(out / "fidelity.json", {"runs": report, "fit_frac": args.fit_frac})
+    plots.fidelity_matrix(report, out / "fidelity.png")
+    rows = []
+    for name, entry in report.items():
+        for kind, fid in entry.items():
+            cells = {"run": name, "errors": kind, "step": f"{fid['step']['median_abs_err']:.1%}"}
+            cells |= {stage: f"{r['median_abs_err']:.1%}" for stage, r in fid["stages"].items()}
+            rows.append(cells)
+    stages = dict.fromkeys(k for r in rows for k in r if k not in ("run", "errors", "step"))
+    columns = ["run", "errors", "step", *stages]
+    print(format_table([{c: r.get(c, "-") for c in columns} for r in rows]))
+    print(
+        f'-> {out / "framework.toml"} (a setup takes it with [framework] base = "{out / "framework.toml"}"), '
+        f"{out / 'fidelity.json'}, {out / 'fidelity.png'}"
+    )
 
 
 def cmd_validate_log(args: argparse.Namespace) -> None:

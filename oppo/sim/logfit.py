@@ -211,14 +211,15 @@ def _fitted_stages(setup: Setup, log: TrainingLog) -> list[str]:
 
 
 def replay_errors(
-    setup: Setup, log: TrainingLog, first: int
+    setup: Setup, log: TrainingLog, first: int, replayed: Replay | None = None
 ) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Predict every step of the log with the setup as it is. Returns the ``fidelity.json`` content (medians over
+    """Predict every step of the log with the setup as it is (``replayed``: the log's replay on the setup, if
+    made already: loads do not depend on the stage terms). Returns the ``fidelity.json`` content (medians over
     steps ``first..`` and their median absolute relative error, per stage and for the step), and the measured
     and predicted seconds per stage (with "step") of every step, for plotting."""
     steps = list(log.steps)
     stages = _fitted_stages(setup, log)
-    predicted = predict_stages(setup, replay(setup, steps), stages)
+    predicted = predict_stages(setup, replayed or replay(setup, steps), stages)
     measured = {stage: np.array([s.stages[stage] for s in steps]) for stage in stages}
     measured["step"] = np.array([s.stages.get("step", sum(s.stages[x] for x in stages)) for s in steps])
     predicted["step"] = sum(predicted[x] for x in stages)  # sync and colocated: stages run one after another
@@ -238,3 +239,82 @@ def _errors(measured: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
         "predicted_s": float(np.median(predicted)),
         "median_abs_err": float(np.median(err)),
     }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Several logs, one framework layer
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoggedRun:
+    """A run's log with its setup and its replay (every step's loads), fitted on its first ``n_fit`` steps."""
+
+    name: str
+    setup: Setup
+    log: TrainingLog
+    replayed: Replay
+    n_fit: int
+
+
+def logged_run(setup: Setup, log: TrainingLog, fit_frac: float) -> LoggedRun:
+    if not 0 < fit_frac < 1:
+        raise ValueError(f"fit_frac must be in (0, 1), got {fit_frac}")
+    n_fit = max(1, int(len(log.steps) * fit_frac))
+    if n_fit >= len(log.steps):
+        raise ValueError(f"{log.source}: {len(log.steps)} steps leave none to validate with fit_frac {fit_frac}")
+    return LoggedRun(setup.name, setup, log, replay(setup, list(log.steps)), n_fit)
+
+
+def fit_layer(runs: list[LoggedRun], whole: bool = False) -> dict[str, StageCost]:
+    """One set of stage terms fitted on every run's fitted steps at once (``whole``: on all their steps): a stage
+    timed by several runs is one least-squares problem over all of their steps."""
+    problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]] = {}
+    for run in runs:
+        part = slice(None) if whole else slice(0, run.n_fit)
+        steps = run.log.steps[part]
+        for stage in _fitted_stages(run.setup, run.log):
+            parts = tuple(_parts(run.setup, stage))
+            loads, measured = problems.setdefault(parts, ([], []))
+            loads.append(_slice(_sum([run.replayed.loads[p] for p in parts]), part))
+            measured.append(np.array([s.stages[stage] for s in steps]))
+    layer: dict[str, StageCost] = {}
+    for parts, (loads, measured) in problems.items():
+        cost = fit_stage(_concat(loads), np.concatenate(measured), gen=parts == ("gen",))
+        layer |= dict.fromkeys(parts, cost)
+    return layer
+
+
+def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
+    return dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **layer))
+
+
+def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict]:
+    """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer on the run's validated
+    steps) and ``leave_one_out`` (the layer fitted on all steps of the other runs, on every step of this one; a
+    stage no other run times keeps the run's setup's own terms: marked ``not_fitted``)."""
+    if len({run.name for run in runs}) < len(runs):
+        raise ValueError("each --log needs a setup of its own name (two runs share one)")
+    layer = fit_layer(runs)
+    report = {}
+    for run in runs:
+        within = replay_errors(with_layer(run.setup, layer), run.log, run.n_fit, run.replayed)[0]
+        others = [r for r in runs if r is not run]
+        entry = {"within": within}
+        if others:
+            transferred = fit_layer(others, whole=True)
+            loo = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)[0]
+            parts = {stage: _parts(run.setup, stage) for stage in loo["stages"]}
+            loo["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
+            entry["leave_one_out"] = loo
+        report[run.name] = entry
+    return layer, report
+
+
+def _slice(load: StageLoad, part: slice) -> StageLoad:
+    return StageLoad(**{f.name: np.asarray(getattr(load, f.name))[part] for f in dataclasses.fields(StageLoad)})
+
+
+def _concat(loads: list[StageLoad]) -> StageLoad:
+    fields = [f.name for f in dataclasses.fields(StageLoad)]
+    return StageLoad(**{f: np.concatenate([np.asarray(getattr(load, f)) for load in loads]) for f in fields})

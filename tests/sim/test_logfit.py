@@ -2,8 +2,10 @@
 errors docs/simulator.md claims are recomputed here."""
 
 import dataclasses
+import json
 import subprocess
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
@@ -13,7 +15,18 @@ import pytest
 from oppo.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
 from oppo.sim.framework import ROLE_STAGES, TRL, StageCost
-from oppo.sim.logfit import STAGE_OPS, calibrate, predict_stages, replay, replay_errors, step_lengths
+from oppo.sim.logfit import (
+    STAGE_OPS,
+    calibrate,
+    fit_layer,
+    logged_run,
+    predict_stages,
+    replay,
+    replay_errors,
+    shared_fidelity,
+    step_lengths,
+    with_layer,
+)
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setups import load_setup
 
@@ -177,3 +190,70 @@ def test_a_setup_that_contradicts_the_logged_token_counts_is_refused(tmp_path):
     res = subprocess.run([*cmd, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "total_num_tokens" in res.stderr and "batch 512 x group size 1" in res.stderr
+
+
+def calibrate_log(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "oppo.sim", "calibrate-log", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+TWO_RUNS = (
+    *("--log", str(DATA / "verl_gemma_2_2b_steps.log.gz"), "--setup", "verl-gemma-2-2b-gsm8k"),
+    *("--log", str(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz"), "--setup", "verl-qwen2.5-0.5b-gsm8k"),
+)
+
+
+def test_several_logs_fit_one_layer_that_a_setup_takes_by_path(tmp_path):
+    res = calibrate_log(*TWO_RUNS, "--out", str(tmp_path / "cal"))
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "cal" / "fidelity.json").read_text())["runs"]
+    assert set(report) == {"verl-gemma-2-2b-gsm8k", "verl-qwen2.5-0.5b-gsm8k"}
+    for entry in report.values():
+        assert set(entry) == {"within", "leave_one_out"}
+        for fid in entry.values():
+            assert {"fit_steps", "validate_steps", "step", "stages"} <= set(fid)
+            assert set(fid["step"]) == {"measured_s", "predicted_s", "median_abs_err"}
+    assert report["verl-gemma-2-2b-gsm8k"]["leave_one_out"]["fit_steps"] == 0  # every step is predicted
+    assert (tmp_path / "cal" / "fidelity.png").stat().st_size > 0
+    # a setup takes the layer by a path relative to itself; the fitted terms arrive exactly
+    (tmp_path / "use.toml").write_text('base = "verl-gemma-2-2b-gsm8k"\n[framework]\nbase = "cal/framework.toml"\n')
+    layer = tomllib.loads((tmp_path / "cal" / "framework.toml").read_text())
+    framework = load_setup(str(tmp_path / "use.toml")).framework
+    assert framework.train_micro_batch == load_setup("verl-gemma-2-2b-gsm8k").framework.train_micro_batch
+    for stage, terms in layer.items():
+        assert dataclasses.asdict(framework.stage(stage)) == terms, stage
+
+
+def test_leave_one_run_out_predicts_a_run_with_the_layer_of_the_others_alone():
+    runs = [
+        logged_run(load_setup("verl-gemma-2-2b-gsm8k"), load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz"), 0.6),
+        logged_run(
+            load_setup("verl-qwen2.5-0.5b-gsm8k"), load_run_log(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz"), 0.6
+        ),
+    ]
+    layer, report = shared_fidelity(runs)
+    assert layer == fit_layer(runs)  # one fit over both runs' fitted steps
+    others = fit_layer(runs[:1], whole=True)  # every step of the Gemma run, none of Qwen's
+    assert others != layer
+    expected = replay_errors(with_layer(runs[1].setup, others), runs[1].log, 0)[0]
+    assert report[runs[1].name]["leave_one_out"]["step"] == expected["step"]
+    assert report[runs[1].name]["leave_one_out"]["not_fitted"] == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--log", str(DATA / "verl_gemma_2_2b_steps.log.gz")), "2 --log but 1 --setup"),
+        (("--setup", "verl-gemma-2-2b-gsm8k"), "1 --log but 2 --setup"),
+    ],
+)
+def test_several_logs_need_a_setup_each(tmp_path, args, message):
+    res = calibrate_log(*TWO_RUNS[:4], *args, "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_framework_layer_with_no_stage_table_is_refused(tmp_path):
+    (tmp_path / "framework.toml").write_text("[gen]\nefficiency = 0.5\n[speed]\nfast = true\n")
+    (tmp_path / "use.toml").write_text('base = "verl-gemma-2-2b-gsm8k"\n[framework]\nbase = "framework.toml"\n')
+    with pytest.raises(ValueError, match="'speed' is no stage table"):
+        load_setup(str(tmp_path / "use.toml"))
