@@ -166,19 +166,26 @@ def _sum(loads: list[StageLoad]) -> StageLoad:
     return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in fields})
 
 
-def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool) -> StageCost:
+def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
     :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
     With 1 / efficiency = 1 + a:
-    - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a));
+    - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a)), and
+      with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
+      model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
+      its micro-batch count is constant);
     - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps."""
-    columns = [load.roofline_s, load.row_tokens, load.steps] if gen else [load.roofline_s, load.small_s]
+    if gen:
+        columns = [load.roofline_s, load.row_tokens, load.steps]
+    else:
+        columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     a, *rest = nonnegative_lstsq(x, (measured - load.extra_s - load.roofline_s) / measured)
     inverse = 1.0 + a  # 1 / efficiency
     if gen:
         return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
-    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=float(rest[0] / inverse))
+    half = float(rest[0] / inverse)
+    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=float(rest[1:2].sum()))
 
 
 def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, int]:
@@ -280,7 +287,8 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False) -> dict[str, StageCost
             measured.append(np.array([s.stages[stage] for s in steps]))
     layer: dict[str, StageCost] = {}
     for parts, (loads, measured) in problems.items():
-        cost = fit_stage(_concat(loads), np.concatenate(measured), gen=parts == ("gen",))
+        several = len(loads) > 1  # runs of different shapes separate a per-micro-batch cost from the proportional
+        cost = fit_stage(_concat(loads), np.concatenate(measured), gen=parts == ("gen",), per_unit=several)
         layer |= dict.fromkeys(parts, cost)
     return layer
 
