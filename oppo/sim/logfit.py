@@ -184,8 +184,8 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
     inverse = 1.0 + a  # 1 / efficiency
     if gen:
         return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
-    half = float(rest[0] / inverse)
-    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=float(rest[1:2].sum()))
+    half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
+    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
 
 
 def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, int]:

@@ -257,3 +257,29 @@ def test_a_framework_layer_with_no_stage_table_is_refused(tmp_path):
     (tmp_path / "use.toml").write_text('base = "verl-gemma-2-2b-gsm8k"\n[framework]\nbase = "framework.toml"\n')
     with pytest.raises(ValueError, match="'speed' is no stage table"):
         load_setup(str(tmp_path / "use.toml"))
+
+
+def test_runs_of_two_model_sizes_separate_a_per_micro_batch_cost_from_the_proportional_one():
+    """One run cannot tell a per-micro-batch constant from the model-proportional term; a 2B and a 7B run
+    synthesised from one known layer can: the shared fit recovers all three terms of each scoring and update
+    stage to 5%."""
+    truth = {
+        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, per_unit_s=0.04),
+        "values": StageCost(efficiency=0.6, half_efficiency_tokens=1500.0, per_unit_s=0.03),
+        "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=3000.0, per_unit_s=0.08),
+        "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=2500.0, per_unit_s=0.06),
+    }
+    runs = []
+    for setup_name, log_name in (
+        ("verl-gemma-2-2b-gsm8k", "verl_gemma_2_2b_steps.log.gz"),
+        ("verl-deepseek-llm-7b-ppo-8xmi300x", "verl_deepseek_7b_ppo_8xmi300x.csv.gz"),
+    ):
+        setup = load_setup(setup_name)
+        steps = list(load_run_log(DATA / log_name).steps)[:40]
+        log = synthesized_log(setup, truth, [dataclasses.replace(s, stages={}) for s in steps])
+        runs.append(logged_run(setup, log, 0.6))
+    layer = fit_layer(runs, whole=True)
+    for stage, cost in truth.items():
+        for term in ("efficiency", "half_efficiency_tokens", "per_unit_s", "per_token_s", "fixed_s"):
+            assert getattr(layer[stage], term) == pytest.approx(getattr(cost, term), rel=0.05, abs=1e-12), (stage, term)
