@@ -111,7 +111,7 @@ class Framework:
     old_log_prob: StageCost = StageCost()
     ref: StageCost = StageCost()
     values: StageCost = StageCost()
-    reward: StageCost = StageCost()
+    reward: StageCost = StageCost()  # with a rule reward: a CPU stage, per_unit_s per sequence scored + fixed_s
     update_actor: StageCost = StageCost()
     update_critic: StageCost = StageCost()
 

@@ -152,7 +152,8 @@ def predict_stages(setup: Setup, replayed: Replay, stages: list[str]) -> dict[st
 
 
 def _stages_run(setup: Setup) -> set[str]:
-    return {"gen"} | {s for role in setup.roles(setup.algo) for s in ROLE_STAGES[role] if s}
+    """Our stages a step of ``setup`` runs: generation, each role's, and ``reward`` also when a rule scores."""
+    return {"gen", "reward"} | {s for role in setup.roles(setup.algo) for s in ROLE_STAGES[role] if s}
 
 
 def _parts(setup: Setup, stage: str) -> list[str]:
@@ -175,6 +176,9 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
       model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
       its micro-batch count is constant);
     - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps."""
+    if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
+        unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
+        return StageCost(per_unit_s=float(unit))
     if gen:
         columns = [load.roofline_s, load.row_tokens, load.steps]
     else:

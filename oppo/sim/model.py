@@ -21,7 +21,7 @@ from oppo.metrics import device_count
 from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.costs import CostModel, pass_attended
-from oppo.sim.framework import ROLE_STAGES
+from oppo.sim.framework import ROLE_STAGES, StageLoad
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
 
@@ -330,6 +330,10 @@ class Trainer:
         current policy (always recomputed); passes on different devices run in parallel."""
         full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
         finished = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained if t.finished])
+        if "reward" not in self.roles:  # a rule scores the responses on the driver's CPU; the step waits for it
+            seconds = self.framework.reward.seconds(StageLoad(units=float(len(finished)), steps=1.0))
+            if seconds > 0:
+                yield from self.device["actor"].run(step, "reward", "score", seconds, len(finished), 0, 0)
         streamed = set(self.config.schedule.streamed_scorers) if self.config.schedule.streaming else set()
         passes = [("actor", full)] + [
             (r, full) for r in ("reference", "critic") if r in self.roles and r not in streamed

@@ -283,3 +283,21 @@ def test_runs_of_two_model_sizes_separate_a_per_micro_batch_cost_from_the_propor
     for stage, cost in truth.items():
         for term in ("efficiency", "half_efficiency_tokens", "per_unit_s", "per_token_s", "fixed_s"):
             assert getattr(layer[stage], term) == pytest.approx(getattr(cost, term), rel=0.05, abs=1e-12), (stage, term)
+
+
+def test_a_rule_reward_is_a_cpu_stage_per_sequence_the_fit_recovers():
+    """verl logs time the reward stage even when a rule scores (no reward model): it is CPU time per scored
+    sequence, which the simulator charges between generation and scoring and the fit recovers."""
+    setup = load_setup("verl-gemma-2-2b-gsm8k")
+    assert setup.reward is None
+    truth = {
+        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        "reward": StageCost(per_unit_s=8e-5),
+        "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=3000.0),
+    }
+    steps = list(load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz").steps)[:30]
+    log = synthesized_log(setup, truth, [dataclasses.replace(s, stages={}) for s in steps])
+    assert all(s.stages["reward"] == pytest.approx(512 * 8e-5) for s in log.steps)  # B sequences scored a step
+    fitted, _ = calibrate(setup, log, fit_frac=0.6)
+    assert fitted.framework.reward.per_unit_s == pytest.approx(8e-5, rel=1e-6)
+    assert_simulated_as_predicted(fitted, log)
