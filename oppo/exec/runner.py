@@ -108,6 +108,9 @@ class WeightHistory:
 
 
 class Executor:
+    # The run's clock stands still while --eval-every evaluates (nothing else runs meanwhile in this process)
+    pause_for_evaluation = True
+
     def __init__(
         self,
         config: ExecConfig,
@@ -222,7 +225,7 @@ class Executor:
         """``metrics`` with the held-out scores of the trained weights, on the steps ``--eval-every`` names."""
         if not self.held_out or (step + 1) % self.config.task.eval_every:
             return metrics
-        with self.rec.paused():
+        with self.rec.paused() if self.pause_for_evaluation else contextlib.nullcontext():
             held = self.held_out.score()
         return dataclasses.replace(
             metrics,

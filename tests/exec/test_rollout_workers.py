@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("ray")
 
-from oppo.exec.config import ExecConfig, ModelConfig, default_schedule  # noqa: E402
+from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule  # noqa: E402
 from oppo.exec.models import load_roles  # noqa: E402
 from oppo.exec.rank import trained_roles  # noqa: E402
 from oppo.exec.runner import Executor, run_roles  # noqa: E402
@@ -36,6 +36,7 @@ def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps:
     config = ExecConfig(
         schedule=default_schedule(policy=policy, batch=4, max_new_tokens=24, staleness=staleness),
         model=ModelConfig(dtype="float64"),
+        task=TaskConfig(eval_every=2, eval_prompts=4),  # held-out scores of the trained weights after steps 1, 3
         rollout_workers=workers,
         queue_groups=queue_groups,
         steps=steps,
@@ -83,6 +84,10 @@ def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups
         for role, phase, device in remote.devices
     )
     assert all(m.queue_depth >= 1 and m.trainer_idle_s >= 0 and m.rollout_idle_s >= 0 for m in remote.metrics)
+    held_out = [(m.held_out_reward, m.held_out_rule_score) for m in remote.metrics[1::2]]  # the same weights scored
+    assert np.ravel(held_out) == pytest.approx(
+        np.ravel([(m.held_out_reward, m.held_out_rule_score) for m in local.metrics[1::2]]), rel=1e-10
+    )
 
 
 def train(out, *args: str) -> subprocess.CompletedProcess:
