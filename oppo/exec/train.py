@@ -145,7 +145,8 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
                 bar.update()
                 bar.set_postfix(reward=f"{metrics.mean_reward:.3f}", step_s=f"{outcome.record.step_s:.2f}")
                 if len(log.steps) % 10 == 0:
-                    log.write(recorder.rows, time.perf_counter() - start)
+                    # a copy: rollout workers' rows arrive from another thread while the records are written
+                    log.write(list(recorder.rows), time.perf_counter() - start)
                 if config.save_every and len(log.steps) % config.save_every == 0:
                     snapshot.save(out, executor, log, recorder)
     except KeyboardInterrupt:
