@@ -29,7 +29,7 @@ from oppo.exec.scoring import score_once
 
 @dataclass(frozen=True)
 class HeldOutScore:
-    reward: float  # the reward model's mean score of the greedy answers (the rule's where the reward is a rule)
+    reward: float  # the reward model's mean score of the answers (the rule's where the reward is a rule)
     rule_score: float  # the task's ground-truth score
     response_len: float  # mean answer tokens, EOS included
     seconds: float  # wall time of the evaluation (outside every step's timing)
@@ -57,7 +57,7 @@ class HeldOut:
         self.actor, self.reward, self.prompts, self.max_new_tokens = actor, reward, prompts, max_new_tokens
         self.pad_id, self.eos_id = token_ids
         self.greedy, self.temperature = decoding == "greedy", temperature
-        self.keys = [seed * 7919 + i for i in range(len(prompts))]
+        self.keys = [(seed * 7919 + i) % 2**62 for i in range(len(prompts))]  # int64 keys whatever the seed
 
     @torch.no_grad()
     def score(self) -> HeldOutScore:

@@ -79,7 +79,10 @@ def candidates(setup: Setup, space: Space) -> list[Candidate]:
     chunks = ["auto", *map(str, setup.chunk_candidates)]
     bounds = sorted({max(1, min(batch, round(batch * f))) for f in space.delta_fractions})
     windows = sorted({max(1, round(setup.window_tokens * f)) for f in space.window_factors})
-    splits = range(1, setup.placement.actor_gpus) if setup.placement.actor_gpus > 1 else [None]
+    tp = setup.framework.rollout_tensor_parallel  # a rollout split holds whole tensor-parallel engines
+    splits = (
+        [r for r in range(1, setup.placement.actor_gpus) if r % tp == 0] if setup.placement.actor_gpus > 1 else [None]
+    )
     per_policy = {
         "sync": [Candidate("sync")],
         "intra": [Candidate("intra", chunk=c) for c in chunks],

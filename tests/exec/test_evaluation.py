@@ -14,12 +14,12 @@ from oppo.exec.runner import Executor
 from oppo.exec.timing import Recorder
 
 
-def executor_for(eval_every=0, policy="async", **task):
+def executor_for(eval_every=0, policy="async", seed=5, **task):
     config = ExecConfig(
         schedule=default_schedule(policy=policy, batch=4, max_new_tokens=24, staleness=1),
         model=ModelConfig(dtype="float64"),
         task=TaskConfig(eval_every=eval_every, **task),
-        seed=5,
+        seed=seed,
     )
     torch.manual_seed(config.seed)
     return Executor.colocated(config, load_roles(config.model), Recorder())
@@ -109,3 +109,9 @@ def test_study_variants_name_their_executor_options():
     for bad in ("asyncX", "sync-clipped", "tppo"):
         with pytest.raises(ValueError, match="unknown variant"):
             variant_options(bad)
+
+
+def test_any_seed_gives_sampling_keys_torch_takes():
+    """Keys are int64 whatever the seed (a seed of 2e9 overflowed them at the first evaluation)."""
+    _, metrics = executor_for(eval_every=1, seed=2_000_000_000).step()
+    assert math.isfinite(metrics.held_out_reward)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from oppo.sim.plan import Candidate, Rungs, Space, baselines, fits_memory, plan, plan_rows, sim_config
+from oppo.sim.plan import Candidate, Rungs, Space, baselines, candidates, fits_memory, plan, plan_rows, sim_config
 from oppo.sim.pool import Pool
 from oppo.sim.setups import load_setup
 
@@ -154,3 +154,12 @@ def test_executor_flags_of_a_plan_give_the_executor_the_simulated_schedule():
     schedule = sim_config(setup, Candidate("oppo", chunk="8", delta_max=6, delta_controller="tail"), {}, 1, 0).schedule
     args = build_parser().parse_args(["--preset", "tiny-cpu", *exec_flags(schedule), "--out", "unused"])
     assert config_from(args).schedule == schedule
+
+
+def test_async_splits_hold_whole_tensor_parallel_rollout_engines():
+    """A rollout split of the TP-4 7B setup must be a multiple of 4 GPUs: other splits cannot be simulated."""
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    splits = [c.rollout_gpus for c in candidates(setup, Space(policies=("async",), staleness=(1,)))]
+    assert splits == [4]
+    config = sim_config(setup, Candidate("async", staleness=1, rollout_gpus=4), {}, steps=1, seed=0)
+    assert config.setup.placement.rollout_for("async") == 4
