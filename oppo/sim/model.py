@@ -147,6 +147,11 @@ class Trainer:
             ChunkPrefiller(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
         ]
         self.fused = [r for r in streamed if self.device[r] is actor]  # share the actor's device (colocated)
+        # Decode rounds take the generating device without a SimPy request where no other process ever asks for it
+        # meanwhile: the chunk prefillers have devices of their own, and only async runs another process (the
+        # learner) beside generation, on devices shared with generation unless it has rollout GPUs. Such a request
+        # is always granted at once: nothing could queue behind it or observe it.
+        self.gen_alone = schedule.policy != "async" or all(self.device[r] is not actor for r in self.roles)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
         self.engine = setup.engine_spec
         self.framework = setup.framework
@@ -223,42 +228,65 @@ class Trainer:
     def _generate(self, plan, pending):
         """Decode rounds until the scheduler says the step's batch is complete."""
         env, sched, actor = self.env, self.scheduler, self.device[self.gen]
-        ids = np.array(plan.active, dtype=np.int64)
-        length = np.array([self.response[i] for i in plan.active])
-        prompt = np.array([self.prompt[i] for i in plan.active])
-        decoded = np.array([plan.prefix_tokens[i] for i in plan.active])
-        budget = np.array([plan.budgets.get(i, 0) for i in plan.active])
-        running = np.array([i in plan.budgets for i in plan.active])
+        budgets, prefix = plan.budgets, plan.prefix_tokens
+        prompt_all = np.array([self.prompt[i] for i in plan.active])
+        running = np.array([i in budgets for i in plan.active])
         self._decode_rows = int(running.sum())  # rows in the (non-compacting) decode batch
-        self._decode_width = int((prompt + decoded)[running].max()) if running.any() else 0
+        self._decode_width = int((prompt_all + [prefix[i] for i in plan.active])[running].max()) if running.any() else 0
+        # the running rows only (admission order), dropped as they stop: shape (rows still running,)
+        ids = np.array([i for i in plan.active if i in budgets], dtype=np.int64)
+        budget = np.array([budgets[i] for i in ids.tolist()], dtype=np.int64)
+        decoded = np.array([prefix[i] for i in ids.tolist()], dtype=np.int64)
+        rest = np.array([self.response[i] for i in ids.tolist()], dtype=np.int64) - decoded  # tokens to EOS
+        prompt, gpu = prompt_all[running], ids % len(actor.members)
+        if not self.engine.compacts_batch:
+            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
         step_tokens, chunk, fused = 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
         while not sched.generation_done:
             n = sched.next_round_tokens()
-            idx = np.flatnonzero(running)
-            left, rest = budget[idx] - step_tokens, length[idx] - decoded[idx]
-            k = np.minimum(np.minimum(n, left), rest)  # tokens each running sequence decodes this round
-            ends = rest <= np.minimum(n, left)  # EOS inside this round
-            context = prompt[idx] + decoded[idx]
-            busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members), step_tokens)
+            left = budget - step_tokens
+            round_max = np.minimum(n, left)
+            k = np.minimum(round_max, rest)  # tokens each running sequence decodes this round
+            ends = rest <= round_max  # EOS inside this round
+            context = prompt + decoded
+            busy_s = self._decode_s(k, context, n, gpu, step_tokens)
             seconds, tokens, context_tokens = float(busy_s.max()), int(k.sum()), int(context.sum())
-            with actor.resource.request() as request:
-                yield request
-                total = self._co_run_fused(plan.step, seconds, fused)
-                actor.record(
-                    plan.step, "actor", "decode", env.now, seconds, len(idx), tokens, context_tokens, busy_s.tolist()
-                )
-                yield env.timeout(total)
+            yield from self._hold(actor, plan.step, seconds, fused, len(k), tokens, context_tokens, busy_s)
             fused = None
-            chunk = _merge(chunk, len(idx), tokens, context_tokens)
-            decoded[idx] += k
-            running[idx[ends | (k >= left)]] = False
-            sched.report_round(env.now, n, dict(zip(ids[idx[ends]].tolist(), k[ends].tolist())))
+            chunk = _merge(chunk, len(k), tokens, context_tokens)
+            decoded += k
+            rest -= k
+            sched.report_round(env.now, n, dict(zip(ids[ends].tolist(), k[ends].tolist())))
+            stopped = ends | (k >= left)
+            if stopped.any():  # keep the rows still running
+                keep = ~stopped
+                ids, budget, decoded, rest, prompt, gpu = (
+                    ids[keep],
+                    budget[keep],
+                    decoded[keep],
+                    rest[keep],
+                    prompt[keep],
+                    gpu[keep],
+                )
             step_tokens += n
             if sched.stream_now:
                 yield from self._stream(plan.step, chunk)
                 fused, chunk = (chunk if self.fused else None), None
         if fused is not None:  # the last chunk is prefilled alone
             yield from self._fused_prefill(plan.step, fused)
+
+    def _hold(self, actor: Device, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
+        """One decode round on the generating device (with a colocated scorer's prefill of the previous chunk)."""
+        if self.gen_alone:  # no other process requests this device: see __init__
+            total = self._co_run_fused(step, seconds, fused)
+            actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
+            yield self.env.timeout(total)
+            return
+        with actor.resource.request() as request:
+            yield request
+            total = self._co_run_fused(step, seconds, fused)
+            actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
+            yield self.env.timeout(total)
 
     def _stream(self, step: int, chunk):
         """Hand a complete chunk to the scorers; the actor stalls ``chunk_handoff_s`` to do it."""
@@ -271,20 +299,25 @@ class Trainer:
         """Busy seconds of each actor GPU in a round where row i decodes k[i] tokens from context[i] on GPU
         gpu[i]. The batch shrinks as rows finish: integrated per token position (vectorised, not one event
         per token); a GPU is busy until its own last row stops (data-parallel generation)."""
-        t = np.arange(1, n + 1)
-        stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
-        live = len(k) - stopped
         if self.engine.compacts_batch:  # finished rows leave the batch
-            batch = live
+            t = np.arange(1, n + 1)
+            stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
+            batch = len(k) - stopped  # rows still decoding at position t
             ctx = context.sum() - np.cumsum(np.bincount(k, weights=context, minlength=n + 1))[:n] + (t - 1) * batch
-        else:  # every row of the left-padded batch is computed until the last one stops
-            batch = np.full(n, self._decode_rows)
-            ctx = batch * (self._decode_width + offset + t - 1)
-        per_token = np.where(live > 0, self.costs[self.gen].decode_s(np.maximum(batch, 1), ctx), 0.0)
+            per_token = np.where(batch > 0, self.costs[self.gen].decode_s(np.maximum(batch, 1), ctx), 0.0)
+        else:  # every row of the left-padded batch is computed until the last one stops: priced once per step
+            per_token = self._padded_s[offset : offset + n]
         elapsed = np.concatenate([[0.0], np.cumsum(per_token)])  # seconds until position t
         last = np.zeros(len(self.device[self.gen].members), dtype=np.int64)
         np.maximum.at(last, gpu, k)
         return elapsed[last]
+
+    def _padded_decode_s(self, rows: int, width: int, positions: int) -> np.ndarray:
+        """Seconds of each decode position 0, 1, ... of a step's left-padded batch: ``rows`` rows, each attending
+        to ``width`` + position tokens, shape (positions,). Only positions up to the last running row's stop
+        are read (:meth:`_decode_s`), where the batch is still whole."""
+        batch = np.full(positions, rows)
+        return self.costs[self.gen].decode_s(np.maximum(batch, 1), batch * (width + np.arange(positions)))
 
     def _co_run_fused(self, step: int, decode_s: float, pending) -> float:
         """Colocated streaming: the previous chunk's prefill shares the device with this round's decode."""
