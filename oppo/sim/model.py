@@ -68,14 +68,20 @@ class Device:
     def __init__(self, env: simpy.Environment, name: str, result: SimResult) -> None:
         self.env, self.name, self.result = env, name, result
         self.resource = simpy.Resource(env, capacity=1)
+        # Two processes may ask for it at once (set by the Trainer). Otherwise an operation skips the SimPy
+        # request: granted at once, nothing could queue behind it, so it would only add an event.
+        self.shared = False
         first = int(name[3:].split("-")[0])
         self.members = [f"gpu{first + i}" for i in range(device_count(name))]
 
     def run(self, step: int, role: str, phase: str, seconds: float, batch: int, tokens: int, context: int):
-        with self.resource.request() as request:
+        request = self.resource.request() if self.shared else None
+        if request is not None:
             yield request
-            self.record(step, role, phase, self.env.now, seconds, batch, tokens, context)
-            yield self.env.timeout(seconds)
+        self.record(step, role, phase, self.env.now, seconds, batch, tokens, context)
+        yield self.env.timeout(seconds)
+        if request is not None:
+            self.resource.release(request)
 
     def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
         """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
@@ -147,11 +153,11 @@ class Trainer:
             ChunkPrefiller(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
         ]
         self.fused = [r for r in streamed if self.device[r] is actor]  # share the actor's device (colocated)
-        # Decode rounds take the generating device without a SimPy request where no other process ever asks for it
-        # meanwhile: the chunk prefillers have devices of their own, and only async runs another process (the
-        # learner) beside generation, on devices shared with generation unless it has rollout GPUs. Such a request
-        # is always granted at once: nothing could queue behind it or observe it.
-        self.gen_alone = schedule.policy != "async" or all(self.device[r] is not actor for r in self.roles)
+        # Which devices two processes may ask for at once. Every policy but async runs one step's operations in
+        # one process, beside chunk prefillers on devices of their own (the scorers' passes run in parallel
+        # processes, one per device); async's learner runs beside generation, sharing its devices unless
+        # generation has rollout GPUs of its own.
+        actor.shared = schedule.policy == "async" and any(self.device[r] is actor for r in self.roles)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
         self.engine = setup.engine_spec
         self.framework = setup.framework
@@ -277,16 +283,14 @@ class Trainer:
 
     def _hold(self, actor: Device, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
         """One decode round on the generating device (with a colocated scorer's prefill of the previous chunk)."""
-        if self.gen_alone:  # no other process requests this device: see __init__
-            total = self._co_run_fused(step, seconds, fused)
-            actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
-            yield self.env.timeout(total)
-            return
-        with actor.resource.request() as request:
+        request = actor.resource.request() if actor.shared else None  # see Device.shared
+        if request is not None:
             yield request
-            total = self._co_run_fused(step, seconds, fused)
-            actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
-            yield self.env.timeout(total)
+        total = self._co_run_fused(step, seconds, fused)
+        actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
+        yield self.env.timeout(total)
+        if request is not None:
+            actor.resource.release(request)
 
     def _stream(self, step: int, chunk):
         """Hand a complete chunk to the scorers; the actor stalls ``chunk_handoff_s`` to do it."""
