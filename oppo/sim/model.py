@@ -234,52 +234,49 @@ class Trainer:
     def _generate(self, plan, pending):
         """Decode rounds until the scheduler says the step's batch is complete."""
         env, sched, actor = self.env, self.scheduler, self.device[self.gen]
-        budgets, prefix = plan.budgets, plan.prefix_tokens
-        prompt_all = np.array([self.prompt[i] for i in plan.active])
-        running = np.array([i in budgets for i in plan.active])
-        self._decode_rows = int(running.sum())  # rows in the (non-compacting) decode batch
-        self._decode_width = int((prompt_all + [prefix[i] for i in plan.active])[running].max()) if running.any() else 0
-        # the running rows only (admission order), dropped as they stop: shape (rows still running,)
-        ids = np.array([i for i in plan.active if i in budgets], dtype=np.int64)
-        budget = np.array([budgets[i] for i in ids.tolist()], dtype=np.int64)
-        decoded = np.array([prefix[i] for i in ids.tolist()], dtype=np.int64)
-        rest = np.array([self.response[i] for i in ids.tolist()], dtype=np.int64) - decoded  # tokens to EOS
-        prompt, gpu = prompt_all[running], ids % len(actor.members)
-        if not self.engine.compacts_batch:
-            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
-        step_tokens, chunk, fused = 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
+        ids, stop, eos, context0, gpu = self._running_rows(plan)
+        first, step_tokens, chunk, fused = 0, 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
         while not sched.generation_done:
             n = sched.next_round_tokens()
-            left = budget - step_tokens
-            round_max = np.minimum(n, left)
-            k = np.minimum(round_max, rest)  # tokens each running sequence decodes this round
-            ends = rest <= round_max  # EOS inside this round
-            context = prompt + decoded
-            busy_s = self._decode_s(k, context, n, gpu, step_tokens)
+            # rows first: end still run, every one decodes n tokens this round unless it stops in it (a prefix)
+            end = first + int(np.searchsorted(stop[first:], step_tokens + n, side="right"))
+            k = np.minimum(stop[first:], step_tokens + n) - step_tokens  # tokens each running row decodes
+            context = context0[first:] + step_tokens
+            busy_s = self._decode_s(k, context, n, gpu[first:], step_tokens)
             seconds, tokens, context_tokens = float(busy_s.max()), int(k.sum()), int(context.sum())
             yield from self._hold(actor, plan.step, seconds, fused, len(k), tokens, context_tokens, busy_s)
             fused = None
             chunk = _merge(chunk, len(k), tokens, context_tokens)
-            decoded += k
-            rest -= k
-            sched.report_round(env.now, n, dict(zip(ids[ends].tolist(), k[ends].tolist())))
-            stopped = ends | (k >= left)
-            if stopped.any():  # keep the rows still running
-                keep = ~stopped
-                ids, budget, decoded, rest, prompt, gpu = (
-                    ids[keep],
-                    budget[keep],
-                    decoded[keep],
-                    rest[keep],
-                    prompt[keep],
-                    gpu[keep],
-                )
-            step_tokens += n
+            ended = eos[first:end]  # EOS inside this round (the others stopping spent their budget)
+            finished = zip(ids[first:end][ended].tolist(), (stop[first:end][ended] - step_tokens).tolist())
+            sched.report_round(env.now, n, dict(finished))
+            first, step_tokens = end, step_tokens + n
             if sched.stream_now:
                 yield from self._stream(plan.step, chunk)
                 fused, chunk = (chunk if self.fused else None), None
         if fused is not None:  # the last chunk is prefilled alone
             yield from self._fused_prefill(plan.step, fused)
+
+    def _running_rows(self, plan):
+        """The rows this step decodes, sorted by the step token at which each stops (stable: admission order
+        among equals), so that the rows stopping in a round are the first ones still running. Returns arrays of
+        shape (rows,): ids, stop (tokens into the step: EOS or the end of the budget, whichever comes first),
+        eos (it stops by EOS), context (prompt and resumed prefix), gpu (the generating GPU that decodes it)."""
+        budgets, prefix = plan.budgets, plan.prefix_tokens
+        ids = np.array([i for i in plan.active if i in budgets], dtype=np.int64)
+        listed = ids.tolist()
+        budget = np.array([budgets[i] for i in listed], dtype=np.int64)
+        decoded = np.array([prefix[i] for i in listed], dtype=np.int64)
+        rest = np.array([self.response[i] for i in listed], dtype=np.int64) - decoded  # tokens to EOS
+        context = np.array([self.prompt[i] for i in listed], dtype=np.int64) + decoded
+        self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch
+        self._decode_width = int(context.max(initial=0))  # its left-padded width
+        if not self.engine.compacts_batch:
+            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
+        stop = np.minimum(budget, rest)
+        order = np.argsort(stop, kind="stable")
+        gpu = ids % len(self.device[self.gen].members)
+        return ids[order], stop[order], (rest <= budget)[order], context[order], gpu[order]
 
     def _hold(self, actor: Device, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
         """One decode round on the generating device (with a colocated scorer's prefill of the previous chunk)."""
