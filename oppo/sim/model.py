@@ -85,13 +85,21 @@ class Device:
 
     def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
         """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
-        busy_s = [seconds] * len(self.members) if busy_s is None else busy_s
         batch, tokens, context = int(batch), int(tokens), int(context)
-        for gpu, seconds_g in zip(self.members, busy_s):
-            if seconds_g > 0:
-                self.result.trace.append(
-                    TraceRow(step, gpu, role, phase, start, start + seconds_g, batch, tokens, context)
+        if busy_s is None:  # every member busy alike: one end time
+            end = start + seconds
+            if seconds > 0:
+                self.result.trace.extend(
+                    [TraceRow(step, g, role, phase, start, end, batch, tokens, context) for g in self.members]
                 )
+        else:
+            self.result.trace.extend(
+                [
+                    TraceRow(step, g, role, phase, start, start + s, batch, tokens, context)
+                    for g, s in zip(self.members, busy_s)
+                    if s > 0
+                ]
+            )
 
 
 @dataclass(frozen=True)
