@@ -63,7 +63,8 @@ def _merge(chunk, batch: int, tokens: int, context: int):
 
 class Device:
     """A data-parallel GPU group ("gpu0-6") running one operation at a time, in lockstep. Every operation
-    becomes one :class:`TraceRow` per member GPU ("gpu0", ..., "gpu6"), so utilisation is per GPU."""
+    becomes one :class:`TraceRow` per member GPU ("gpu0", ..., "gpu6"), so utilisation is per GPU. Its SimPy
+    ``Resource`` is requested only where two processes may ask for the device at once (:attr:`shared`)."""
 
     def __init__(self, env: simpy.Environment, name: str, result: SimResult) -> None:
         self.env, self.name, self.result = env, name, result
