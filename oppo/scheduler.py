@@ -136,7 +136,7 @@ class Scheduler:
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         seqs = self.buffer.seqs
-        self._group_left = dict.fromkeys((seqs[i].group_id for i in plan.active), 0)  # group -> samples to finish
+        self._group_left = dict.fromkeys([seqs[i].group_id for i in plan.active], 0)  # group -> samples to finish
         for seq_id in plan.budgets:  # the unfinished ones are exactly those with a budget
             self._group_left[seqs[seq_id].group_id] += 1
         groups = self.buffer.groups  # complete groups -> finish rank of their last sample (training order)
@@ -177,11 +177,12 @@ class Scheduler:
         if tokens <= 0:
             raise ValueError(f"a round decodes at least one token, got {tokens}")
         running, budgets, step_tokens = self._running, plan.budgets, self._step_tokens
+        if not running.keys() >= finished.keys():
+            stray = next(i for i in finished if i not in running)
+            raise ValueError(f"seq {stray} reported finished but is not running")
         for seq_id, used in finished.items():
-            if seq_id not in running:
-                raise ValueError(f"seq {seq_id} reported finished but is not running")
-            allowed = min(tokens, budgets[seq_id] - step_tokens)
-            if not 1 <= used <= allowed:
+            if not 1 <= used <= tokens or used > budgets[seq_id] - step_tokens:
+                allowed = min(tokens, budgets[seq_id] - step_tokens)
                 raise ValueError(f"seq {seq_id} finished after {used} tokens; 1..{allowed} allowed")
         for used, seq_id in sorted(zip(finished.values(), finished.keys())):  # EOS order, then id
             self._stop(seq_id, step_tokens + used, finished=True)
