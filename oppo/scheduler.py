@@ -296,7 +296,7 @@ class Scheduler:
             mean_reward=mean_reward,
             delta=plan.delta,
             chunk=plan.chunk,
-            finished=sum(t.finished for t in trained),
+            finished=sum([t.finished for t in trained]),
             deferred=len(carried),
         )
         self._last_close_s = now

@@ -231,8 +231,9 @@ class Trainer:
     def _learn(self, plan, trained):
         """Score what was not streamed, train, push the weights, close the step."""
         yield from self._fixed(plan.step, {role: STAGES_OF[role] for role in self.roles})
-        yield from self._score(plan.step, trained)
-        yield from self._train(plan.step, trained)
+        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])  # tokens of each trained one
+        yield from self._score(plan.step, trained, full)
+        yield from self._train(plan.step, full)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
         for t in outcome.trained:
@@ -368,11 +369,10 @@ class Trainer:
         seconds = pass_s(computed, attended, rows=len(lengths))
         yield from self.device[on or role].run(step, role, phase, seconds, len(lengths), tokens, 0)
 
-    def _score(self, step: int, trained):
+    def _score(self, step: int, trained, full: np.ndarray):
         """Full forward passes for the scorers that were not streamed, plus the actor's log-probs under the
         current policy (always recomputed); passes on different devices run in parallel."""
-        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
-        finished = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained if t.finished])
+        finished = full[[t.finished for t in trained]] if len(full) else full
         if "reward" not in self.roles:  # a rule scores the responses on the driver's CPU; the step waits for it
             seconds = self.framework.reward.seconds(StageLoad(units=float(len(finished)), steps=1.0))
             if seconds > 0:
@@ -394,10 +394,9 @@ class Trainer:
             if len(lengths):
                 yield from self._pass(role, "score", step, lengths)
 
-    def _train(self, step: int, trained):
+    def _train(self, step: int, full: np.ndarray):
         """``ppo_epochs`` x ``minibatches`` passes of the actor then the critic, as the executor runs them."""
         setup = self.config.setup
-        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
         rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
         computed = self.framework.pass_tokens(full) / setup.minibatches  # padded to the longest unless packed
         for _ in range(setup.ppo_epochs * setup.minibatches):
