@@ -136,7 +136,7 @@ class Scheduler:
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         seqs = self.buffer.seqs
-        self._group_left = dict.fromkeys((seqs[i].group_id for i in plan.active), 0)  # group -> samples to finish
+        self._group_left = dict.fromkeys([seqs[i].group_id for i in plan.active], 0)  # group -> samples to finish
         for seq_id in plan.budgets:  # the unfinished ones are exactly those with a budget
             self._group_left[seqs[seq_id].group_id] += 1
         groups = self.buffer.groups  # complete groups -> finish rank of their last sample (training order)
@@ -176,14 +176,16 @@ class Scheduler:
         plan = self._require_plan()
         if tokens <= 0:
             raise ValueError(f"a round decodes at least one token, got {tokens}")
+        running, budgets, step_tokens = self._running, plan.budgets, self._step_tokens
+        if not running.keys() >= finished.keys():
+            stray = next(i for i in finished if i not in running)
+            raise ValueError(f"seq {stray} reported finished but is not running")
         for seq_id, used in finished.items():
-            if seq_id not in self._running:
-                raise ValueError(f"seq {seq_id} reported finished but is not running")
-            allowed = min(tokens, plan.budgets[seq_id] - self._step_tokens)
-            if not 1 <= used <= allowed:
+            if not 1 <= used <= tokens or used > budgets[seq_id] - step_tokens:
+                allowed = min(tokens, budgets[seq_id] - step_tokens)
                 raise ValueError(f"seq {seq_id} finished after {used} tokens; 1..{allowed} allowed")
         for used, seq_id in sorted(zip(finished.values(), finished.keys())):  # EOS order, then id
-            self._stop(seq_id, self._step_tokens + used, finished=True)
+            self._stop(seq_id, step_tokens + used, finished=True)
         self._step_tokens += tokens
         self._since_stream += tokens
         order = self._by_budget
@@ -200,18 +202,20 @@ class Scheduler:
 
     def _stop(self, seq_id: int, step_tokens: int, finished: bool) -> None:
         seq = self.buffer.seqs[seq_id]
-        seq.generated_tokens = self.plan.prefix_tokens[seq_id] + step_tokens
+        seq.generated_tokens = generated = self.plan.prefix_tokens[seq_id] + step_tokens
         del self._running[seq_id]
         if finished:
-            self._finished_lengths.append(seq.generated_tokens)
+            self._finished_lengths.append(generated)
             seq.finished = True
-            seq.finish_rank = (self.step, step_tokens, seq_id)
-            self._group_left[seq.group_id] -= 1
-            if self._group_left[seq.group_id] == 0:  # complete: it ranks by its last sample
-                members = self.buffer.groups[seq.group_id]
-                rank = seq.finish_rank if len(members) == 1 else max(self.buffer.seqs[i].finish_rank for i in members)
-                self._completed[seq.group_id] = rank
-                self._starved_waiting.discard(seq.group_id)
+            seq.finish_rank = rank = (self.step, step_tokens, seq_id)
+            group, left = seq.group_id, self._group_left
+            left[group] -= 1
+            if not left[group]:  # complete: it ranks by its last sample
+                members = self.buffer.groups[group]
+                if len(members) > 1:
+                    rank = max(self.buffer.seqs[i].finish_rank for i in members)
+                self._completed[group] = rank
+                self._starved_waiting.discard(group)
 
     @property
     def generation_done(self) -> bool:
@@ -242,14 +246,14 @@ class Scheduler:
         else:
             complete = sorted(self._completed, key=self._completed.__getitem__)
             if self.config.overcommit:  # starved: waited max_deferrals steps or more
-                seqs, step, limit = self.buffer.seqs, self.step, self.config.max_deferrals
-                starved = {g for g in complete if seqs[groups[g][0]].deferrals(step) >= limit}
+                seqs, oldest = self.buffer.seqs, self.step - self.config.max_deferrals  # admitted by it: starved
+                starved = {g for g in complete if seqs[groups[g][0]].admitted_step <= oldest}
                 complete = sorted(complete, key=lambda g: g not in starved)[: plan.target]
             chosen = [i for g in complete for i in groups[g]]
         if self.generation_done:  # final: cache it for close_step
-            self._selection = tuple(self._trained(i) for i in chosen)
+            self._selection = tuple(map(self._trained, chosen))
             return self._selection
-        return tuple(self._trained(i) for i in chosen)
+        return tuple(map(self._trained, chosen))
 
     def finish_generation(self) -> tuple[TrainedSeq, ...]:
         """End generation: the :meth:`select` ed sequences leave the buffer to be trained, the rest is carried (or,
@@ -292,7 +296,7 @@ class Scheduler:
             mean_reward=mean_reward,
             delta=plan.delta,
             chunk=plan.chunk,
-            finished=sum(t.finished for t in trained),
+            finished=sum([t.finished for t in trained]),
             deferred=len(carried),
         )
         self._last_close_s = now

@@ -107,3 +107,12 @@ def test_async_speed(tmp_path):
     res = bench("async_speed", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout and "x" in res.stdout
+
+
+def test_sim_records_match(tmp_path):
+    other = Path(__file__).resolve().parents[1]  # this tree against itself: the plumbing, not a finding
+    res = bench(
+        "sim_records_match", "--other", str(other), "--steps", "2", "--cases", "oppo-7b,async-verl", cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    assert "2 of 2 cases the same byte for byte" in res.stdout

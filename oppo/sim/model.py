@@ -63,29 +63,44 @@ def _merge(chunk, batch: int, tokens: int, context: int):
 
 class Device:
     """A data-parallel GPU group ("gpu0-6") running one operation at a time, in lockstep. Every operation
-    becomes one :class:`TraceRow` per member GPU ("gpu0", ..., "gpu6"), so utilisation is per GPU."""
+    becomes one :class:`TraceRow` per member GPU ("gpu0", ..., "gpu6"), so utilisation is per GPU. Its SimPy
+    ``Resource`` is requested only where two processes may ask for the device at once (:attr:`shared`)."""
 
     def __init__(self, env: simpy.Environment, name: str, result: SimResult) -> None:
         self.env, self.name, self.result = env, name, result
         self.resource = simpy.Resource(env, capacity=1)
+        # Two processes may ask for it at once (set by the Trainer). Otherwise an operation skips the SimPy
+        # request: granted at once, nothing could queue behind it, so it would only add an event.
+        self.shared = False
         first = int(name[3:].split("-")[0])
         self.members = [f"gpu{first + i}" for i in range(device_count(name))]
 
     def run(self, step: int, role: str, phase: str, seconds: float, batch: int, tokens: int, context: int):
-        with self.resource.request() as request:
+        request = self.resource.request() if self.shared else None
+        if request is not None:
             yield request
-            self.record(step, role, phase, self.env.now, seconds, batch, tokens, context)
-            yield self.env.timeout(seconds)
+        self.record(step, role, phase, self.env.now, seconds, batch, tokens, context)
+        yield self.env.timeout(seconds)
+        if request is not None:
+            self.resource.release(request)
 
     def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
         """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
-        busy_s = [seconds] * len(self.members) if busy_s is None else busy_s
         batch, tokens, context = int(batch), int(tokens), int(context)
-        for gpu, seconds_g in zip(self.members, busy_s):
-            if seconds_g > 0:
-                self.result.trace.append(
-                    TraceRow(step, gpu, role, phase, start, start + seconds_g, batch, tokens, context)
+        if busy_s is None:  # every member busy alike: one end time
+            end = start + seconds
+            if seconds > 0:
+                self.result.trace.extend(
+                    [TraceRow(step, g, role, phase, start, end, batch, tokens, context) for g in self.members]
                 )
+        else:
+            self.result.trace.extend(
+                [
+                    TraceRow(step, g, role, phase, start, start + s, batch, tokens, context)
+                    for g, s in zip(self.members, busy_s)
+                    if s > 0
+                ]
+            )
 
 
 @dataclass(frozen=True)
@@ -147,6 +162,11 @@ class Trainer:
             ChunkPrefiller(env, r, self.device[r], costs[r]) for r in streamed if self.device[r] is not actor
         ]
         self.fused = [r for r in streamed if self.device[r] is actor]  # share the actor's device (colocated)
+        # Which devices two processes may ask for at once. Every policy but async runs one step's operations in
+        # one process, beside chunk prefillers on devices of their own (the scorers' passes run in parallel
+        # processes, one per device); async's learner runs beside generation, sharing its devices unless
+        # generation has rollout GPUs of its own.
+        actor.shared = schedule.policy == "async" and any(self.device[r] is actor for r in self.roles)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
         self.engine = setup.engine_spec
         self.framework = setup.framework
@@ -211,8 +231,9 @@ class Trainer:
     def _learn(self, plan, trained):
         """Score what was not streamed, train, push the weights, close the step."""
         yield from self._fixed(plan.step, {role: STAGES_OF[role] for role in self.roles})
-        yield from self._score(plan.step, trained)
-        yield from self._train(plan.step, trained)
+        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])  # tokens of each trained one
+        yield from self._score(plan.step, trained, full)
+        yield from self._train(plan.step, full)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
         for t in outcome.trained:
@@ -223,42 +244,60 @@ class Trainer:
     def _generate(self, plan, pending):
         """Decode rounds until the scheduler says the step's batch is complete."""
         env, sched, actor = self.env, self.scheduler, self.device[self.gen]
-        ids = np.array(plan.active, dtype=np.int64)
-        length = np.array([self.response[i] for i in plan.active])
-        prompt = np.array([self.prompt[i] for i in plan.active])
-        decoded = np.array([plan.prefix_tokens[i] for i in plan.active])
-        budget = np.array([plan.budgets.get(i, 0) for i in plan.active])
-        running = np.array([i in plan.budgets for i in plan.active])
-        self._decode_rows = int(running.sum())  # rows in the (non-compacting) decode batch
-        self._decode_width = int((prompt + decoded)[running].max()) if running.any() else 0
-        step_tokens, chunk, fused = 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
+        ids, stop, eos, context0, gpu = self._running_rows(plan)
+        first, step_tokens, chunk, fused = 0, 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
         while not sched.generation_done:
             n = sched.next_round_tokens()
-            idx = np.flatnonzero(running)
-            left, rest = budget[idx] - step_tokens, length[idx] - decoded[idx]
-            k = np.minimum(np.minimum(n, left), rest)  # tokens each running sequence decodes this round
-            ends = rest <= np.minimum(n, left)  # EOS inside this round
-            context = prompt[idx] + decoded[idx]
-            busy_s = self._decode_s(k, context, n, ids[idx] % len(actor.members), step_tokens)
+            # rows first: end still run, every one decodes n tokens this round unless it stops in it (a prefix)
+            end = first + int(np.searchsorted(stop[first:], step_tokens + n, side="right"))
+            k = np.minimum(stop[first:], step_tokens + n) - step_tokens  # tokens each running row decodes
+            context = context0[first:] + step_tokens
+            busy_s = self._decode_s(k, context, n, gpu[first:], step_tokens)
             seconds, tokens, context_tokens = float(busy_s.max()), int(k.sum()), int(context.sum())
-            with actor.resource.request() as request:
-                yield request
-                total = self._co_run_fused(plan.step, seconds, fused)
-                actor.record(
-                    plan.step, "actor", "decode", env.now, seconds, len(idx), tokens, context_tokens, busy_s.tolist()
-                )
-                yield env.timeout(total)
+            yield from self._hold(actor, plan.step, seconds, fused, len(k), tokens, context_tokens, busy_s)
             fused = None
-            chunk = _merge(chunk, len(idx), tokens, context_tokens)
-            decoded[idx] += k
-            running[idx[ends | (k >= left)]] = False
-            sched.report_round(env.now, n, dict(zip(ids[idx[ends]].tolist(), k[ends].tolist())))
-            step_tokens += n
+            chunk = _merge(chunk, len(k), tokens, context_tokens)
+            ended = eos[first:end]  # EOS inside this round (the others stopping spent their budget)
+            finished = zip(ids[first:end][ended].tolist(), (stop[first:end][ended] - step_tokens).tolist())
+            sched.report_round(env.now, n, dict(finished))
+            first, step_tokens = end, step_tokens + n
             if sched.stream_now:
                 yield from self._stream(plan.step, chunk)
                 fused, chunk = (chunk if self.fused else None), None
         if fused is not None:  # the last chunk is prefilled alone
             yield from self._fused_prefill(plan.step, fused)
+
+    def _running_rows(self, plan):
+        """The rows this step decodes, sorted by the step token at which each stops (stable: admission order
+        among equals), so that the rows stopping in a round are the first ones still running. Returns arrays of
+        shape (rows,): ids, stop (tokens into the step: EOS or the end of the budget, whichever comes first),
+        eos (it stops by EOS), context (prompt and resumed prefix), gpu (the generating GPU that decodes it)."""
+        budgets, prefix = plan.budgets, plan.prefix_tokens
+        ids = np.array([i for i in plan.active if i in budgets], dtype=np.int64)
+        listed = ids.tolist()
+        budget = np.array([budgets[i] for i in listed], dtype=np.int64)
+        decoded = np.array([prefix[i] for i in listed], dtype=np.int64)
+        rest = np.array([self.response[i] for i in listed], dtype=np.int64) - decoded  # tokens to EOS
+        context = np.array([self.prompt[i] for i in listed], dtype=np.int64) + decoded
+        self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch
+        self._decode_width = int(context.max(initial=0))  # its left-padded width
+        if not self.engine.compacts_batch:
+            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
+        stop = np.minimum(budget, rest)
+        order = np.argsort(stop, kind="stable")
+        gpu = ids % len(self.device[self.gen].members)
+        return ids[order], stop[order], (rest <= budget)[order], context[order], gpu[order]
+
+    def _hold(self, actor: Device, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
+        """One decode round on the generating device (with a colocated scorer's prefill of the previous chunk)."""
+        request = actor.resource.request() if actor.shared else None  # see Device.shared
+        if request is not None:
+            yield request
+        total = self._co_run_fused(step, seconds, fused)
+        actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
+        yield self.env.timeout(total)
+        if request is not None:
+            actor.resource.release(request)
 
     def _stream(self, step: int, chunk):
         """Hand a complete chunk to the scorers; the actor stalls ``chunk_handoff_s`` to do it."""
@@ -271,20 +310,25 @@ class Trainer:
         """Busy seconds of each actor GPU in a round where row i decodes k[i] tokens from context[i] on GPU
         gpu[i]. The batch shrinks as rows finish: integrated per token position (vectorised, not one event
         per token); a GPU is busy until its own last row stops (data-parallel generation)."""
-        t = np.arange(1, n + 1)
-        stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
-        live = len(k) - stopped
         if self.engine.compacts_batch:  # finished rows leave the batch
-            batch = live
+            t = np.arange(1, n + 1)
+            stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
+            batch = len(k) - stopped  # rows still decoding at position t
             ctx = context.sum() - np.cumsum(np.bincount(k, weights=context, minlength=n + 1))[:n] + (t - 1) * batch
-        else:  # every row of the left-padded batch is computed until the last one stops
-            batch = np.full(n, self._decode_rows)
-            ctx = batch * (self._decode_width + offset + t - 1)
-        per_token = np.where(live > 0, self.costs[self.gen].decode_s(np.maximum(batch, 1), ctx), 0.0)
+            per_token = np.where(batch > 0, self.costs[self.gen].decode_s(np.maximum(batch, 1), ctx), 0.0)
+        else:  # every row of the left-padded batch is computed until the last one stops: priced once per step
+            per_token = self._padded_s[offset : offset + n]
         elapsed = np.concatenate([[0.0], np.cumsum(per_token)])  # seconds until position t
         last = np.zeros(len(self.device[self.gen].members), dtype=np.int64)
         np.maximum.at(last, gpu, k)
         return elapsed[last]
+
+    def _padded_decode_s(self, rows: int, width: int, positions: int) -> np.ndarray:
+        """Seconds of each decode position 0, 1, ... of a step's left-padded batch: ``rows`` rows, each attending
+        to ``width`` + position tokens, shape (positions,). Only positions up to the last running row's stop
+        are read (:meth:`_decode_s`), where the batch is still whole."""
+        batch = np.full(positions, rows)
+        return self.costs[self.gen].decode_s(np.maximum(batch, 1), batch * (width + np.arange(positions)))
 
     def _co_run_fused(self, step: int, decode_s: float, pending) -> float:
         """Colocated streaming: the previous chunk's prefill shares the device with this round's decode."""
@@ -325,11 +369,10 @@ class Trainer:
         seconds = pass_s(computed, attended, rows=len(lengths))
         yield from self.device[on or role].run(step, role, phase, seconds, len(lengths), tokens, 0)
 
-    def _score(self, step: int, trained):
+    def _score(self, step: int, trained, full: np.ndarray):
         """Full forward passes for the scorers that were not streamed, plus the actor's log-probs under the
         current policy (always recomputed); passes on different devices run in parallel."""
-        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
-        finished = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained if t.finished])
+        finished = full[[t.finished for t in trained]] if len(full) else full
         if "reward" not in self.roles:  # a rule scores the responses on the driver's CPU; the step waits for it
             seconds = self.framework.reward.seconds(StageLoad(units=float(len(finished)), steps=1.0))
             if seconds > 0:
@@ -351,10 +394,9 @@ class Trainer:
             if len(lengths):
                 yield from self._pass(role, "score", step, lengths)
 
-    def _train(self, step: int, trained):
+    def _train(self, step: int, full: np.ndarray):
         """``ppo_epochs`` x ``minibatches`` passes of the actor then the critic, as the executor runs them."""
         setup = self.config.setup
-        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])
         rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
         computed = self.framework.pass_tokens(full) / setup.minibatches  # padded to the longest unless packed
         for _ in range(setup.ppo_epochs * setup.minibatches):

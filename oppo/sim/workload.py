@@ -97,7 +97,9 @@ class RewardProgress:
     def step(self, trained: Sequence[TrainedSeq]) -> float:
         """Advance by this step's trained sequences; return the step's mean reward."""
         c = self.curve
-        value = sum(max(0.0, 1.0 - c.lag_cost * t.policy_lag) for t in trained if t.finished)
+        lags = [t.policy_lag for t in trained if t.finished]
+        worth = {lag: max(0.0, 1.0 - c.lag_cost * lag) for lag in set(lags)}  # a sample's value by its lag
+        value = sum(map(worth.__getitem__, lags))  # in training order
         self.progress += value / self.batch
         mean = c.start + (c.final - c.start) * (1.0 - math.exp(-self.progress / c.tau_steps))
         return float(mean + c.noise * self.rng.standard_normal())
