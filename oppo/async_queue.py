@@ -4,13 +4,14 @@ trains, with every trained sample's lag bounded by K (AReaL's ``max_head_offpoli
 A rollout engine holds up to ``concurrency`` groups and admits a new one as soon as one finishes (continuous
 batching, AReaL / PipelineRL), instead of generating a step's B groups as one batch. A group admitted while the
 trainer's version is v (v updates applied) generates its first token with version v and must be trained by step
-v + K at the latest: its *deadline*. The trainer's step u takes every group whose deadline is u (waiting for them
-to finish if need be) and fills up to B with finished groups in the order they finished.
+v + K at the latest: its *deadline*. The trainer's step u takes B finished groups, the oldest first-token
+versions first (earliest deadline first), then in the order they finished.
 
-Why the bound holds whatever the lengths (earliest-deadline-first with unit jobs): admission keeps, for the
-newest deadline d = v + K, the groups not yet taken at most B x (d - u + 1), u the next step to take; the older
-deadlines satisfy the same inequality by induction (admissions only add the newest deadline; a take removes B
-groups, all those due among them). So the groups due at step u are never more than B, and none is ever late.
+Why the bound holds whatever the lengths: admission keeps, for the newest deadline d = v + K, the groups not yet
+taken at most B x (d - u + 1), u the next step to take (the steps u..d can train them). A step takes its B only
+when what it leaves behind still satisfies that inequality for every deadline (:meth:`GroupQueue.ready`),
+waiting for groups still generating otherwise; admissions only add the newest deadline. So the inequality holds
+at every step for every deadline, and with d = u it says no group is ever late.
 
 Pure bookkeeping: the clock is the backend's; ids are the backend's group ids.
 """
@@ -65,20 +66,30 @@ class GroupQueue:
     def finish(self, group: int) -> None:
         self.finished[group] = self.in_flight.pop(group)
 
+    def _candidate(self) -> list[int]:
+        """The B finished groups a step would take: oldest first-token version first, then finish order."""
+        order = sorted(self.finished, key=self.finished.__getitem__)  # stable: finish order within a version
+        return order[: self.batch]
+
     def ready(self) -> bool:
-        """Whether the next step can take its B groups now: B finished, none of those due still generating."""
-        due = self.taken - self.staleness  # groups of this first-token version or older are due now
-        if any(v <= due for v in self.in_flight.values()):
+        """Whether the next step can take its B groups now: B finished, and what it leaves behind can still be
+        trained in time (for every deadline d from this step on, at most B x (d - next step + 1) groups left
+        with a deadline <= d; the due ones still generating make it wait)."""
+        if len(self.finished) < self.batch:
             return False
-        return len(self.finished) >= self.batch
+        chosen = set(self._candidate())
+        left = [v + self.staleness for g, v in (*self.in_flight.items(), *self.finished.items()) if g not in chosen]
+        following = self.taken + 1  # the step after this one
+        for d in range(self.taken, self.version + self.staleness + 1):
+            if sum(deadline <= d for deadline in left) > self.batch * (d - following + 1):
+                return False
+        return True
 
     def take(self) -> list[tuple[int, int]]:
-        """The next step's groups with their first-token versions: the due ones first, then in finish order."""
+        """The next step's groups with their first-token versions (see :meth:`ready`)."""
         if not self.ready():
             raise RuntimeError(f"step {self.taken} is not ready")
-        due = self.taken - self.staleness
-        order = sorted(self.finished, key=lambda g: self.finished[g] > due)  # stable: finish order within
-        chosen = [(g, self.finished.pop(g)) for g in order[: self.batch]]
+        chosen = [(g, self.finished.pop(g)) for g in self._candidate()]
         self.taken += 1
         self.training = len(chosen)
         return chosen

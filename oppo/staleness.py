@@ -34,6 +34,16 @@ are waited for: the trainer then idles and rho falls); groups of one sample or o
 from __future__ import annotations
 
 ADMISSIONS = ("continuous", "step")
+RHO_BAND = (0.8, 1.2)  # between these the trainer is near saturation: batches also queue for it
+
+
+def assumptions_hold(staleness: int, rho: float, lag: float, step_s: float, group_p95_s: float) -> bool:
+    """Whether the closed form's assumptions hold, conservatively: rho outside :data:`RHO_BAND`, and, below it,
+    the bound K slack enough that groups rarely wait for it: (K - the predicted lag) x S, the seconds a group may
+    still take without being waited for, at least the 95th percentile of a group's generation seconds."""
+    if RHO_BAND[0] < rho < RHO_BAND[1]:
+        return False
+    return rho >= 1 or (staleness - lag) * step_s >= group_p95_s
 
 
 def utilization(batch: int, train_s: float, concurrency: int, group_s: float) -> float:

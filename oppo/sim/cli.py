@@ -142,7 +142,7 @@ def _stored(args: argparse.Namespace) -> dict:
     return load_stored_config(args.config) if args.config else {}
 
 
-def _configs(args: argparse.Namespace, policies: list[str | None]) -> list[SimConfig]:
+def _configs(args: argparse.Namespace, policies: list[str | None], async_only: bool = False) -> list[SimConfig]:
     """One config per policy (None: the stored run's policy, else the default): options given on the command
     line over the stored run's settings (``--config``) over the setup's and the simulator's defaults."""
     stored, where = _stored(args), str(args.config)
@@ -162,7 +162,8 @@ def _configs(args: argparse.Namespace, policies: list[str | None]) -> list[SimCo
             schedule = schedule_from(to_dict(base), **given, policy=policy or base.policy)
         else:
             schedule = setup.schedule(policy=policy or DEFAULTS["policy"], **given)
-        options = rollout if schedule.policy == "async" else AsyncConfig()  # compare: async's options for async
+        # run and sweep take the options as given (refused but for async); compare gives them to async only
+        options = rollout if not async_only or schedule.policy == "async" else AsyncConfig()
         configs.append(SimConfig(schedule, setup, steps, seed, options))
     return configs
 
@@ -227,7 +228,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     configs, skipped = [], []
     for policy in policies:  # a policy that cannot run these settings is left out, saying why
         try:
-            configs += _configs(args, [policy])
+            configs += _configs(args, [policy], async_only=True)
         except ValueError as err:
             skipped.append(f"{policy}: {err}")
     if not configs:
