@@ -220,7 +220,9 @@ class ContinuousPipeline:
             yield request
             seconds = float(busy_s.max())
             step = self.queue.taken
-            device.record(step, "actor", "decode", env.now, seconds, len(ids), int(k.sum()), int(context.sum()), busy_s.tolist())
+            device.record(
+                step, "actor", "decode", env.now, seconds, len(ids), int(k.sum()), int(context.sum()), busy_s.tolist()
+            )
             yield env.timeout(seconds)
         done = []
         for i, tokens in zip(ids.tolist(), k.tolist()):
@@ -250,13 +252,13 @@ class ContinuousPipeline:
             chosen = self.queue.take()
             _wake(self.wake_engine)  # the taken groups left the queue: room for more
             trained = [self._trained(step, i, v) for g, v in chosen for i in self.groups[g]]
-            yield from t._fixed(step, {role: _stages(role) for role in t.roles})
-            yield from t._score(step, trained)
-            yield from t._train(step, trained)
+            yield from t._update(step, trained)
             self.queue.publish()
             _wake(self.wake_engine)
             untaken = self.queue.untaken * t.config.schedule.group_size  # sequences left for later steps
-            record = StepRecord(step, last, env.now, env.now - last, t.reward.step(trained), 0, 0, len(trained), untaken)
+            record = StepRecord(
+                step, last, env.now, env.now - last, t.reward.step(trained), 0, 0, len(trained), untaken
+            )
             last = env.now
             t.result.steps.append(record)
             t.result.trained.extend(trained)
@@ -283,9 +285,3 @@ def _finished(trainer, seq_id: int) -> TrainedSeq:
     """A just-finished sequence, as the rollout's scorers see it (only its lengths matter)."""
     length = trainer.response[seq_id]
     return TrainedSeq(-1, seq_id, -1, -1, 0, length, length, True, 0)
-
-
-def _stages(role: str) -> tuple[str, ...]:
-    from oppo.sim.model import STAGES_OF  # the framework's per-step stages of each role
-
-    return STAGES_OF[role]

@@ -196,15 +196,19 @@ class Trainer:
 
     def _learn(self, plan, trained):
         """Score what was not streamed, train, push the weights, close the step."""
-        yield from self._fixed(plan.step, {role: STAGES_OF[role] for role in self.roles})
-        yield from self._score(plan.step, trained)
-        yield from self._train(plan.step, trained)
+        yield from self._update(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
         for t in outcome.trained:
             if t.finished:  # gone from the buffer: forget its lengths
                 del self.response[t.seq_id], self.prompt[t.seq_id]
         self.result.trained.extend(outcome.trained)
+
+    def _update(self, step: int, trained):
+        """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
+        yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
+        yield from self._score(step, trained)
+        yield from self._train(step, trained)
 
     def _generate(self, plan, pending):
         """Decode rounds until the scheduler says the step's batch is complete."""
