@@ -40,6 +40,8 @@ def executor(args, flags: list[str], out: Path, core: int | None) -> None:
     cmd += ["--lengths", "alpaca_eval", "--lengths-model", args.lengths_model, *flags, "--out", str(out)]
     pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None and hasattr(os, "sched_setaffinity") else None
     done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
+    if done.returncode != 0 and "timed out during startup" in done.stderr:  # Ray on a busy machine: once more
+        done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(flags)} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
 

@@ -161,6 +161,8 @@ class ContinuousPipeline:
         self.left: dict[int, int] = {}  # group id -> samples still running
         self.admitted = 0
         self.token_lags: list[float] = []  # per trained sample: mean lag of its tokens
+        self.idle_s = {"trainer": 0.0, "rollout": 0.0}  # seconds each side waited for the other
+        self.queued: list[int] = []  # finished groups waiting when each step took its B
         self.wake_engine, self.wake_trainer = env.event(), env.event()
         env.process(self.generating())
         self.process = env.process(self.learning())
@@ -201,8 +203,9 @@ class ContinuousPipeline:
             if self.engine_version == self.queue.version:  # no admission while a new version waits for a drain
                 yield from self._admit()
             if not self.running:  # held back by the bound, the queue or a version to load: wait for the trainer
-                self.wake_engine = t.env.event()
+                self.wake_engine, waited = t.env.event(), t.env.now
                 yield self.wake_engine
+                self.idle_s["rollout"] += t.env.now - waited
                 continue
             yield from self._round(t.config.schedule.check_tokens)
 
@@ -246,9 +249,12 @@ class ContinuousPipeline:
         t, env = self.trainer, self.trainer.env
         last = 0.0
         for step in range(t.config.steps):
+            waited = env.now
             while not self.queue.ready():  # a waiter checks, then waits on a fresh event: nothing is missed
                 self.wake_trainer = env.event()
                 yield self.wake_trainer
+            self.idle_s["trainer"] += env.now - waited
+            self.queued.append(len(self.queue.finished))
             chosen = self.queue.take()
             _wake(self.wake_engine)  # the taken groups left the queue: room for more
             trained = [self._trained(step, i, v) for g, v in chosen for i in self.groups[g]]
@@ -265,7 +271,12 @@ class ContinuousPipeline:
             for g, _ in chosen:
                 for i in self.groups.pop(g):
                     del t.response[i], t.prompt[i], self.segments[i]
-        t.result.stats["mean_token_lag"] = float(np.mean(self.token_lags)) if self.token_lags else 0.0
+        t.result.stats.update(
+            mean_token_lag=float(np.mean(self.token_lags)),
+            trainer_idle_s=self.idle_s["trainer"],  # waiting for B finished groups (or for due ones)
+            rollout_idle_s=self.idle_s["rollout"],  # nothing running: held back by the bound or the queue
+            mean_queued_groups=float(np.mean(self.queued)),  # finished groups waiting when a step began
+        )
 
     def _trained(self, step: int, seq_id: int, version: int) -> TrainedSeq:
         segments = np.array(self.segments[seq_id], dtype=float)  # (versions, 2): version, tokens

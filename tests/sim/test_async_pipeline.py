@@ -92,6 +92,8 @@ def test_every_trained_sample_is_within_k(batch, k, group_size, q_batches, conc,
         assert result.stats["mean_token_lag"] <= np.mean(lags) + 1e-12
         if not inflight:
             assert result.stats["mean_token_lag"] == pytest.approx(np.mean(lags))
+        last = result.steps[-1].end_s
+        assert 0 <= result.stats["trainer_idle_s"] <= last and 0 <= result.stats["rollout_idle_s"] <= last
 
 
 def closed_form_case(batch, staleness, concurrency, rho, sigma, queue_groups=0, steps=150, skip=30):
