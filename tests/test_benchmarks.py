@@ -116,3 +116,12 @@ def test_sim_records_match(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "2 of 2 cases the same byte for byte" in res.stdout
+
+
+def test_async_fidelity(tmp_path):
+    pytest.importorskip("ray")
+    args = ("--preset", "tiny-cpu", "--batch", "2", "--steps", "2", "--max-new-tokens", "8", "--staleness", "1")
+    res = bench("async_fidelity", *args, "--repeats", "1", "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "lag measured" in res.stdout and "load average" in res.stdout
+    assert " 1 " in res.stdout.splitlines()[-1] and "met" in res.stdout.splitlines()[-1]

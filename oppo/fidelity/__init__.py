@@ -11,6 +11,7 @@ fixed Δ keep the scheduling decisions of both backends identical (they depend o
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from oppo.lengths import LengthTrace
 from oppo.record_io import read_rows
 from oppo.records import StepRecord, TraceRow
 from oppo.sim import SimConfig, simulate
+from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.calibrate import fit_trace, save_profile
 from oppo.sim.setups import Contention, LengthModel, Placement, Setup
 
@@ -47,6 +49,26 @@ def sim_setup_for(config: ExecConfig, profile: str | Path) -> Setup:
         contention=Contention(chunk_handoff_s=0.0, colocated_overlap_frac=0.0),
         lengths=LengthModel(prompt_tokens=config.task.prompt_tokens),
     )
+
+
+def async_setup_for(config: ExecConfig, profile: str | Path) -> tuple[Setup, AsyncConfig]:
+    """The simulator's mirror of an executor ``async`` run with rollout workers: one device (core) per worker
+    generating and scoring with the frozen roles (reward model, reference), the trainer on its own (old
+    log-probs, values, updates); step s by version s - K exactly and the run's queue bound."""
+    workers = config.rollout_workers
+    setup = sim_setup_for(config, profile)
+    placement = Placement("colocated", workers + 1, 0, rollout_gpus=workers)
+    options = AsyncConfig(queue_groups=config.queue_groups, rollout_scores=True, weights="oldest")
+    return dataclasses.replace(setup, placement=placement), options
+
+
+def predict_async(run_dir: Path, profile: Path, lengths: LengthTrace) -> list:
+    """Simulate the ``async`` run with rollout workers recorded in ``run_dir``: (step records, trained samples)."""
+    config = load_config(run_dir / "config.json")
+    setup, options = async_setup_for(config, profile)
+    replay = replay_lengths(config, lengths, config.schedule.batch * (config.steps + 2) + 64)
+    result = simulate(SimConfig(config.schedule, setup, config.steps, config.seed, options), replay)
+    return result.steps, result.trained
 
 
 def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTrace:

@@ -25,6 +25,7 @@ from oppo.cli import add_config_args, given_options, run_cli
 from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.lengths import load_lengths
 from oppo.record_io import write_json, write_run
+from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
@@ -133,6 +134,7 @@ def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--timeline-steps", default="0,1,2", help="steps drawn in timeline.png")
     skip = () if policy else ("policy",)
     add_config_args(parser, ScheduleConfig, skip=skip, shown=dict.fromkeys(SCHEDULE_FROM_SETUP, "the setup's"))
+    add_config_args(parser, AsyncConfig)
 
 
 def _stored(args: argparse.Namespace) -> dict:
@@ -140,7 +142,7 @@ def _stored(args: argparse.Namespace) -> dict:
     return load_stored_config(args.config) if args.config else {}
 
 
-def _configs(args: argparse.Namespace, policies: list[str | None]) -> list[SimConfig]:
+def _configs(args: argparse.Namespace, policies: list[str | None], async_only: bool = False) -> list[SimConfig]:
     """One config per policy (None: the stored run's policy, else the default): options given on the command
     line over the stored run's settings (``--config``) over the setup's and the simulator's defaults."""
     stored, where = _stored(args), str(args.config)
@@ -151,6 +153,8 @@ def _configs(args: argparse.Namespace, policies: list[str | None]) -> list[SimCo
         setup = load_setup(args.setup or DEFAULTS["setup"])
     else:
         setup = setup_from_dict(stored.get("setup"), f"{where}: [setup]")
+    rollout_stored = config_from_dict(AsyncConfig, stored.get("rollout", {}), f"{where}: [rollout]")
+    rollout = dataclasses.replace(rollout_stored, **given_options(AsyncConfig, args))
     configs = []
     for policy in policies:
         if stored:  # the stored schedule, whole, under the given options
@@ -158,7 +162,9 @@ def _configs(args: argparse.Namespace, policies: list[str | None]) -> list[SimCo
             schedule = schedule_from(to_dict(base), **given, policy=policy or base.policy)
         else:
             schedule = setup.schedule(policy=policy or DEFAULTS["policy"], **given)
-        configs.append(SimConfig(schedule, setup, steps, seed))
+        # run and sweep take the options as given (refused but for async); compare gives them to async only
+        options = rollout if not async_only or schedule.policy == "async" else AsyncConfig()
+        configs.append(SimConfig(schedule, setup, steps, seed, options))
     return configs
 
 
@@ -222,7 +228,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     configs, skipped = [], []
     for policy in policies:  # a policy that cannot run these settings is left out, saying why
         try:
-            configs += _configs(args, [policy])
+            configs += _configs(args, [policy], async_only=True)
         except ValueError as err:
             skipped.append(f"{policy}: {err}")
     if not configs:

@@ -54,12 +54,15 @@ def config_dict(config: SimConfig, trace: LengthTrace | None) -> dict:
     back): schedule, the whole setup, steps, seed, and the length trace (path, model filter, digest), or None
     for the setup's own length model."""
     source = trace.source() if trace is not None else LengthTrace.NO_SOURCE
-    return {
+    stored = {
         "schedule": to_dict(config.schedule),
         "setup": to_dict(config.setup),
         "steps": config.steps,
         "seed": config.seed,
-    } | source
+    }
+    if not config.rollout.is_default:  # async's queue and rollout options, stored only where they are set
+        stored["rollout"] = to_dict(config.rollout)
+    return stored | source
 
 
 def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: LengthTrace | None) -> dict:
@@ -75,6 +78,7 @@ def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: Lengt
         peak_flops=peak,
     )
     summary["time_to_reward_s"] = time_to_reward(result.steps, config.setup.reward_threshold)
+    summary.update(result.stats)
     summary["note"] = "simulated; mean_reward comes from a reward-progress model (oppo.sim.workload.RewardCurve)"
     return summary
 

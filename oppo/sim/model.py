@@ -20,6 +20,7 @@ from oppo.config import ScheduleConfig, check_positive
 from oppo.metrics import device_count
 from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
+from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.costs import CostModel, pass_attended
 from oppo.sim.framework import ROLE_STAGES, StageLoad
 from oppo.sim.setups import Setup
@@ -36,9 +37,11 @@ class SimConfig:
     setup: Setup
     steps: int = 100
     seed: int = 0
+    rollout: AsyncConfig = field(default_factory=AsyncConfig)  # how async feeds the trainer
 
     def __post_init__(self) -> None:
         check_positive("steps", self.steps)
+        self.rollout.check(self.schedule, self.setup)
 
 
 @dataclass
@@ -46,6 +49,7 @@ class SimResult:
     steps: list[StepRecord] = field(default_factory=list)
     trace: list[TraceRow] = field(default_factory=list)
     trained: list[TrainedSeq] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)  # run-level figures of some policies (async: mean_token_lag)
 
 
 def _chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, float]:
@@ -172,10 +176,11 @@ class Trainer:
         self.framework = setup.framework
         self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
         self.prompt: dict[int, int] = {}
+        # async: the rollout devices score with the frozen roles what they generated (the trainer does not)
+        scored = config.rollout.rollout_scores and schedule.policy == "async"
+        self.scored_by_rollout = {r for r in FROZEN if r in self.roles} if scored else set()
         if schedule.policy == "async":  # generation runs ahead on its own devices, training follows
-            self.batches, self.version, self.updated = simpy.Store(env), 0, env.event()
-            env.process(self.rolling())
-            self.process = env.process(self.learning())
+            self.process = start_pipeline(self).process
         else:
             self.process = env.process(self.training())
 
@@ -185,25 +190,6 @@ class Trainer:
             plan = self.scheduler.plan_step(self.env.now)
             yield from self._rollout(plan)
             yield from self._learn(plan, self.scheduler.select())
-
-    def rolling(self):
-        """``async``: generate step after step with the newest weights, at most ``staleness`` versions ahead."""
-        staleness = self.config.schedule.staleness
-        for step in range(self.config.steps):
-            while step - self.version > staleness:
-                yield self.updated
-            plan = self.scheduler.plan_step(self.env.now, version=self.version)
-            yield from self._rollout(plan)
-            yield self.batches.put((plan, self.scheduler.finish_generation()))
-
-    def learning(self):
-        """``async``: train each generated step in order, then push the weights to the rollout devices."""
-        for _ in range(self.config.steps):
-            plan, trained = yield self.batches.get()
-            yield from self._learn(plan, trained)
-            self.version += 1
-            updated, self.updated = self.updated, self.env.event()
-            updated.succeed()
 
     def _rollout(self, plan):
         """Prompts in, generation until the scheduler stops it (streaming chunks to the scorers)."""
@@ -230,16 +216,20 @@ class Trainer:
 
     def _learn(self, plan, trained):
         """Score what was not streamed, train, push the weights, close the step."""
-        yield from self._fixed(plan.step, {role: STAGES_OF[role] for role in self.roles})
-        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])  # tokens of each trained one
-        yield from self._score(plan.step, trained, full)
-        yield from self._train(plan.step, full)
+        yield from self._update(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
         for t in outcome.trained:
             if t.finished:  # gone from the buffer: forget its lengths
                 del self.response[t.seq_id], self.prompt[t.seq_id]
         self.result.trained.extend(outcome.trained)
+
+    def _update(self, step: int, trained):
+        """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
+        yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
+        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])  # tokens of each trained one
+        yield from self._score(step, trained, full)
+        yield from self._train(step, full)
 
     def _generate(self, plan, pending):
         """Decode rounds until the scheduler says the step's batch is complete."""
@@ -378,6 +368,7 @@ class Trainer:
             if seconds > 0:
                 yield from self.device["actor"].run(step, "reward", "score", seconds, len(finished), 0, 0)
         streamed = set(self.config.schedule.streamed_scorers) if self.config.schedule.streaming else set()
+        streamed |= self.scored_by_rollout  # scored where they were generated
         passes = [("actor", full)] + [
             (r, full) for r in ("reference", "critic") if r in self.roles and r not in streamed
         ]
