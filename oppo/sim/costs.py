@@ -138,21 +138,32 @@ class RooflineCost:
     def _pass_overhead_s(self) -> float:
         gather_bw = self.engine.weight_gather_bytes_per_s
         gather_s = self.model.weight_bytes / gather_bw if gather_bw > 0 and self.n_gpus > 1 else 0.0
-        return self.model.layers * self.efficiency.layer_overhead_s + gather_s
+        return self._launch_s + gather_s
 
     def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """A forward pass over ``tokens`` new tokens attending to ``attended`` (query, key) pairs in all
         (``rows`` sequences: the framework layer counts micro-batches; the roofline does not need it)."""
         if tokens <= 0:
             return 0.0
+        return self._forward_s(tokens, attended) + self._pass_overhead_s
+
+    def _forward_s(self, tokens: float, attended: float) -> float:
         m, n = self.model, self.n_gpus
         compute_s = m.forward_flops(tokens / n, attended / n) / self._flops
-        roofline_s = max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
-        return roofline_s + self._pass_overhead_s
+        return max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
+
+    @property
+    def _launch_s(self) -> float:
+        """Kernel launches of one pass: a fixed time per layer."""
+        return self.model.layers * self.efficiency.layer_overhead_s
 
     def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
-        """A scoring forward pass costs what a prefill of the same tokens costs."""
-        return self.prefill_s(tokens, attended)
+        """A scoring forward pass: a prefill of the same tokens without the generation engine's weight gather
+        (the parameter gathers of scoring and training passes are the framework layer's, inside its fitted terms:
+        :mod:`oppo.sim.framework`)."""
+        if tokens <= 0:
+            return 0.0
+        return self._forward_s(tokens, attended) + self._launch_s
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """Forward + backward (3x forward FLOPs) and one optimizer step."""
@@ -163,7 +174,7 @@ class RooflineCost:
             3 * m.forward_flops(tokens / n, attended / n) / (self.gpu.peak_flops * self.efficiency.train_flops_frac)
         )
         optimizer_s = m.params * self.optimizer_bytes_per_param / n / self._bandwidth
-        return compute_s + optimizer_s + 3 * self._pass_overhead_s
+        return compute_s + optimizer_s + 3 * self._launch_s  # gathers: as in score_s
 
     def sync_s(self) -> float:
         """Weight sync after an update: only an engine with its own weight copy (vLLM) needs one."""

@@ -30,10 +30,16 @@ Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from oppo.data import data_dir
 
 # role of the simulator -> (its scoring stage, its update stage)
 ROLE_STAGES = {
@@ -206,22 +212,47 @@ class FrameworkCost:
         return sum(self.framework.stage(s).seconds(StageLoad(steps=1.0)) for s in stages if s)
 
 
-# TRL's PPOTrainer (1.12) as the paper ran it: its defaults give the structure (local_rollout_forward_batch_size
-# 64, per_device_train_batch_size 8, gradient_checkpointing on, 4 PPO epochs in the setup). The efficiency terms
-# are TRANSFERRED, not fitted to the paper: those calibrated on the verl Gemma-2 2B run (HF models under FSDP,
-# micro-batched forwards and updates like TRL's under ZeRO-3; `python -m oppo.sim calibrate-log --log
-# gemma-2-2b-it-ppo-bsz512_4-prompt1024-resp-512-0.640.log.gz --setup verl-gemma-2-2b-gsm8k`), the larger of the
-# two logged models; old log-probs and the reward model take the reference's (the same forward). Generation is
-# the engine's (HF generate under ZeRO-3, :data:`oppo.sim.hardware.ENGINES`).
-TRL = Framework(
-    forward_micro_batch=64,
-    train_micro_batch=8,
-    gradient_checkpointing=True,
-    old_log_prob=StageCost(half_efficiency_tokens=4648.0),
-    ref=StageCost(half_efficiency_tokens=4648.0),
-    values=StageCost(half_efficiency_tokens=3915.0),
-    reward=StageCost(half_efficiency_tokens=4648.0),
-    update_actor=StageCost(half_efficiency_tokens=3392.0),
-    update_critic=StageCost(half_efficiency_tokens=2760.0),
-)
+STAGES = tuple(f.name for f in dataclasses.fields(Framework) if f.type in ("StageCost", StageCost))
+STAGE_TERMS = tuple(f.name for f in dataclasses.fields(StageCost))
+SHARED_LAYER = data_dir() / "framework" / "verl-shared.toml"  # fitted across the four shared verl runs
+
+
+def read_layer(path: Path) -> dict[str, dict]:
+    """The stage tables of a ``framework.toml`` (what ``calibrate-log`` with several logs writes; a setup's
+    ``[framework] base = PATH`` takes it), each a dict of :class:`StageCost` terms."""
+    if not path.is_file():
+        raise FileNotFoundError(f"framework layer not found: {path}")
+    try:
+        layer = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: invalid TOML ({err})") from None
+    unknown = [k for k, v in layer.items() if k not in STAGES or not isinstance(v, dict)]
+    if unknown:
+        raise ValueError(f"{path}: {unknown[0]!r} is no stage table; a framework layer has [{'], ['.join(STAGES)}]")
+    return layer
+
+
+@functools.cache
+def shared_layer() -> dict[str, StageCost]:
+    """The stage terms fitted across the four shared verl runs (``oppo/data/framework/verl-shared.toml``, whose
+    header says which logs and which command)."""
+    return {stage: StageCost(**terms) for stage, terms in read_layer(SHARED_LAYER).items()}
+
+
+def trl_layer(rule_reward: bool = False) -> Framework:
+    """TRL's PPOTrainer (1.12) as the paper ran it. Its defaults give the structure: scoring forwards in
+    micro-batches of ``local_rollout_forward_batch_size`` = 64, updates of ``per_device_train_batch_size`` = 8,
+    ``gradient_checkpointing`` on (4 PPO epochs in the setup). Its scoring and update stages take the terms of the
+    layer fitted across the shared verl runs (:func:`shared_layer`: HF models under FSDP, micro-batched forwards
+    and updates like TRL's under ZeRO-3; the passes' parameter gathers are inside those terms); a reward model's
+    forward takes the reference's terms (the same pass). Generation keeps the HF engine's own declared terms
+    (:data:`oppo.sim.hardware.ENGINES`): the shared runs decode with vLLM, TRL with HF ``generate``. With a rule
+    reward, the layer's per-sequence reward term (0 where no shared run times one)."""
+    layer = shared_layer()
+    scoring = {s: layer[s] for s in ("old_log_prob", "ref", "values", "update_actor", "update_critic")}
+    reward = layer.get("reward", IDENTITY) if rule_reward else layer["ref"]
+    return Framework(forward_micro_batch=64, train_micro_batch=8, gradient_checkpointing=True, reward=reward, **scoring)
+
+
+TRL = trl_layer()
 FRAMEWORKS = {"roofline": Framework(), "trl": TRL}  # a setup's [framework] table may start from one (base = NAME)

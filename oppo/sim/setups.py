@@ -24,7 +24,7 @@ from oppo.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir
 from oppo.metrics import device_count
 from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
-from oppo.sim.framework import FRAMEWORKS, TRL, Framework, FrameworkCost, StageCost
+from oppo.sim.framework import FRAMEWORKS, STAGE_TERMS, TRL, Framework, FrameworkCost, StageCost, read_layer, trl_layer
 from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape
 from oppo.sim.workload import LengthModel, RewardCurve
 
@@ -250,7 +250,7 @@ def paper_7b_gh200_gsm8k() -> Setup:
         window_tokens=128,
         placement=Placement(actor_gpus=4, reward_gpus=0),
         reward_threshold=0.6,
-        framework=TRL,
+        framework=trl_layer(rule_reward=True),
         lengths=LengthModel(median_tokens=92, sigma=0.4, prompt_tokens=59),
         reward_curve=RewardCurve(start=0.1, final=0.8, tau_steps=150.0, noise=0.02),
     )
@@ -351,7 +351,7 @@ def load_setup(name_or_file: str) -> Setup:
             data[role] = _model_path(data[role], path.parent)
     framework = data.get("framework")
     if isinstance(framework, dict) and str(framework.get("base", "")).endswith(".toml"):
-        data["framework"] = load_framework_layer(path.parent / framework.pop("base")) | framework
+        data["framework"] = read_layer(path.parent / framework.pop("base")) | framework
     base = data.pop("base", "paper-7b-h200")
     if base in PRESETS or (data_dir() / "setups" / f"{base}.toml").is_file():
         return _override(load_setup(base), data, str(path))
@@ -372,9 +372,6 @@ def _model_path(value: str, folder: Path) -> str:
     return value
 
 
-STAGE_TERMS = tuple(f.name for f in dataclasses.fields(StageCost))
-
-
 def framework_toml(layer: dict[str, StageCost], comment: str) -> str:
     """A fitted framework layer as ``framework.toml``: one table per stage, every term written out (what a setup's
     ``[framework] base = "framework.toml"`` takes over its own structural settings)."""
@@ -382,21 +379,6 @@ def framework_toml(layer: dict[str, StageCost], comment: str) -> str:
     for stage, cost in layer.items():
         lines += ["", f"[{stage}]"] + [f"{t} = {_toml_value(float(getattr(cost, t)))}" for t in STAGE_TERMS]
     return "\n".join(lines) + "\n"
-
-
-def load_framework_layer(path: Path) -> dict[str, dict]:
-    """The stage tables of a ``framework.toml`` (``[framework] base`` of a setup names it, relative to the setup)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"framework layer not found: {path}")
-    try:
-        layer = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: invalid TOML ({err})") from None
-    stages = [f.name for f in dataclasses.fields(Framework) if isinstance(getattr(Framework(), f.name), StageCost)]
-    unknown = [k for k, v in layer.items() if k not in stages or not isinstance(v, dict)]
-    if unknown:
-        raise ValueError(f"{path}: {unknown[0]!r} is no stage table; a framework layer has [{'], ['.join(stages)}]")
-    return layer
 
 
 def setup_toml(setup: Setup, base: str) -> str:
