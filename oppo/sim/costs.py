@@ -83,6 +83,7 @@ class RooflineCost:
     tensor_parallel: int = 1
     kv_budget_bytes: float = math.inf
     eager_decode: bool = True
+    allreduce_bytes_per_s: float = 0.0  # the tensor-parallel all-reduce's link (0: the GPU's intra-node link)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1 or self.n_gpus % self.tensor_parallel:
@@ -132,7 +133,8 @@ class RooflineCost:
         if tp == 1:
             return 0.0
         moved = 2 * (tp - 1) / tp * rows * m.hidden * m.bytes_per_param
-        return 2 * m.layers * (ALLREDUCE_LATENCY_S + moved / self.gpu.link_bytes_per_s)
+        link = self.allreduce_bytes_per_s or self.gpu.link_bytes_per_s
+        return 2 * m.layers * (ALLREDUCE_LATENCY_S + moved / link)
 
     @property
     def _pass_overhead_s(self) -> float:
@@ -159,8 +161,8 @@ class RooflineCost:
 
     def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """A scoring forward pass: a prefill of the same tokens without the generation engine's weight gather
-        (the parameter gathers of scoring and training passes are the framework layer's, inside its fitted terms:
-        :mod:`oppo.sim.framework`)."""
+        (the parameter gathers of scoring and training passes are the framework layer's: bytes over the
+        interconnect per micro-batch where it shards the parameters, :class:`oppo.sim.framework.FrameworkCost`)."""
         if tokens <= 0:
             return 0.0
         return self._forward_s(tokens, attended) + self._launch_s
@@ -174,7 +176,7 @@ class RooflineCost:
             3 * m.forward_flops(tokens / n, attended / n) / (self.gpu.peak_flops * self.efficiency.train_flops_frac)
         )
         optimizer_s = m.params * self.optimizer_bytes_per_param / n / self._bandwidth
-        return compute_s + optimizer_s + 3 * self._launch_s  # gathers: as in score_s
+        return compute_s + optimizer_s + 3 * self._launch_s  # gathers: the framework layer's, as in score_s
 
     def sync_s(self) -> float:
         """Weight sync after an update: only an engine with its own weight copy (vLLM) needs one."""

@@ -106,6 +106,10 @@ class Framework:
     critic_train_micro_batch: int = 0  # the critic's, where it differs (0: train_micro_batch)
     forward_micro_batch: int = 0  # sequences per GPU per scoring forward micro-batch (0: the whole batch)
     gradient_checkpointing: bool = False  # the backward recomputes the forward: 4 instead of 3 forward FLOPs
+    # FSDP / ZeRO-3: each GPU holds 1/n of the parameters and all-gathers them for every micro-batch's forward
+    # (and again for its backward, then reduce-scatters the gradients): bytes over the interconnect (False: the
+    # gathers, if any, are inside the fitted terms)
+    sharded: bool = False
     packed: bool = True  # remove-padding: passes compute real tokens (False: every row padded to the longest)
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
@@ -161,6 +165,15 @@ class FrameworkCost:
     base: object  # a RooflineCost (or any cost model with its protocol and ``n_gpus``, ``model``)
     role: str
     framework: Framework
+    collective_bytes_per_s: float = 0.0  # the link a collective over the role's GPUs runs on (0: no collective)
+
+    def _gather_s(self) -> float:
+        """One all-gather of the sharded parameters (or reduce-scatter of the gradients, the same bytes): each GPU
+        receives the (n - 1) / n of the weights it does not hold over the collective's link (ring), in seconds."""
+        n = self.base.n_gpus
+        if not self.framework.sharded or n == 1 or self.collective_bytes_per_s <= 0:
+            return 0.0
+        return self.base.model.weight_bytes * (n - 1) / n / self.collective_bytes_per_s
 
     def _offload_s(self) -> float:
         if self.role not in self.framework.offload:
@@ -184,7 +197,9 @@ class FrameworkCost:
         if tokens <= 0:
             return 0.0
         stage = self.framework.stage(ROLE_STAGES[self.role][0])
-        load = self._pass_load(self.base.score_s(tokens, attended), tokens, rows, self.framework.forward_micro_batch)
+        load = self._pass_load(
+            self.base.score_s(tokens, attended), tokens, rows, self.framework.forward_micro_batch, gathers=1
+        )
         return stage.seconds(load) + self._offload_s()  # the host transfer: no framework term scales it
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
@@ -193,13 +208,18 @@ class FrameworkCost:
         stage = self.framework.stage(ROLE_STAGES[self.role][1])
         recompute = 4 / 3 if self.framework.gradient_checkpointing else 1.0
         roofline = self.base.train_s(tokens, attended) * recompute
-        return stage.seconds(self._pass_load(roofline, tokens, rows, self.framework.train_micro_batch_of(self.role)))
+        micro_batch = self.framework.train_micro_batch_of(self.role)
+        # sharded: a gather for the forward, one for the backward (the recompute of checkpointing runs inside the
+        # backward on the gathered layer), a reduce-scatter of the gradients
+        return stage.seconds(self._pass_load(roofline, tokens, rows, micro_batch, gathers=3))
 
-    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int) -> StageLoad:
-        """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches."""
+    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
+        """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
+        ``gathers`` times the sharded parameters over the interconnect (bytes no framework term scales)."""
         units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
-        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units)
+        extra_s = units * gathers * self._gather_s()
+        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, extra_s=extra_s)
 
     def sync_s(self) -> float:
         return self.base.sync_s()
@@ -242,16 +262,18 @@ def shared_layer() -> dict[str, StageCost]:
 def trl_layer(rule_reward: bool = False) -> Framework:
     """TRL's PPOTrainer (1.12) as the paper ran it. Its defaults give the structure: scoring forwards in
     micro-batches of ``local_rollout_forward_batch_size`` = 64, updates of ``per_device_train_batch_size`` = 8,
-    ``gradient_checkpointing`` on (4 PPO epochs in the setup). Its scoring and update stages take the terms of the
-    layer fitted across the shared verl runs (:func:`shared_layer`: HF models under FSDP, micro-batched forwards
-    and updates like TRL's under ZeRO-3; the passes' parameter gathers are inside those terms); a reward model's
+    ``gradient_checkpointing`` on (4 PPO epochs in the setup), parameters sharded (ZeRO-3: gathered over the
+    interconnect per micro-batch, as bytes). Its scoring and update stages take the terms of the layer fitted
+    across the shared verl runs (:func:`shared_layer`: HF models under FSDP, whose gathers the fit charged as
+    bytes too, micro-batched forwards and updates like TRL's under ZeRO-3); a reward model's
     forward takes the reference's terms (the same pass). Generation keeps the HF engine's own declared terms
     (:data:`oppo.sim.hardware.ENGINES`): the shared runs decode with vLLM, TRL with HF ``generate``. With a rule
     reward, the layer's per-sequence reward term (0 where no shared run times one)."""
     layer = shared_layer()
     scoring = {s: layer[s] for s in ("old_log_prob", "ref", "values", "update_actor", "update_critic")}
     reward = layer.get("reward", IDENTITY) if rule_reward else layer["ref"]
-    return Framework(forward_micro_batch=64, train_micro_batch=8, gradient_checkpointing=True, reward=reward, **scoring)
+    structure = dict(forward_micro_batch=64, train_micro_batch=8, gradient_checkpointing=True, sharded=True)
+    return Framework(**structure, reward=reward, **scoring)
 
 
 TRL = trl_layer()

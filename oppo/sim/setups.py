@@ -62,6 +62,29 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Cluster:
+    """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
+    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
+    per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
+    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). A role's GPUs
+    are counted from the first node's first GPU: 16 GPUs at 8 per node span two nodes."""
+
+    gpus_per_node: int = 8
+    inter_node_bytes_per_s: float = 25e9
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1 or self.inter_node_bytes_per_s <= 0:
+            raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s > 0")
+
+    def link_bytes_per_s(self, gpu, n_gpus: int) -> float:
+        """Per-GPU bandwidth of a collective over ``n_gpus`` GPUs: the intra-node link, or the slower inter-node
+        one where they span nodes."""
+        if n_gpus <= self.gpus_per_node:
+            return gpu.link_bytes_per_s
+        return min(gpu.link_bytes_per_s, self.inter_node_bytes_per_s)
+
+
+@dataclass(frozen=True)
 class Contention:
     """Costs of streaming, in one place.
 
@@ -101,6 +124,7 @@ class Setup:
     check_tokens: int = 32  # over-commit checks for B finished every this many tokens
     placement: Placement = field(default_factory=Placement)
     contention: Contention = field(default_factory=Contention)
+    cluster: Cluster = field(default_factory=Cluster)  # nodes and the link between them
     framework: Framework = field(default_factory=Framework)  # what the RL framework adds to the roofline
     lengths: LengthModel = field(default_factory=LengthModel)
     reward_curve: RewardCurve = field(default_factory=RewardCurve)
@@ -188,14 +212,16 @@ class Setup:
         for role, device in devices.items():
             model = model_shape(self.shape(role))
             engine_terms = self._rollout_engine(model, gpu) if role == generating else {}
-            roofline = RooflineCost(model, gpu, device_count(device), engine, eff, **engine_terms)
-            out[role] = FrameworkCost(roofline, role, self.framework)
+            n = device_count(device)
+            roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)
+            out[role] = FrameworkCost(roofline, role, self.framework, self.cluster.link_bytes_per_s(gpu, n))
         return out
 
     def _rollout_engine(self, model, gpu) -> dict[str, Any]:
         """The rollout engine's settings of the framework layer, as the generating role's roofline reads them."""
         fw = self.framework
-        terms: dict[str, Any] = {"tensor_parallel": fw.rollout_tensor_parallel}
+        tp = fw.rollout_tensor_parallel
+        terms: dict[str, Any] = {"tensor_parallel": tp, "allreduce_bytes_per_s": self.cluster.link_bytes_per_s(gpu, tp)}
         terms["eager_decode"] = not fw.decode_cuda_graphs
         if fw.rollout_memory_fraction:
             budget = gpu.memory_bytes * fw.rollout_memory_fraction - model.weight_bytes / fw.rollout_tensor_parallel
@@ -266,6 +292,7 @@ def paper_7b_a100_2x4() -> Setup:
         batch=64,
         max_new_tokens=1024,
         placement=Placement(actor_gpus=7, reward_gpus=1),
+        cluster=Cluster(gpus_per_node=4),  # the actor's 7 GPUs span both nodes
         framework=TRL,
     )
 
