@@ -9,6 +9,9 @@ The time of a pass is ``max(bytes / achieved_bandwidth, flops / achieved_flops)`
 bandwidth-bound (weights + KV cache read once per iteration), prefill and training compute-bound. The measured
 profiles hold the linear layers only; attention is modelled analytically (KV bytes read in decode, 4·L·H FLOPs
 per attended (query, key) pair in prefill and training) with the same efficiencies.
+
+The cost stack: GPU datasheet (:mod:`oppo.gpus`) -> this engine level (with :mod:`oppo.sim.hardware`) -> the
+framework layer on top of it (:mod:`oppo.sim.framework`).
 """
 
 from __future__ import annotations

@@ -16,13 +16,18 @@ the decode batch per iteration: per generated token on an engine that compacts t
 padded batch, finished rows included, on one that does not (HF generate); a rollout engine whose KV memory cannot
 hold the whole batch runs it in waves, so its time follows the tokens decoded rather than the longest response.
 ``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales
-(the host transfer of offloaded parameters). Every term is linear in the load, so the loads of a step add up,
-and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very class.
+(the host transfer of offloaded parameters, the gathers of sharded ones: bytes over a link). Every term is
+linear in the load, so the loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by
+simulating a step with this very class.
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
 of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages; ``per_unit_s`` (and any term)
 can be set by hand in a setup's ``[framework.STAGE]`` tables; the structural settings (micro-batch sizes,
 gradient checkpointing, offload) are the run's configuration.
+
+The cost stack: GPU datasheet (:mod:`oppo.gpus`) -> engine (:mod:`oppo.sim.costs`) -> this layer -> its fitted
+terms (:mod:`oppo.sim.logfit` fits them on logs, ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
+across the shared runs).
 
 Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob`` (actor scoring), ``ref``
 (reference scoring), ``values`` (critic forward), ``reward`` (reward model), ``update_actor``, ``update_critic``.
