@@ -111,7 +111,7 @@ def test_work_done_counts_finished_samples_only():
 
 def test_tppo_does_not_rank_first_on_work_done_on_the_7b_preset():
     """T-PPO's 256-token steps are ~3.4x shorter than sync's, but it finishes fewer responses per second than
-    APRIL's over-commit (and about as many as oppo: 1.91x vs 1.90x): the compare table ranks on finished samples per
+    APRIL's over-commit (and about as many as oppo: 1.91x vs 1.89x): the compare table ranks on finished samples per
     second, not on step time."""
     trace = load_lengths("alpaca_eval")
     rows = compare(load_setup("paper-7b-h200"), ["sync", "oppo", "april", "tppo"], 200, 0, trace)  # as the docs
