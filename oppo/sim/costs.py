@@ -9,6 +9,9 @@ The time of a pass is ``max(bytes / achieved_bandwidth, flops / achieved_flops)`
 bandwidth-bound (weights + KV cache read once per iteration), prefill and training compute-bound. The measured
 profiles hold the linear layers only; attention is modelled analytically (KV bytes read in decode, 4·L·H FLOPs
 per attended (query, key) pair in prefill and training) with the same efficiencies.
+
+The cost stack: GPU datasheet (:mod:`oppo.gpus`) -> this engine level (with :mod:`oppo.sim.hardware`) -> the
+framework layer on top of it (:mod:`oppo.sim.framework`).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class RooflineCost:
     tensor_parallel: int = 1
     kv_budget_bytes: float = math.inf
     eager_decode: bool = True
+    allreduce_bytes_per_s: float = 0.0  # the tensor-parallel all-reduce's link (0: the GPU's intra-node link)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1 or self.n_gpus % self.tensor_parallel:
@@ -132,27 +136,39 @@ class RooflineCost:
         if tp == 1:
             return 0.0
         moved = 2 * (tp - 1) / tp * rows * m.hidden * m.bytes_per_param
-        return 2 * m.layers * (ALLREDUCE_LATENCY_S + moved / self.gpu.link_bytes_per_s)
+        link = self.allreduce_bytes_per_s or self.gpu.link_bytes_per_s
+        return 2 * m.layers * (ALLREDUCE_LATENCY_S + moved / link)
 
     @property
     def _pass_overhead_s(self) -> float:
         gather_bw = self.engine.weight_gather_bytes_per_s
         gather_s = self.model.weight_bytes / gather_bw if gather_bw > 0 and self.n_gpus > 1 else 0.0
-        return self.model.layers * self.efficiency.layer_overhead_s + gather_s
+        return self._launch_s + gather_s
 
     def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """A forward pass over ``tokens`` new tokens attending to ``attended`` (query, key) pairs in all
         (``rows`` sequences: the framework layer counts micro-batches; the roofline does not need it)."""
         if tokens <= 0:
             return 0.0
+        return self._forward_s(tokens, attended) + self._pass_overhead_s
+
+    def _forward_s(self, tokens: float, attended: float) -> float:
         m, n = self.model, self.n_gpus
         compute_s = m.forward_flops(tokens / n, attended / n) / self._flops
-        roofline_s = max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
-        return roofline_s + self._pass_overhead_s
+        return max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
+
+    @property
+    def _launch_s(self) -> float:
+        """Kernel launches of one pass: a fixed time per layer."""
+        return self.model.layers * self.efficiency.layer_overhead_s
 
     def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
-        """A scoring forward pass costs what a prefill of the same tokens costs."""
-        return self.prefill_s(tokens, attended)
+        """A scoring forward pass: a prefill of the same tokens without the generation engine's weight gather
+        (the parameter gathers of scoring and training passes are the framework layer's: bytes over the
+        interconnect per micro-batch where it shards the parameters, :class:`oppo.sim.framework.FrameworkCost`)."""
+        if tokens <= 0:
+            return 0.0
+        return self._forward_s(tokens, attended) + self._launch_s
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """Forward + backward (3x forward FLOPs) and one optimizer step."""
@@ -163,7 +179,7 @@ class RooflineCost:
             3 * m.forward_flops(tokens / n, attended / n) / (self.gpu.peak_flops * self.efficiency.train_flops_frac)
         )
         optimizer_s = m.params * self.optimizer_bytes_per_param / n / self._bandwidth
-        return compute_s + optimizer_s + 3 * self._pass_overhead_s
+        return compute_s + optimizer_s + 3 * self._launch_s  # gathers: the framework layer's, as in score_s
 
     def sync_s(self) -> float:
         """Weight sync after an update: only an engine with its own weight copy (vLLM) needs one."""

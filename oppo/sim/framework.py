@@ -16,13 +16,18 @@ the decode batch per iteration: per generated token on an engine that compacts t
 padded batch, finished rows included, on one that does not (HF generate); a rollout engine whose KV memory cannot
 hold the whole batch runs it in waves, so its time follows the tokens decoded rather than the longest response.
 ``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales
-(the host transfer of offloaded parameters). Every term is linear in the load, so the loads of a step add up,
-and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very class.
+(the host transfer of offloaded parameters, the gathers of sharded ones: bytes over a link). Every term is
+linear in the load, so the loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by
+simulating a step with this very class.
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
 of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages; ``per_unit_s`` (and any term)
 can be set by hand in a setup's ``[framework.STAGE]`` tables; the structural settings (micro-batch sizes,
 gradient checkpointing, offload) are the run's configuration.
+
+The cost stack: GPU datasheet (:mod:`oppo.gpus`) -> engine (:mod:`oppo.sim.costs`) -> this layer -> its fitted
+terms (:mod:`oppo.sim.logfit` fits them on logs, ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
+across the shared runs).
 
 Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob`` (actor scoring), ``ref``
 (reference scoring), ``values`` (critic forward), ``reward`` (reward model), ``update_actor``, ``update_critic``.
@@ -30,10 +35,16 @@ Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from oppo.data import data_dir
 
 # role of the simulator -> (its scoring stage, its update stage)
 ROLE_STAGES = {
@@ -100,6 +111,10 @@ class Framework:
     critic_train_micro_batch: int = 0  # the critic's, where it differs (0: train_micro_batch)
     forward_micro_batch: int = 0  # sequences per GPU per scoring forward micro-batch (0: the whole batch)
     gradient_checkpointing: bool = False  # the backward recomputes the forward: 4 instead of 3 forward FLOPs
+    # FSDP / ZeRO-3: each GPU holds 1/n of the parameters and all-gathers them for every micro-batch's forward
+    # (and again for its backward, then reduce-scatters the gradients): bytes over the interconnect (False: the
+    # gathers, if any, are inside the fitted terms)
+    sharded: bool = False
     packed: bool = True  # remove-padding: passes compute real tokens (False: every row padded to the longest)
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
@@ -155,6 +170,15 @@ class FrameworkCost:
     base: object  # a RooflineCost (or any cost model with its protocol and ``n_gpus``, ``model``)
     role: str
     framework: Framework
+    collective_bytes_per_s: float = 0.0  # the link a collective over the role's GPUs runs on (0: no collective)
+
+    def _gather_s(self) -> float:
+        """One all-gather of the sharded parameters (or reduce-scatter of the gradients, the same bytes): each GPU
+        receives the (n - 1) / n of the weights it does not hold over the collective's link (ring), in seconds."""
+        n = self.base.n_gpus
+        if not self.framework.sharded or n == 1 or self.collective_bytes_per_s <= 0:
+            return 0.0
+        return self.base.model.weight_bytes * (n - 1) / n / self.collective_bytes_per_s
 
     def _offload_s(self) -> float:
         if self.role not in self.framework.offload:
@@ -178,7 +202,9 @@ class FrameworkCost:
         if tokens <= 0:
             return 0.0
         stage = self.framework.stage(ROLE_STAGES[self.role][0])
-        load = self._pass_load(self.base.score_s(tokens, attended), tokens, rows, self.framework.forward_micro_batch)
+        load = self._pass_load(
+            self.base.score_s(tokens, attended), tokens, rows, self.framework.forward_micro_batch, gathers=1
+        )
         return stage.seconds(load) + self._offload_s()  # the host transfer: no framework term scales it
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
@@ -187,13 +213,18 @@ class FrameworkCost:
         stage = self.framework.stage(ROLE_STAGES[self.role][1])
         recompute = 4 / 3 if self.framework.gradient_checkpointing else 1.0
         roofline = self.base.train_s(tokens, attended) * recompute
-        return stage.seconds(self._pass_load(roofline, tokens, rows, self.framework.train_micro_batch_of(self.role)))
+        micro_batch = self.framework.train_micro_batch_of(self.role)
+        # sharded: a gather for the forward, one for the backward (the recompute of checkpointing runs inside the
+        # backward on the gathered layer), a reduce-scatter of the gradients
+        return stage.seconds(self._pass_load(roofline, tokens, rows, micro_batch, gathers=3))
 
-    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int) -> StageLoad:
-        """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches."""
+    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
+        """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
+        ``gathers`` times the sharded parameters over the interconnect (bytes no framework term scales)."""
         units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
-        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units)
+        extra_s = units * gathers * self._gather_s()
+        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, extra_s=extra_s)
 
     def sync_s(self) -> float:
         return self.base.sync_s()
@@ -206,22 +237,49 @@ class FrameworkCost:
         return sum(self.framework.stage(s).seconds(StageLoad(steps=1.0)) for s in stages if s)
 
 
-# TRL's PPOTrainer (1.12) as the paper ran it: its defaults give the structure (local_rollout_forward_batch_size
-# 64, per_device_train_batch_size 8, gradient_checkpointing on, 4 PPO epochs in the setup). The efficiency terms
-# are TRANSFERRED, not fitted to the paper: those calibrated on the verl Gemma-2 2B run (HF models under FSDP,
-# micro-batched forwards and updates like TRL's under ZeRO-3; `python -m oppo.sim calibrate-log --log
-# gemma-2-2b-it-ppo-bsz512_4-prompt1024-resp-512-0.640.log.gz --setup verl-gemma-2-2b-gsm8k`), the larger of the
-# two logged models; old log-probs and the reward model take the reference's (the same forward). Generation is
-# the engine's (HF generate under ZeRO-3, :data:`oppo.sim.hardware.ENGINES`).
-TRL = Framework(
-    forward_micro_batch=64,
-    train_micro_batch=8,
-    gradient_checkpointing=True,
-    old_log_prob=StageCost(half_efficiency_tokens=4648.0),
-    ref=StageCost(half_efficiency_tokens=4648.0),
-    values=StageCost(half_efficiency_tokens=3915.0),
-    reward=StageCost(half_efficiency_tokens=4648.0),
-    update_actor=StageCost(half_efficiency_tokens=3392.0),
-    update_critic=StageCost(half_efficiency_tokens=2760.0),
-)
+STAGES = tuple(f.name for f in dataclasses.fields(Framework) if f.type in ("StageCost", StageCost))
+STAGE_TERMS = tuple(f.name for f in dataclasses.fields(StageCost))
+SHARED_LAYER = data_dir() / "framework" / "verl-shared.toml"  # fitted across the four shared verl runs
+
+
+def read_layer(path: Path) -> dict[str, dict]:
+    """The stage tables of a ``framework.toml`` (what ``calibrate-log`` with several logs writes; a setup's
+    ``[framework] base = PATH`` takes it), each a dict of :class:`StageCost` terms."""
+    if not path.is_file():
+        raise FileNotFoundError(f"framework layer not found: {path}")
+    try:
+        layer = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: invalid TOML ({err})") from None
+    unknown = [k for k, v in layer.items() if k not in STAGES or not isinstance(v, dict)]
+    if unknown:
+        raise ValueError(f"{path}: {unknown[0]!r} is no stage table; a framework layer has [{'], ['.join(STAGES)}]")
+    return layer
+
+
+@functools.cache
+def shared_layer() -> dict[str, StageCost]:
+    """The stage terms fitted across the four shared verl runs (``oppo/data/framework/verl-shared.toml``, whose
+    header says which logs and which command)."""
+    return {stage: StageCost(**terms) for stage, terms in read_layer(SHARED_LAYER).items()}
+
+
+def trl_layer(rule_reward: bool = False) -> Framework:
+    """TRL's PPOTrainer (1.12) as the paper ran it. Its defaults give the structure: scoring forwards in
+    micro-batches of ``local_rollout_forward_batch_size`` = 64, updates of ``per_device_train_batch_size`` = 8,
+    ``gradient_checkpointing`` on (4 PPO epochs in the setup), parameters sharded (ZeRO-3: gathered over the
+    interconnect per micro-batch, as bytes). Its scoring and update stages take the terms of the layer fitted
+    across the shared verl runs (:func:`shared_layer`: HF models under FSDP, whose gathers the fit charged as
+    bytes too, micro-batched forwards and updates like TRL's under ZeRO-3); a reward model's
+    forward takes the reference's terms (the same pass). Generation keeps the HF engine's own declared terms
+    (:data:`oppo.sim.hardware.ENGINES`): the shared runs decode with vLLM, TRL with HF ``generate``. With a rule
+    reward, the layer's per-sequence reward term (0 where no shared run times one)."""
+    layer = shared_layer()
+    scoring = {s: layer[s] for s in ("old_log_prob", "ref", "values", "update_actor", "update_critic")}
+    reward = layer.get("reward", IDENTITY) if rule_reward else layer["ref"]
+    structure = dict(forward_micro_batch=64, train_micro_batch=8, gradient_checkpointing=True, sharded=True)
+    return Framework(**structure, reward=reward, **scoring)
+
+
+TRL = trl_layer()
 FRAMEWORKS = {"roofline": Framework(), "trl": TRL}  # a setup's [framework] table may start from one (base = NAME)

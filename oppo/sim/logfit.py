@@ -1,4 +1,6 @@
-"""Calibrate the simulator on a real training run's log, and validate it: per stage and per step.
+"""Calibrate the simulator on a real training run's log, and validate it: per stage and per step. The last level
+of the cost stack (:mod:`oppo.gpus` -> :mod:`oppo.sim.costs` -> :mod:`oppo.sim.framework` -> here): the framework
+layer's terms fitted.
 
 Each logged step is replayed with the ``sync`` policy and lengths consistent with that step's logged mean / max /
 min (:func:`step_lengths`). A stage's seconds are linear in its framework terms (:meth:`StageCost.seconds` of a

@@ -24,7 +24,7 @@ from oppo.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir
 from oppo.metrics import device_count
 from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
-from oppo.sim.framework import FRAMEWORKS, TRL, Framework, FrameworkCost, StageCost
+from oppo.sim.framework import FRAMEWORKS, STAGE_TERMS, TRL, Framework, FrameworkCost, StageCost, read_layer, trl_layer
 from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape
 from oppo.sim.workload import LengthModel, RewardCurve
 
@@ -59,6 +59,29 @@ class Placement:
         if self.rollout_gpus or policy != "async" or self.actor_gpus < 2:
             return self.rollout_gpus
         return (self.actor_gpus + 1) // 2
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
+    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
+    per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
+    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). A role's GPUs
+    are counted from the first node's first GPU: 16 GPUs at 8 per node span two nodes."""
+
+    gpus_per_node: int = 8
+    inter_node_bytes_per_s: float = 25e9
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1 or self.inter_node_bytes_per_s <= 0:
+            raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s > 0")
+
+    def link_bytes_per_s(self, gpu, n_gpus: int) -> float:
+        """Per-GPU bandwidth of a collective over ``n_gpus`` GPUs: the intra-node link, or the slower inter-node
+        one where they span nodes."""
+        if n_gpus <= self.gpus_per_node:
+            return gpu.link_bytes_per_s
+        return min(gpu.link_bytes_per_s, self.inter_node_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -101,6 +124,7 @@ class Setup:
     check_tokens: int = 32  # over-commit checks for B finished every this many tokens
     placement: Placement = field(default_factory=Placement)
     contention: Contention = field(default_factory=Contention)
+    cluster: Cluster = field(default_factory=Cluster)  # nodes and the link between them
     framework: Framework = field(default_factory=Framework)  # what the RL framework adds to the roofline
     lengths: LengthModel = field(default_factory=LengthModel)
     reward_curve: RewardCurve = field(default_factory=RewardCurve)
@@ -188,14 +212,16 @@ class Setup:
         for role, device in devices.items():
             model = model_shape(self.shape(role))
             engine_terms = self._rollout_engine(model, gpu) if role == generating else {}
-            roofline = RooflineCost(model, gpu, device_count(device), engine, eff, **engine_terms)
-            out[role] = FrameworkCost(roofline, role, self.framework)
+            n = device_count(device)
+            roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)
+            out[role] = FrameworkCost(roofline, role, self.framework, self.cluster.link_bytes_per_s(gpu, n))
         return out
 
     def _rollout_engine(self, model, gpu) -> dict[str, Any]:
         """The rollout engine's settings of the framework layer, as the generating role's roofline reads them."""
         fw = self.framework
-        terms: dict[str, Any] = {"tensor_parallel": fw.rollout_tensor_parallel}
+        tp = fw.rollout_tensor_parallel
+        terms: dict[str, Any] = {"tensor_parallel": tp, "allreduce_bytes_per_s": self.cluster.link_bytes_per_s(gpu, tp)}
         terms["eager_decode"] = not fw.decode_cuda_graphs
         if fw.rollout_memory_fraction:
             budget = gpu.memory_bytes * fw.rollout_memory_fraction - model.weight_bytes / fw.rollout_tensor_parallel
@@ -250,7 +276,7 @@ def paper_7b_gh200_gsm8k() -> Setup:
         window_tokens=128,
         placement=Placement(actor_gpus=4, reward_gpus=0),
         reward_threshold=0.6,
-        framework=TRL,
+        framework=trl_layer(rule_reward=True),
         lengths=LengthModel(median_tokens=92, sigma=0.4, prompt_tokens=59),
         reward_curve=RewardCurve(start=0.1, final=0.8, tau_steps=150.0, noise=0.02),
     )
@@ -266,6 +292,7 @@ def paper_7b_a100_2x4() -> Setup:
         batch=64,
         max_new_tokens=1024,
         placement=Placement(actor_gpus=7, reward_gpus=1),
+        cluster=Cluster(gpus_per_node=4),  # the actor's 7 GPUs span both nodes
         framework=TRL,
     )
 
@@ -351,7 +378,7 @@ def load_setup(name_or_file: str) -> Setup:
             data[role] = _model_path(data[role], path.parent)
     framework = data.get("framework")
     if isinstance(framework, dict) and str(framework.get("base", "")).endswith(".toml"):
-        data["framework"] = load_framework_layer(path.parent / framework.pop("base")) | framework
+        data["framework"] = read_layer(path.parent / framework.pop("base")) | framework
     base = data.pop("base", "paper-7b-h200")
     if base in PRESETS or (data_dir() / "setups" / f"{base}.toml").is_file():
         return _override(load_setup(base), data, str(path))
@@ -372,9 +399,6 @@ def _model_path(value: str, folder: Path) -> str:
     return value
 
 
-STAGE_TERMS = tuple(f.name for f in dataclasses.fields(StageCost))
-
-
 def framework_toml(layer: dict[str, StageCost], comment: str) -> str:
     """A fitted framework layer as ``framework.toml``: one table per stage, every term written out (what a setup's
     ``[framework] base = "framework.toml"`` takes over its own structural settings)."""
@@ -382,21 +406,6 @@ def framework_toml(layer: dict[str, StageCost], comment: str) -> str:
     for stage, cost in layer.items():
         lines += ["", f"[{stage}]"] + [f"{t} = {_toml_value(float(getattr(cost, t)))}" for t in STAGE_TERMS]
     return "\n".join(lines) + "\n"
-
-
-def load_framework_layer(path: Path) -> dict[str, dict]:
-    """The stage tables of a ``framework.toml`` (``[framework] base`` of a setup names it, relative to the setup)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"framework layer not found: {path}")
-    try:
-        layer = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: invalid TOML ({err})") from None
-    stages = [f.name for f in dataclasses.fields(Framework) if isinstance(getattr(Framework(), f.name), StageCost)]
-    unknown = [k for k, v in layer.items() if k not in stages or not isinstance(v, dict)]
-    if unknown:
-        raise ValueError(f"{path}: {unknown[0]!r} is no stage table; a framework layer has [{'], ['.join(stages)}]")
-    return layer
 
 
 def setup_toml(setup: Setup, base: str) -> str:

@@ -85,3 +85,48 @@ def test_padding_and_the_critics_own_micro_batch():
     fw = Framework(train_micro_batch=16, critic_train_micro_batch=32)
     assert (fw.train_micro_batch_of("actor"), fw.train_micro_batch_of("critic")) == (16, 32)
     assert Framework(train_micro_batch=16).train_micro_batch_of("critic") == 16
+
+
+def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_batch():
+    """FSDP / ZeRO-3: each scoring micro-batch all-gathers the (n - 1) / n of the weights a GPU lacks, each training
+    micro-batch gathers for forward and backward and reduce-scatters the gradients (3x), over the collective's
+    link; the difference to the unsharded pass is exactly those bytes over that link (to 1e-9)."""
+    from oppo.sim.framework import Framework, FrameworkCost
+
+    model, gpu = MODELS["deepseek-llm-7b"], GPUS["mi300x"]
+    base = RooflineCost(model, gpu, 8, ENGINES["vllm"])
+    fw = Framework(forward_micro_batch=4, train_micro_batch=2)
+    flat = FrameworkCost(base, "critic", fw, gpu.link_bytes_per_s)
+    sharded = FrameworkCost(
+        base, "critic", Framework(forward_micro_batch=4, train_micro_batch=2, sharded=True), gpu.link_bytes_per_s
+    )
+    gather = model.weight_bytes * 7 / 8 / gpu.link_bytes_per_s  # seconds, one all-gather
+    rows, tokens = 64.0, 64.0 * 300  # 8 rows per GPU: 2 forward micro-batches, 4 training micro-batches
+    assert sharded.score_s(tokens, tokens * 150, rows) - flat.score_s(tokens, tokens * 150, rows) == pytest.approx(
+        2 * gather, rel=1e-9
+    )
+    assert sharded.train_s(tokens, tokens * 150, rows) - flat.train_s(tokens, tokens * 150, rows) == pytest.approx(
+        4 * 3 * gather, rel=1e-9
+    )
+    one_gpu = FrameworkCost(RooflineCost(model, gpu, 1, ENGINES["vllm"]), "critic", sharded.framework, 1e9)
+    assert one_gpu._gather_s() == 0.0  # nothing to gather from
+
+
+def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
+    from oppo.sim.setups import Cluster, load_setup
+
+    cluster, gpu = Cluster(gpus_per_node=8, inter_node_bytes_per_s=50e9), GPUS["h100"]
+    assert cluster.link_bytes_per_s(gpu, 8) == gpu.link_bytes_per_s  # one node: NVLink
+    assert cluster.link_bytes_per_s(gpu, 16) == 50e9  # two nodes: the network
+    # a rollout engine of tensor parallel 16 over two nodes pays its all-reduces over the slower link
+    path = tmp_path / "two-nodes.toml"
+    path.write_text(
+        'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[placement]\nactor_gpus = 16\n'
+        "[cluster]\ngpus_per_node = 8\ninter_node_bytes_per_s = 50e9\n[framework]\nrollout_tensor_parallel = 16\n"
+    )
+    setup = load_setup(str(path))
+    assert setup.costs()["actor"].base.allreduce_bytes_per_s == 50e9
+    assert setup.costs()["critic"].collective_bytes_per_s == 50e9
+    path.write_text('base = "paper-7b-h200"\n[cluster]\ngpus_per_node = 0\n')
+    with pytest.raises(ValueError, match="gpus_per_node >= 1"):
+        load_setup(str(path))

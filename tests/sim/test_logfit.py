@@ -14,7 +14,7 @@ import pytest
 
 from oppo.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
-from oppo.sim.framework import ROLE_STAGES, TRL, StageCost
+from oppo.sim.framework import ROLE_STAGES, TRL, StageCost, shared_layer
 from oppo.sim.logfit import (
     STAGE_OPS,
     calibrate,
@@ -32,7 +32,13 @@ from oppo.sim.setups import load_setup
 
 DATA = Path(__file__).with_name("data")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
-SAME_STAGE = ("values", "update_actor", "update_critic")  # TRL stages given the calibrated stage of their name
+SAME_STAGE = ("old_log_prob", "values", "update_actor", "update_critic")  # TRL stages: the shared layer's own
+SHARED_RUNS = (  # the four shared runs, as oppo/data/framework/verl-shared.toml's header fits them
+    ("verl_qwen2.5_0.5b_resp512_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
+    ("verl_qwen2.5_0.5b_resp256_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
+    ("verl_gemma_2_2b_steps.log.gz", "verl-gemma-2-2b-gsm8k"),
+    ("verl_deepseek_7b_ppo_8xmi300x.csv.gz", "verl-deepseek-llm-7b-ppo-8xmi300x"),
+)
 
 
 def simulated_stage_seconds(setup, steps) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -73,16 +79,34 @@ def assert_simulated_as_predicted(setup, log):
 
 def test_a_calibrated_setup_simulates_what_the_fit_predicts():
     """Calibrate on a real verl log (Gemma-2 2B on 2 GPUs, the reference offloaded), then simulate the calibrated
-    setup with the same per-step lengths: every stage's simulated seconds equal the fit's prediction to 1e-6. The
-    TRL presets' forward and update terms are this calibration's (to 1%), as framework.py says."""
+    setup with the same per-step lengths: every stage's simulated seconds equal the fit's prediction to 1e-6."""
     log = load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz")
     fitted, _ = calibrate(load_setup("verl-gemma-2-2b-gsm8k"), log, fit_frac=0.6)
     gen = fitted.framework.gen
     assert gen.per_token_s > 0 and gen.fixed_s > 0  # the terms the old per-token formula mispriced
     assert_simulated_as_predicted(fitted, log)
-    for stage, source in [("old_log_prob", "ref"), ("ref", "ref"), ("reward", "ref"), *[(s, s) for s in SAME_STAGE]]:
-        transferred = TRL.stage(stage).half_efficiency_tokens  # the TRL presets' terms are this calibration's
-        assert transferred == pytest.approx(fitted.framework.stage(source).half_efficiency_tokens, rel=0.01), stage
+
+
+def test_the_trl_presets_take_the_layer_fitted_across_the_shared_runs():
+    """The paper presets' scoring and update stages are the shared layer's (a reward model's forward the
+    reference's); generation keeps the HF engine's own terms (no framework term on it)."""
+    layer = shared_layer()
+    for stage, source in [("ref", "ref"), ("reward", "ref"), *[(s, s) for s in SAME_STAGE]]:
+        assert TRL.stage(stage) == layer[source], stage
+    assert TRL.gen == StageCost()
+    assert load_setup("paper-7b-gh200-gsm8k").framework.reward == layer.get("reward", StageCost())  # a rule
+
+
+@pytest.mark.slow
+def test_the_bundled_shared_layer_is_what_the_four_shared_logs_fit():
+    """``oppo/data/framework/verl-shared.toml`` is the fit its header's command makes (to 1e-6 relative: the same
+    computation, written with repr floats)."""
+    runs = [logged_run(load_setup(setup), load_run_log(DATA / log), 0.6) for log, setup in SHARED_RUNS]
+    fitted = fit_layer(runs)
+    assert set(fitted) == set(shared_layer())
+    for stage, cost in shared_layer().items():
+        for term, value in dataclasses.asdict(cost).items():
+            assert getattr(fitted[stage], term) == pytest.approx(value, rel=1e-6, abs=1e-12), (stage, term)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "hf"])
