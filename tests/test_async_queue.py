@@ -83,7 +83,10 @@ def test_closed_form_regimes():
     assert mean_lag(8, 3, 0.5, admission="step") == 1
     assert mean_lag(8, 0, 0.5, concurrency=8) == 0
     assert utilization(8, 2.0, 16, 4.0) == pytest.approx(1.0)
-    assert not assumptions_hold(4, 0.9, 1.0, 1.0, 0.1)  # near saturation
-    assert assumptions_hold(4, 0.3, 1.3, 1.0, 2.0) and not assumptions_hold(4, 0.3, 1.3, 1.0, 3.0)
+    assert mean_lag(8, 4, 0.3, concurrency=8, queue_groups=16) == 1  # Q / B - 1
+    assert mean_lag(8, 4, 0.3, concurrency=8, queue_groups=8) == 0  # Q = B: no generation during a step
+    assert not assumptions_hold(8, 4, 0.9, 1.0, 1.0, 0.1)  # near saturation
+    assert assumptions_hold(8, 4, 0.3, 1.3, 1.0, 2.0) and not assumptions_hold(8, 4, 0.3, 1.3, 1.0, 3.0)
+    assert not assumptions_hold(2, 4, 0.3, 1.3, 1.0, 2.0)  # a take is one in B finishes
     with pytest.raises(ValueError, match="unknown admission"):
         mean_lag(8, 1, 0.5, 8, admission="later")

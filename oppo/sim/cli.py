@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan", help="search policies, chunk, Δ bound and controller, staleness and GPU split for the most work / s"
     )
-    _common(plan, policy=False)
+    _common(plan, policy=False, rollout=False)  # the planner searches the async split, not the rollout options
     plan.add_argument("--policies", default=",".join(POLICIES), help="policies searched (default: all)")
     plan.add_argument("--objective", default="samples", help="samples (finished samples / s) or tokens (tokens / s)")
     plan.add_argument("--max-lag", type=float, help="bound on the mean policy lag of trained samples (versions)")
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 DEFAULTS = {"setup": "paper-7b-h200", "steps": 100, "seed": 0, "policy": "oppo"}
 
 
-def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
+def _common(parser: argparse.ArgumentParser, policy: bool = True, rollout: bool = True) -> None:
     parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
     parser.add_argument("--setup", help=f"preset ({', '.join(PRESETS)}) or a .toml file (default: paper-7b-h200)")
     parser.add_argument("--steps", type=int, help="PPO steps to simulate (default: 100)")
@@ -134,7 +134,8 @@ def _common(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--timeline-steps", default="0,1,2", help="steps drawn in timeline.png")
     skip = () if policy else ("policy",)
     add_config_args(parser, ScheduleConfig, skip=skip, shown=dict.fromkeys(SCHEDULE_FROM_SETUP, "the setup's"))
-    add_config_args(parser, AsyncConfig)
+    if rollout:
+        add_config_args(parser, AsyncConfig)
 
 
 def _stored(args: argparse.Namespace) -> dict:

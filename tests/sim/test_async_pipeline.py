@@ -109,7 +109,7 @@ def closed_form_case(batch, staleness, concurrency, rho, sigma, queue_groups=0, 
     rho = utilization(batch, train_s, concurrency, float(group_s.mean()))
     predicted = mean_lag(batch, staleness, rho, concurrency, queue_groups)
     step_s = max(train_s, batch * group_s.mean() / concurrency)
-    return simulated, predicted, assumptions_hold(staleness, rho, predicted, step_s, np.percentile(group_s, 95))
+    return simulated, predicted, assumptions_hold(batch, staleness, rho, predicted, step_s, np.percentile(group_s, 95))
 
 
 @pytest.mark.parametrize(
@@ -123,6 +123,8 @@ def closed_form_case(batch, staleness, concurrency, rho, sigma, queue_groups=0, 
         (16, 4, 16, 0.4, 0),
         (8, 3, 16, 2.0, 0),  # trainer-bound: the bound K binds
         (8, 3, 16, 2.0, 24),  # trainer-bound: the queue binds
+        (8, 4, 8, 0.3, 16),  # rollout-bound, the queue binds: Q / B - 1
+        (8, 4, 8, 0.3, 8),  # Q = B: generation waits for every update
     ],
 )
 def test_simulated_mean_lag_matches_the_closed_form_where_it_applies(batch, staleness, concurrency, rho, queue_groups):

@@ -163,3 +163,9 @@ def test_async_splits_hold_whole_tensor_parallel_rollout_engines():
     assert splits == [4]
     config = sim_config(setup, Candidate("async", staleness=1, rollout_gpus=4), {}, steps=1, seed=0)
     assert config.setup.placement.rollout_for("async") == 4
+
+
+def test_the_planner_offers_no_rollout_options_it_would_ignore():
+    res = sim("plan", "--help")
+    assert res.returncode == 0 and "--max-lag" in res.stdout
+    assert "--rollout-concurrency" not in res.stdout and "--queue-groups" not in res.stdout
