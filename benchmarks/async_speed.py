@@ -2,7 +2,7 @@
 the trainer) against ``sync`` as a user runs it (one process, torch on every core), per trained group.
 
     python benchmarks/async_speed.py --preset small-cpu --batch 4 --steps 8 --repeats 3
-    python benchmarks/async_speed.py --staleness 1,2 --rollout-workers 1
+    python benchmarks/async_speed.py --staleness 1,2 --rollout-workers 1 --inflight
 
 Each run is ``python -m oppo.exec.train`` in its own process with AlpacaEval lengths forced (cap
 ``--max-new-tokens``); variants are interleaved within a repeat so that a slow moment of the machine falls on all
@@ -22,13 +22,13 @@ import tempfile
 from pathlib import Path
 
 
-def variants(staleness: list[int], workers: int) -> dict[str, list[str]]:
+def variants(staleness: list[int], workers: int, inflight: bool = False) -> dict[str, list[str]]:
     out = {"sync": ["--mode", "sync"]}
     for k in staleness:
-        out[f"async K={k}, {workers} worker(s)"] = [
-            *("--mode", "async", "--staleness", str(k)),
-            *("--rollout-workers", str(workers)),
-        ]
+        flags = ["--mode", "async", "--staleness", str(k), "--rollout-workers", str(workers)]
+        out[f"async K={k}, {workers} worker(s)"] = flags
+        if inflight:
+            out[f"async K={k}, {workers} w., in-flight"] = [*flags, "--inflight-updates"]
     return out
 
 
@@ -47,11 +47,12 @@ def main() -> None:
     parser.add_argument("--staleness", default="1", help="comma-separated K of the async variants")
     parser.add_argument("--rollout-workers", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--inflight", action="store_true", help="also each async variant with --inflight-updates")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is warm-up)")
-    chosen = variants([int(k) for k in args.staleness.split(",")], args.rollout_workers)
+    chosen = variants([int(k) for k in args.staleness.split(",")], args.rollout_workers, args.inflight)
     common = ["--preset", args.preset, "--batch", str(args.batch), "--steps", str(args.steps)]
     common += ["--max-new-tokens", str(args.max_new_tokens), "--lengths", "alpaca_eval", "--lengths-model", "alpaca-7b"]
     with tempfile.TemporaryDirectory() as tmp:

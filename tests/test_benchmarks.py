@@ -104,6 +104,7 @@ def test_staleness(tmp_path):
 
 def test_async_speed(tmp_path):
     args = ("--preset", "tiny-cpu", "--batch", "2", "--steps", "2", "--max-new-tokens", "8", "--repeats", "1")
-    res = bench("async_speed", *args, cwd=tmp_path)
+    res = bench("async_speed", *args, "--inflight", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout and "x" in res.stdout
+    assert "async K=1, 1 w., in-flight" in res.stdout
