@@ -59,6 +59,7 @@ def main() -> None:
         root = Path(args.out or tmp)
         per_group: dict[str, list[float]] = {name: [] for name in chosen}
         summaries: dict[str, list[dict]] = {name: [] for name in chosen}
+        trainer: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
         for repeat in range(args.repeats):
             for i, (name, flags) in enumerate(chosen.items()):
                 run = root / f"r{repeat}-v{i}"
@@ -68,7 +69,36 @@ def main() -> None:
                     raise SystemExit(f"{name} failed: {done.stderr.strip().splitlines()[-1]}")
                 per_group[name].append(seconds_per_group(run, args.batch))
                 summaries[name].append(json.loads((run / "summary.json").read_text()))
+                trainer[name].append(trainer_profile(run))
         report(per_group, summaries, args)
+        report_trainer(trainer)
+
+
+def trainer_profile(run: Path) -> dict[str, float]:
+    """Seconds per step the trainer's device (cpu0) spent in each (role, phase) over the timed steps (after the
+    first), and what is left of the span: "other" (the driver's own Python, queue waits, idle)."""
+    with open(run / "steps.csv", newline="") as fh:
+        steps = list(csv.DictReader(fh))
+    first_end, last_end = float(steps[0]["end_s"]), float(steps[-1]["end_s"])
+    spent: dict[str, float] = {}
+    with open(run / "trace.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            start, end = max(float(row["start_s"]), first_end), min(float(row["end_s"]), last_end)
+            if row["device"] == "cpu0" and end > start:
+                key = f"{row['role']} {row['phase']}"
+                spent[key] = spent.get(key, 0.0) + end - start
+    n = len(steps) - 1
+    out = {key: value / n for key, value in spent.items()}
+    out["other"] = (last_end - first_end) / n - sum(out.values())
+    return out
+
+
+def report_trainer(trainer: dict[str, list[dict[str, float]]]) -> None:
+    print("trainer's core (cpu0), seconds per step by operation (median over repeats; other: waits, Python)")
+    for name, profiles in trainer.items():
+        keys = sorted({k for p in profiles for k in p}, key=lambda k: -statistics.median(p.get(k, 0) for p in profiles))
+        parts = ", ".join(f"{k} {statistics.median(p.get(k, 0.0) for p in profiles):.2f}" for k in keys)
+        print(f"  {name:<28} {parts}")
 
 
 def report(per_group: dict[str, list[float]], summaries: dict[str, list[dict]], args) -> None:

@@ -323,7 +323,8 @@ class AsyncPipeline(Executor):
         depth = self.generated.qsize() + 1
         scores = self._score(plan.step, trained)
         losses = self._train(plan.step, trained, scores)
-        state = ray.put(self._actor_state())
+        with self.rec.op(plan.step, self.group.rank.label, "actor", "sync", batch=1):  # publishing: one copy
+            state = ray.put(self._actor_state())
         with self.cond:
             self.version += 1
             self.published[self.version] = state
