@@ -108,3 +108,9 @@ def test_async_speed(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout and "x" in res.stdout
     assert "async K=1, 1 w., in-flight" in res.stdout
+
+
+def test_trainer_ops(tmp_path):
+    res = bench("trainer_ops", "--preset", "tiny-cpu", "--repeats", "1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "Adam, fused over Adam, loop" in res.stdout and "publish, numpy over publish, pickled clone" in res.stdout
