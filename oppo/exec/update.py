@@ -97,8 +97,8 @@ class Learner:
 def adam(model: torch.nn.Module, lr: float) -> torch.optim.Adam:
     """Adam over ``model``'s parameters; the fused kernel where it applies (plain tensors, not FSDP2 shards): one
     pass over parameters, gradients and both moments instead of a dozen elementwise ops each reading them all (on
-    one core of this machine, 0.17 s in place of 0.94 s per step of the 26M-parameter small-cpu actor, so the
-    optimizer goes from about a third of an update to a tenth). The same update, rounded differently."""
+    one core of this machine, under load: 0.17 s in place of 0.94 s per step of the 26M-parameter small-cpu actor,
+    ``benchmarks/trainer_ops.py``). The same update, rounded differently."""
     return torch.optim.Adam(model.parameters(), lr=lr, fused=not is_sharded(model))
 
 
