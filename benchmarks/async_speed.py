@@ -2,7 +2,7 @@
 the trainer) against ``sync`` as a user runs it (one process, torch on every core), per trained group.
 
     python benchmarks/async_speed.py --preset small-cpu --batch 4 --steps 8 --repeats 3
-    python benchmarks/async_speed.py --staleness 1,2 --rollout-workers 1
+    python benchmarks/async_speed.py --staleness 1,2 --rollout-workers 1 --inflight
 
 Each run is ``python -m oppo.exec.train`` in its own process with AlpacaEval lengths forced (cap
 ``--max-new-tokens``); variants are interleaved within a repeat so that a slow moment of the machine falls on all
@@ -22,13 +22,13 @@ import tempfile
 from pathlib import Path
 
 
-def variants(staleness: list[int], workers: int) -> dict[str, list[str]]:
+def variants(staleness: list[int], workers: int, inflight: bool = False) -> dict[str, list[str]]:
     out = {"sync": ["--mode", "sync"]}
     for k in staleness:
-        out[f"async K={k}, {workers} worker(s)"] = [
-            *("--mode", "async", "--staleness", str(k)),
-            *("--rollout-workers", str(workers)),
-        ]
+        flags = ["--mode", "async", "--staleness", str(k), "--rollout-workers", str(workers)]
+        out[f"async K={k}, {workers} worker(s)"] = flags
+        if inflight:
+            out[f"async K={k}, {workers} w., in-flight"] = [*flags, "--inflight-updates"]
     return out
 
 
@@ -47,17 +47,19 @@ def main() -> None:
     parser.add_argument("--staleness", default="1", help="comma-separated K of the async variants")
     parser.add_argument("--rollout-workers", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--inflight", action="store_true", help="also each async variant with --inflight-updates")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is warm-up)")
-    chosen = variants([int(k) for k in args.staleness.split(",")], args.rollout_workers)
+    chosen = variants([int(k) for k in args.staleness.split(",")], args.rollout_workers, args.inflight)
     common = ["--preset", args.preset, "--batch", str(args.batch), "--steps", str(args.steps)]
     common += ["--max-new-tokens", str(args.max_new_tokens), "--lengths", "alpaca_eval", "--lengths-model", "alpaca-7b"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         per_group: dict[str, list[float]] = {name: [] for name in chosen}
         summaries: dict[str, list[dict]] = {name: [] for name in chosen}
+        trainer: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
         for repeat in range(args.repeats):
             for i, (name, flags) in enumerate(chosen.items()):
                 run = root / f"r{repeat}-v{i}"
@@ -67,7 +69,36 @@ def main() -> None:
                     raise SystemExit(f"{name} failed: {done.stderr.strip().splitlines()[-1]}")
                 per_group[name].append(seconds_per_group(run, args.batch))
                 summaries[name].append(json.loads((run / "summary.json").read_text()))
+                trainer[name].append(trainer_profile(run))
         report(per_group, summaries, args)
+        report_trainer(trainer)
+
+
+def trainer_profile(run: Path) -> dict[str, float]:
+    """Seconds per step the trainer's device (cpu0) spent in each (role, phase) over the timed steps (after the
+    first), and what is left of the span: "other" (the driver's own Python, queue waits, idle)."""
+    with open(run / "steps.csv", newline="") as fh:
+        steps = list(csv.DictReader(fh))
+    first_end, last_end = float(steps[0]["end_s"]), float(steps[-1]["end_s"])
+    spent: dict[str, float] = {}
+    with open(run / "trace.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            start, end = max(float(row["start_s"]), first_end), min(float(row["end_s"]), last_end)
+            if row["device"] == "cpu0" and end > start:
+                key = f"{row['role']} {row['phase']}"
+                spent[key] = spent.get(key, 0.0) + end - start
+    n = len(steps) - 1
+    out = {key: value / n for key, value in spent.items()}
+    out["other"] = (last_end - first_end) / n - sum(out.values())
+    return out
+
+
+def report_trainer(trainer: dict[str, list[dict[str, float]]]) -> None:
+    print("trainer's core (cpu0), seconds per step by operation (median over repeats; other: waits, Python)")
+    for name, profiles in trainer.items():
+        keys = sorted({k for p in profiles for k in p}, key=lambda k: -statistics.median(p.get(k, 0) for p in profiles))
+        parts = ", ".join(f"{k} {statistics.median(p.get(k, 0.0) for p in profiles):.2f}" for k in keys)
+        print(f"  {name:<28} {parts}")
 
 
 def report(per_group: dict[str, list[float]], summaries: dict[str, list[dict]], args) -> None:

@@ -105,9 +105,11 @@ def test_staleness(tmp_path):
 
 def test_async_speed(tmp_path):
     args = ("--preset", "tiny-cpu", "--batch", "2", "--steps", "2", "--max-new-tokens", "8", "--repeats", "1")
-    res = bench("async_speed", *args, cwd=tmp_path)
+    res = bench("async_speed", *args, "--inflight", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout and "x" in res.stdout
+    assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout
+    assert re.search(r"(?m)^async K=1, 1 worker\(s\) .* \d+\.\d\dx ", res.stdout), res.stdout
+    assert "async K=1, 1 w., in-flight" in res.stdout
 
 
 def test_sim_records_match(tmp_path):
@@ -127,3 +129,9 @@ def test_async_fidelity(tmp_path):
     assert "lag measured" in res.stdout and "load average" in res.stdout
     # a smoke test: the K = 1 row is printed with its grade and both errors (whatever the grade on 2 steps)
     assert re.search(r"(?m)^ 1 .*\d%  (met|NOT met) \(lag off by \d+\.\d\d, goal", res.stdout), res.stdout
+
+
+def test_trainer_ops(tmp_path):
+    res = bench("trainer_ops", "--preset", "tiny-cpu", "--repeats", "1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "Adam, fused over Adam, loop" in res.stdout and "publish, numpy over publish, pickled clone" in res.stdout

@@ -171,6 +171,11 @@ class ExecConfig:
         "async with rollout workers: generated groups that may wait for the trainer, at least --batch "
         "(0: as many as the staleness bound lets through)",
     )
+    inflight_updates: bool = opt(
+        False,
+        "async with rollout workers: a generation switches to newer weights between decode chunks as the trainer "
+        "publishes them (PipelineRL); the prefix is re-prefilled under the new weights",
+    )
     save_every: int = opt(0, "write RUN_DIR/checkpoint every this many steps, for --resume RUN_DIR (0: never)")
     check_ranks: bool = opt(
         False,
@@ -209,6 +214,10 @@ class ExecConfig:
             raise ValueError("--queue-groups bounds the queue of rollout workers: give --rollout-workers too")
         if self.queue_groups and self.queue_groups < self.schedule.batch:
             raise ValueError(f"--queue-groups {self.queue_groups} cannot hold one step's {self.schedule.batch} groups")
+        if self.inflight_updates and not self.rollout_workers:
+            raise ValueError("--inflight-updates switches the weights of rollout workers: give --rollout-workers too")
+        if self.inflight_updates and self.schedule.staleness == 0:
+            raise ValueError("--inflight-updates with --staleness 0: no newer weights can come during a generation")
         if self.rollout_workers and self.save_every:
             raise ValueError("--save-every supports one-process runs only (no --rollout-workers)")
         if self.schedule.policy == "async" and (self.dp > 1 or self.placement != "colocated"):

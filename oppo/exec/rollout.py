@@ -1,7 +1,7 @@
 """The actor's generation of a step, timed: one prefill of the rows it decodes, then decode rounds.
 
 Used by a rank of the actor group (:class:`oppo.exec.rank.ActorRank`, which also streams the rounds to its
-scorers) and by an asynchronous rollout worker (:class:`oppo.exec.placement.RolloutWorker`), so both decode, and
+scorers) and by an asynchronous rollout worker (:class:`oppo.exec.async_pipeline.RolloutWorker`), so both decode, and
 record, alike.
 """
 
@@ -23,6 +23,7 @@ class Rollout:
         """Prefill the rows of ``decoding`` ((seq id, token budget, sampling key, forced length or None, response
         tokens so far)), whose contexts are ``tokens[seq id]``."""
         self.rows, self.decoder = [row[0] for row in decoding], None
+        self.contexts, self.decoding = tokens, {row[0]: row for row in decoding}
         if not decoding:
             return
         rows = [tokens[seq_id] for seq_id in self.rows]
@@ -50,6 +51,23 @@ class Rollout:
         new = {self.rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
         behaviour = {self.rows[r]: lp for r, lp in enumerate(logprobs) if lp}
         return {self.rows[r]: k for r, k in finished.items()}, new, behaviour
+
+    def refill(self, step: int) -> None:
+        """After the actor's weights changed mid-generation (in-flight updates): the rows still running continue
+        from a prefill of their context and the tokens decoded so far under the new weights, so every later token
+        is sampled from, and its behaviour log-prob is of, the new policy exactly. (Keeping the stale KV cache, as
+        PipelineRL does, would save this prefill but sample from a mix that is no version's policy.) Sampling
+        noise is keyed by response position, so the tokens do not depend on where the switch fell."""
+        decoder = self.decoder
+        if decoder is None or not decoder.running.any():
+            return
+        tokens, decoding = {}, []
+        for r in decoder.running.nonzero().flatten().tolist():
+            seq_id, budget, key, forced, done = self.decoding[self.rows[r]]
+            decoded = len(decoder.new_tokens[r])
+            tokens[seq_id] = self.contexts[seq_id] + decoder.new_tokens[r]
+            decoding.append((seq_id, budget - decoded, key, forced, done + decoded))
+        self.begin(step, tokens, decoding)
 
     def end(self) -> None:
         self.decoder = None

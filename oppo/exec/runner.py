@@ -68,6 +68,9 @@ class StepMetrics:
     rollout_idle_s: float = 0.0  # the rollout waited this long before generating it (staleness bound, full queue)
     queue_wait_s: float = 0.0  # from the step's generation end to its training start
     queue_depth: int = 0  # generated steps waiting when the trainer took this one, this one included
+    # mean over the trained tokens of (this step - the weights version that generated the token): K without
+    # in-flight updates once the run is K steps in, less with them (NaN: not recorded, runs without rollout workers)
+    mean_token_lag: float = math.nan
 
 
 class WeightHistory:

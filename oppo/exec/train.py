@@ -125,7 +125,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
     start = time.perf_counter()
     recorder = Recorder()
     if config.rollout_workers:
-        from oppo.exec.placement import AsyncPipeline
+        from oppo.exec.async_pipeline import AsyncPipeline
 
         executor = AsyncPipeline(config, recorder, lengths)
     elif config.placement == "disaggregated" or config.dp > 1:
@@ -135,6 +135,10 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
     else:
         executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), recorder, lengths)
     log = RunLog(out, config, *stage_costs(config), resume=resume)
+    if config.rollout_workers:
+        from oppo.exec.async_pipeline import TokenLag
+
+        log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
     done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
     code = 0
     try:
@@ -180,6 +184,7 @@ class RunLog:
         self.out, self.config = out, config
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops  # for MFU per stage
         self.steps, self.trained, self.metrics = [], [], []
+        self.tables: dict[str, tuple[list, type]] = {}  # further per-run files: name -> (rows, row type)
         out.mkdir(parents=True, exist_ok=True)
         self.config_dict = to_dict(config) | {"sources": sources_of(input_files(config))}
         resumed_from = out / "config.json" if resume else None
@@ -212,6 +217,8 @@ class RunLog:
         summary["reward_first10"], summary["reward_last10"] = self.mean_reward(True), self.mean_reward(False)
         write_run(self.out, self.steps, trace, self.trained, summary)
         write_rows(self.out / "metrics.csv", self.metrics, StepMetrics)
+        for name, (rows, row_type) in self.tables.items():
+            write_rows(self.out / name, list(rows), row_type)
         if final and self.steps:
             from oppo import plots
 

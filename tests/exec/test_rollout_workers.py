@@ -30,21 +30,23 @@ class Run(NamedTuple):
     weights: dict[str, torch.Tensor]
     devices: set[tuple[str, str, str]]  # (role, phase, device) of the trace
     metrics: list
+    token_lags: list  # per trained sample (rollout workers only)
 
 
-def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps: int = 5) -> Run:
+def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps: int = 5, inflight=False) -> Run:
     config = ExecConfig(
         schedule=default_schedule(policy=policy, batch=4, max_new_tokens=24, staleness=staleness),
         model=ModelConfig(dtype="float64"),
         task=TaskConfig(eval_every=2, eval_prompts=4),  # held-out scores of the trained weights after steps 1, 3
         rollout_workers=workers,
         queue_groups=queue_groups,
+        inflight_updates=inflight,
         steps=steps,
         seed=13,
     )
     torch.manual_seed(config.seed)
     if workers:
-        from oppo.exec.placement import AsyncPipeline
+        from oppo.exec.async_pipeline import AsyncPipeline
 
         executor = AsyncPipeline(config, Recorder())
     else:
@@ -53,6 +55,7 @@ def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps:
         done = [executor.step() for _ in range(steps)]
         weights = {role: flat(executor.group.first("state", role)) for role in trained_roles(config)}
         devices = {(row.role, row.phase, row.device) for row in executor.rec.rows}
+        token_lags = list(getattr(executor, "token_lags", []))
     finally:
         executor.close()
     return Run(
@@ -62,6 +65,7 @@ def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps:
         weights,
         devices,
         [m for _, m in done],
+        token_lags,
     )
 
 
@@ -84,10 +88,35 @@ def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups
         for role, phase, device in remote.devices
     )
     assert all(m.queue_depth >= 1 and m.trainer_idle_s >= 0 and m.rollout_idle_s >= 0 for m in remote.metrics)
+    # without in-flight updates every token of a step is of its first token's version
+    assert [(t.step, t.first_version, t.last_version, t.switches) for t in remote.token_lags] == [
+        (step, step - min(step, staleness), step - min(step, staleness), 0) for step in range(5) for _ in range(4)
+    ]
+    assert [m.mean_token_lag for m in remote.metrics] == [min(step, staleness) for step in range(5)]
     held_out = [(m.held_out_reward, m.held_out_rule_score) for m in remote.metrics[1::2]]  # the same weights scored
     assert np.ravel(held_out) == pytest.approx(
         np.ravel([(m.held_out_reward, m.held_out_rule_score) for m in local.metrics[1::2]]), rel=1e-10
     )
+
+
+def test_inflight_updates_record_every_tokens_version_within_the_bound():
+    """Where the switches fall depends on timing; what holds in every run: each step starts with version s - K
+    (the bounded lag), later tokens are of that version or newer, never of one the trainer has not published
+    (at most s), and every response token has its version."""
+    staleness, steps = 2, 6
+    got = run("async", staleness, workers=1, steps=steps, inflight=True)
+    assert sorted((t.step, t.seq_id) for t in got.token_lags) == sorted(
+        (step, i) for step, ids in enumerate(got.ids) for i in ids
+    )
+    for lag in got.token_lags:
+        first = lag.step - min(lag.step, staleness)
+        runs = [tuple(map(int, part.split("x"))) for part in lag.versions.split(";")]  # (version, tokens)
+        versions = [v for v, n in runs for _ in range(n)]
+        assert versions[0] == lag.first_version == first and versions == sorted(versions)
+        assert versions[-1] == lag.last_version <= lag.step and lag.switches == len(runs) - 1
+        assert lag.mean_lag == pytest.approx(sum(lag.step - v for v in versions) / len(versions), abs=1e-12)
+    assert got.lags == [[min(step, staleness)] * 4 for step in range(steps)]  # the first token's lag: policy_lag
+    assert all(0 <= m.mean_token_lag <= staleness for m in got.metrics)
 
 
 def train(out, *args: str) -> subprocess.CompletedProcess:
@@ -104,6 +133,12 @@ def train(out, *args: str) -> subprocess.CompletedProcess:
         (("--mode", "async", "--queue-groups", "8"), "--queue-groups bounds the queue of rollout workers"),
         (("--mode", "async", "--rollout-workers", "1", "--save-every", "1"), "--save-every supports one-process"),
         (("--mode", "async", "--rollout-workers", "-1"), "rollout_workers and queue_groups must be >= 0"),
+        (("--mode", "async", "--inflight-updates"), "--inflight-updates switches the weights of rollout workers"),
+        (
+            ("--mode", "async", "--staleness", "0", "--rollout-workers", "1", "--inflight-updates"),
+            "--inflight-updates with --staleness 0",
+        ),
+        (("--mode", "async", "--staleness", "-1"), "staleness must be >= 0"),
     ],
 )
 def test_bad_rollout_settings_exit_2_in_one_line(tmp_path, args, message):
