@@ -168,8 +168,9 @@ class ExecConfig:
     )
     queue_groups: int = opt(
         0,
-        "async with rollout workers: generated groups that may wait for the trainer, at least --batch "
-        "(0: as many as the staleness bound lets through)",
+        "async with rollout workers: generated groups not yet trained (queued, or in the step being trained), at "
+        "least --batch; --batch: a step generates only once the one before is trained (0: as many as the "
+        "staleness bound lets through)",
     )
     inflight_updates: bool = opt(
         False,

@@ -31,6 +31,7 @@ class Run(NamedTuple):
     devices: set[tuple[str, str, str]]  # (role, phase, device) of the trace
     metrics: list
     token_lags: list  # per trained sample (rollout workers only)
+    rows: list  # the trace's rows
 
 
 def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps: int = 5, inflight=False) -> Run:
@@ -55,6 +56,7 @@ def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps:
         done = [executor.step() for _ in range(steps)]
         weights = {role: flat(executor.group.first("state", role)) for role in trained_roles(config)}
         devices = {(row.role, row.phase, row.device) for row in executor.rec.rows}
+        rows = list(executor.rec.rows)
         token_lags = list(getattr(executor, "token_lags", []))
     finally:
         executor.close()
@@ -66,12 +68,14 @@ def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps:
         devices,
         [m for _, m in done],
         token_lags,
+        rows,
     )
 
 
 @pytest.mark.parametrize("staleness, queue_groups", [(0, 0), (2, 4)])
 def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups):
-    """K = 0 is sync; K = 2 with a queue of one step's groups runs two steps ahead at most."""
+    """K = 0 is sync; K = 2 with a queue of one step's groups (Q = B) generates a step only once the one before
+    is trained: the same run, without overlap."""
     local = run("sync" if staleness == 0 else "async", staleness, workers=0)
     remote = run("async", staleness, workers=1, queue_groups=queue_groups)
     assert remote.ids == local.ids
@@ -88,6 +92,12 @@ def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups
         for role, phase, device in remote.devices
     )
     assert all(m.queue_depth >= 1 and m.trainer_idle_s >= 0 and m.rollout_idle_s >= 0 for m in remote.metrics)
+    if queue_groups == 4:  # Q = B: step s + 1's decoding starts after step s's last update
+        trained_by = {
+            s: max(r.end_s for r in remote.rows if r.phase == "train_actor" and r.step == s) for s in range(4)
+        }
+        decoding = [r for r in remote.rows if r.phase == "decode" and r.step >= 1]
+        assert decoding and all(r.start_s >= trained_by[r.step - 1] for r in decoding)
     # without in-flight updates every token of a step is of its first token's version
     assert [(t.step, t.first_version, t.last_version, t.switches) for t in remote.token_lags] == [
         (step, step - min(step, staleness), step - min(step, staleness), 0) for step in range(5) for _ in range(4)
