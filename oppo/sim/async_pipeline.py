@@ -79,6 +79,17 @@ class AsyncConfig:
             raise ValueError(
                 f"rollout_concurrency admits prompts mid-batch: engine {setup.engine!r} does not (use engine = vllm)"
             )
+        if self.rollout_scores:
+            # a role's pass is priced for the GPUs of its own device (data parallel over them); on the rollout's
+            # devices it would need a cost of its own: refused rather than mispriced
+            devices = setup.devices_for(schedule.policy)
+            rollout = _gpus(devices.get("rollout", devices["actor"]))
+            for role in (r for r in FROZEN if r in devices and r in setup.roles(schedule.algo)):
+                if _gpus(devices[role]) != rollout:
+                    raise ValueError(
+                        f"rollout_scores: the {role} is priced on its own {_gpus(devices[role])} GPU(s), the rollout "
+                        f"has {rollout}; give them as many GPUs (placement) or score on the {role}'s devices"
+                    )
 
 
 def start_pipeline(trainer):
@@ -97,6 +108,12 @@ def score_on_rollout(trainer, step: int, trained) -> simpy.events.Event:
         computed = trainer.framework.pass_tokens(lengths)
         cost = trainer.costs[role].score_s(computed, pass_attended(computed, 0.0, len(lengths)), rows=len(lengths))
         yield from device.run(step, role, "score", cost, len(lengths), float(lengths.sum()), 0)
+
+
+def _gpus(device: str) -> int:
+    """GPUs (or cores) of a device name: "gpu0-6" -> 7, "gpu7" -> 1."""
+    first, _, last = device.lstrip("abcdefghijklmnopqrstuvwxyz").partition("-")
+    return int(last) - int(first) + 1 if last else 1
 
 
 def _groups(trained) -> int:

@@ -159,7 +159,7 @@ def sim(*args):
 
 
 def test_cli_runs_continuous_async_and_stores_its_options(tmp_path):
-    base = ["--setup", "paper-7b-h200", "--policy", "async", "--steps", "6", "--batch", "16"]
+    base = ["--setup", "tiny-cpu", "--policy", "async", "--steps", "6", "--batch", "16"]
     done = sim("run", *base, "--queue-groups", "32", "--rollout-scores", "--out", str(tmp_path / "a"))
     assert done.returncode == 0, done.stderr
     config = json.loads((tmp_path / "a" / "config.json").read_text())
@@ -177,6 +177,7 @@ def test_cli_runs_continuous_async_and_stores_its_options(tmp_path):
         (["--policy", "async", "--queue-groups", "4"], "cannot hold one step's"),
         (["--policy", "sync", "--queue-groups", "16"], "async's, not sync's"),
         (["--policy", "async", "--weights", "latest"], "unknown weights"),
+        (["--policy", "async", "--rollout-scores"], "the reward is priced on its own 1 GPU(s), the rollout has 4"),
     ],
 )
 def test_cli_refuses_what_async_cannot_run(tmp_path, flags, message):
