@@ -12,6 +12,8 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 
 import numpy as np
 import simpy
@@ -26,6 +28,7 @@ from oppo.sim.framework import ROLE_STAGES, StageLoad
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
 
+_new_row = partial(tuple.__new__, TraceRow)  # a TraceRow from a tuple in field order, no Python call
 STAGES_OF = {role: tuple(s for s in stages if s) for role, stages in ROLE_STAGES.items()}  # scoring, update
 
 
@@ -91,20 +94,33 @@ class Device:
     def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
         """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
         batch, tokens, context = int(batch), int(tokens), int(context)
+        members = self.members
         if busy_s is None:  # every member busy alike: one end time
-            end = start + seconds
-            if seconds > 0:
-                self.result.trace.extend(
-                    [TraceRow(step, g, role, phase, start, end, batch, tokens, context) for g in self.members]
-                )
-        else:
-            self.result.trace.extend(
-                [
-                    TraceRow(step, g, role, phase, start, start + s, batch, tokens, context)
-                    for g, s in zip(self.members, busy_s)
-                    if s > 0
-                ]
+            if seconds <= 0:
+                return
+            ends = repeat(start + seconds, len(members))
+        elif min(busy_s) > 0:
+            ends = [start + s for s in busy_s]
+        else:  # a member with no row this round records nothing
+            members = [g for g, s in zip(members, busy_s) if s > 0]
+            ends = [start + s for s in busy_s if s > 0]
+        # the rows are built in C (a TraceRow is a tuple): seven per decode round, ~300k in a long run
+        self.result.trace.extend(
+            map(
+                _new_row,
+                zip(
+                    repeat(step),
+                    members,
+                    repeat(role),
+                    repeat(phase),
+                    repeat(start),
+                    ends,
+                    repeat(batch),
+                    repeat(tokens),
+                    repeat(context),
+                ),
             )
+        )
 
 
 @dataclass(frozen=True)
