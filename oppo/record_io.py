@@ -9,7 +9,6 @@ import operator
 import os
 import typing
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ def _line_format(cls: type, rows: Iterable[Any]) -> str | None:
 
     The csv module writes a float by ``repr``, None as nothing and anything else by ``str``, unquoted unless the
     text holds a comma, a quote or a line break. The format does the same for a type whose fields are int,
-    float, bool or str (int and bool fields hold no None) where every float column holds floats and no str
+    float, bool or str (int and bool fields hold no None) where every float column holds floats or ints and no str
     column's value holds such a character (checked over the distinct values: a few per column).
     """
     if not hasattr(cls, "_fields") or not isinstance(rows, Sequence):
@@ -63,8 +62,8 @@ def _line_format(cls: type, rows: Iterable[Any]) -> str | None:
         return None
     for k, kind in enumerate(kinds):
         column = map(operator.itemgetter(k), rows)
-        if kind is float and not all(map(isinstance, column, repeat(float))):  # repr only for floats
-            return None
+        if kind is float and not set(map(type, column)) <= {float, int}:  # the csv module: repr for a float only
+            return None  # (an int's repr is its str: a clock's first reading, 0, is one)
         texts = set(column) if kind is str else ()
         if any(not isinstance(v, str) or not _CSV_SPECIAL.isdisjoint(v) for v in texts):
             return None
