@@ -51,7 +51,7 @@ class RolloutBuffer:
         first, size = self.admitted, self.group_size
         new = list(range(first, first + count * size))
         group_ids = range(self.prompts, self.prompts + count)
-        self.groups.update(zip(group_ids, (new[k * size : (k + 1) * size] for k in range(count))))
+        self.groups.update(zip(group_ids, map(list, zip(*[iter(new)] * size))))  # consecutive runs of size ids
         # seq i samples group prompts + (i - first) // size; built by map (hundreds per step)
         owners = [g for g in group_ids for _ in range(size)] if size > 1 else group_ids
         self.seqs.update(zip(new, map(SeqState, new, repeat(step), owners)))
