@@ -6,6 +6,7 @@ sampling). Capacity counts groups; a group stays in the buffer until it is train
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 
 
 @dataclass(slots=True)
@@ -46,16 +47,16 @@ class RolloutBuffer:
 
     def fill(self, capacity: int, step: int) -> list[int]:
         """Admit new prompt groups until ``capacity`` groups are held (never evicts); returns the new seq ids."""
-        count = capacity - len(self.groups)
+        count = max(capacity - len(self.groups), 0)
         first, size = self.admitted, self.group_size
-        new = list(range(first, first + max(count, 0) * size))
-        for k in range(max(count, 0)):
-            group_id, members = self.prompts + k, new[k * size : (k + 1) * size]
-            self.groups[group_id] = members
-            for seq_id in members:
-                self.seqs[seq_id] = SeqState(seq_id, step, group_id)
+        new = list(range(first, first + count * size))
+        group_ids = range(self.prompts, self.prompts + count)
+        self.groups.update(zip(group_ids, map(list, zip(*[iter(new)] * size))))  # consecutive runs of size ids
+        # seq i samples group prompts + (i - first) // size; built by map (hundreds per step)
+        owners = [g for g in group_ids for _ in range(size)] if size > 1 else group_ids
+        self.seqs.update(zip(new, map(SeqState, new, repeat(step), owners)))
         self.admitted += len(new)
-        self.prompts += max(count, 0)
+        self.prompts += count
         return new
 
     def remaining_tokens(self, seq_id: int) -> int:

@@ -102,13 +102,18 @@ class Scheduler:
         active = tuple(restarted) if long_round else tuple(seqs)
         chunk = self.chunking.chunk_for(self.step) if cfg.streaming else 0
         budgets = {}
+        max_new, window, first_version = (
+            self.buffer.max_new_tokens,
+            cfg.window_tokens,
+            self.step if version is None else version,
+        )
         for seq_id in active:
             seq = seqs[seq_id]
             if not seq.finished:
-                left = self.buffer.remaining_tokens(seq_id)
-                budgets[seq_id] = min(left, cfg.window_tokens) if cfg.truncated else left
+                left = max_new - seq.generated_tokens  # a resumed sequence does not get a fresh budget
+                budgets[seq_id] = min(left, window) if cfg.truncated else left
                 if seq.first_version is None:  # first decoded now: by this step's weights, one version per step
-                    seq.first_version = self.step if version is None else version
+                    seq.first_version = first_version
         self.plan = StepPlan(
             step=self.step,
             start_s=now,
@@ -133,6 +138,7 @@ class Scheduler:
     def _start_generation(self, plan: StepPlan) -> None:
         # Incremental state so that a round costs O(sequences that stop in it), not O(B).
         self._step_tokens = 0  # tokens decoded this step by every sequence still running
+        self._seqs, self._prefix = self.buffer.seqs, plan.prefix_tokens  # looked up once per stop, not per attribute
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         seqs = self.buffer.seqs
@@ -201,8 +207,8 @@ class Scheduler:
         return done
 
     def _stop(self, seq_id: int, step_tokens: int, finished: bool) -> None:
-        seq = self.buffer.seqs[seq_id]
-        seq.generated_tokens = generated = self.plan.prefix_tokens[seq_id] + step_tokens
+        seq = self._seqs[seq_id]
+        seq.generated_tokens = generated = self._prefix[seq_id] + step_tokens
         del self._running[seq_id]
         if finished:
             self._finished_lengths.append(generated)
@@ -213,7 +219,7 @@ class Scheduler:
             if not left[group]:  # complete: it ranks by its last sample
                 members = self.buffer.groups[group]
                 if len(members) > 1:
-                    rank = max(self.buffer.seqs[i].finish_rank for i in members)
+                    rank = max(self._seqs[i].finish_rank for i in members)
                 self._completed[group] = rank
                 self._starved_waiting.discard(group)
 
@@ -307,8 +313,8 @@ class Scheduler:
         return min(self._step_tokens, self.plan.budgets[seq_id])
 
     def _trained(self, seq_id: int) -> TrainedSeq:
-        plan, seq = self.plan, self.buffer.seqs[seq_id]
-        total = plan.prefix_tokens[seq_id] + self._decoded(seq_id) if seq_id in self._running else seq.generated_tokens
+        seq, prefix = self._seqs[seq_id], self._prefix[seq_id]
+        total = prefix + self._decoded(seq_id) if seq_id in self._running else seq.generated_tokens
         step = self.step
         # positional, in TrainedSeq's field order (half a million of these in a long simulation)
         return TrainedSeq(
@@ -318,7 +324,7 @@ class Scheduler:
             seq.admitted_step,
             step - seq.admitted_step,
             total,
-            total - plan.prefix_tokens[seq_id],
+            total - prefix,
             seq.finished,
             step - seq.first_version,
         )

@@ -12,6 +12,9 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import compress, repeat
+from operator import attrgetter
 
 import numpy as np
 import simpy
@@ -26,6 +29,8 @@ from oppo.sim.framework import ROLE_STAGES, StageLoad
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
 
+_SEQ_ID, _FINISHED, _RESPONSE = attrgetter("seq_id"), attrgetter("finished"), attrgetter("response_tokens")
+_new_row = partial(tuple.__new__, TraceRow)  # a TraceRow from a tuple in field order, no Python call
 STAGES_OF = {role: tuple(s for s in stages if s) for role, stages in ROLE_STAGES.items()}  # scoring, update
 
 
@@ -55,6 +60,11 @@ class SimResult:
 def _chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, float]:
     """A streamed chunk: (rows, new tokens, cached tokens, attended pairs)."""
     return batch, tokens, context, pass_attended(tokens, context, batch)
+
+
+def _looked_up(values: dict[int, int], ids: list[int]) -> np.ndarray:
+    """``values[i]`` for each id, shape (len(ids),), int64: looked up by map, in C."""
+    return np.fromiter(map(values.__getitem__, ids), dtype=np.int64, count=len(ids))
 
 
 def _merge(chunk, batch: int, tokens: int, context: int):
@@ -91,20 +101,33 @@ class Device:
     def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
         """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
         batch, tokens, context = int(batch), int(tokens), int(context)
+        members = self.members
         if busy_s is None:  # every member busy alike: one end time
-            end = start + seconds
-            if seconds > 0:
-                self.result.trace.extend(
-                    [TraceRow(step, g, role, phase, start, end, batch, tokens, context) for g in self.members]
-                )
-        else:
-            self.result.trace.extend(
-                [
-                    TraceRow(step, g, role, phase, start, start + s, batch, tokens, context)
-                    for g, s in zip(self.members, busy_s)
-                    if s > 0
-                ]
+            if seconds <= 0:
+                return
+            ends = repeat(start + seconds, len(members))
+        elif min(busy_s) > 0:
+            ends = [start + s for s in busy_s]
+        else:  # a member with no row this round records nothing
+            members = [g for g, s in zip(members, busy_s) if s > 0]
+            ends = [start + s for s in busy_s if s > 0]
+        # the rows are built in C (a TraceRow is a tuple): seven per decode round, ~300k in a long run
+        self.result.trace.extend(
+            map(
+                _new_row,
+                zip(
+                    repeat(step),
+                    members,
+                    repeat(role),
+                    repeat(phase),
+                    repeat(start),
+                    ends,
+                    repeat(batch),
+                    repeat(tokens),
+                    repeat(context),
+                ),
             )
+        )
 
 
 @dataclass(frozen=True)
@@ -200,14 +223,14 @@ class Trainer:
         yield from self._fixed(plan.step, {self.gen: ("gen",)})  # e.g. resharding weights into the rollout engine
         # 1. the actor prefills every context it decodes: new prompts, and resumed prefixes (their KV cache went
         #    stale when the weights changed)
-        running = [i for i in plan.active if i in plan.budgets]
-        if running:
-            contexts = np.array([self.prompt[i] + plan.prefix_tokens[i] for i in running])
+        running = list(filter(plan.budgets.__contains__, plan.active))
+        if running:  # lengths looked up by map (C), hundreds of ids per step
+            contexts = _looked_up(self.prompt, running) + _looked_up(plan.prefix_tokens, running)
             if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
                 contexts = np.full_like(contexts, contexts.max())
             yield from self._pass("actor", "prefill", plan.step, contexts, on=self.gen)
         # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
-        new_prompts = np.array([self.prompt[i] for i in plan.new + plan.restarted])
+        new_prompts = np.array(list(map(self.prompt.__getitem__, plan.new + plan.restarted)))
         pending = _chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
             scorer.submit(plan.step, *pending)
@@ -219,15 +242,15 @@ class Trainer:
         yield from self._update(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
-        for t in outcome.trained:
-            if t.finished:  # gone from the buffer: forget its lengths
-                del self.response[t.seq_id], self.prompt[t.seq_id]
+        for seq_id in compress(map(_SEQ_ID, outcome.trained), map(_FINISHED, outcome.trained)):
+            del self.response[seq_id], self.prompt[seq_id]  # gone from the buffer: forget its lengths
         self.result.trained.extend(outcome.trained)
 
     def _update(self, step: int, trained):
         """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
         yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
-        full = np.array([self.prompt[t.seq_id] + t.response_tokens for t in trained])  # tokens of each trained one
+        ids = list(map(_SEQ_ID, trained))  # tokens of each trained one (empty: float, as np.array([]))
+        full = _looked_up(self.prompt, ids) + np.array(list(map(_RESPONSE, trained))) if ids else np.array([])
         yield from self._score(step, trained, full)
         yield from self._train(step, full)
 
@@ -263,12 +286,11 @@ class Trainer:
         shape (rows,): ids, stop (tokens into the step: EOS or the end of the budget, whichever comes first),
         eos (it stops by EOS), context (prompt and resumed prefix), gpu (the generating GPU that decodes it)."""
         budgets, prefix = plan.budgets, plan.prefix_tokens
-        ids = np.array([i for i in plan.active if i in budgets], dtype=np.int64)
-        listed = ids.tolist()
-        budget = np.array([budgets[i] for i in listed], dtype=np.int64)
-        decoded = np.array([prefix[i] for i in listed], dtype=np.int64)
-        rest = np.array([self.response[i] for i in listed], dtype=np.int64) - decoded  # tokens to EOS
-        context = np.array([self.prompt[i] for i in listed], dtype=np.int64) + decoded
+        listed = list(filter(budgets.__contains__, plan.active))
+        ids = np.array(listed, dtype=np.int64)
+        budget, decoded = _looked_up(budgets, listed), _looked_up(prefix, listed)
+        rest = _looked_up(self.response, listed) - decoded  # tokens to EOS
+        context = _looked_up(self.prompt, listed) + decoded
         self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch
         self._decode_width = int(context.max(initial=0))  # its left-padded width
         if not self.engine.compacts_batch:
@@ -362,7 +384,7 @@ class Trainer:
     def _score(self, step: int, trained, full: np.ndarray):
         """Full forward passes for the scorers that were not streamed, plus the actor's log-probs under the
         current policy (always recomputed); passes on different devices run in parallel."""
-        finished = full[[t.finished for t in trained]] if len(full) else full
+        finished = full[list(map(_FINISHED, trained))] if len(full) else full
         if "reward" not in self.roles:  # a rule scores the responses on the driver's CPU; the step waits for it
             seconds = self.framework.reward.seconds(StageLoad(units=float(len(finished)), steps=1.0))
             if seconds > 0:
