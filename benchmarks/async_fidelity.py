@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from oppo.cli import at_least, integers
 from oppo.fidelity import predict_async
 from oppo.lengths import load_lengths
 from oppo.record_io import read_rows
@@ -79,22 +80,20 @@ def calibrate(run: Path, profile: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small-cpu")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8, help="steps per run (>= 2: step 0 is warm-up)")
+    parser.add_argument("--batch", type=at_least(1), default=2)
+    parser.add_argument("--steps", type=at_least(2), default=8, help="steps per run (>= 2: step 0 is warm-up)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--lengths-model", default="alpaca-7b")
-    parser.add_argument("--staleness", default="1,2", help="comma-separated K of the async runs")
+    parser.add_argument("--staleness", type=integers(0), default=[1, 2], help="comma-separated K of the async runs")
     parser.add_argument("--queue-groups", type=int, default=0, help="the async runs' --queue-groups (0: none)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--core", type=int, default=0, help="the core the calibration run is pinned to")
     parser.add_argument("--lag-tolerance", type=float, default=0.2, help="versions")
     parser.add_argument("--step-tolerance", type=float, default=0.15, help="relative")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps must be >= 2 (step 0 is warm-up)")
-    ks = [int(k) for k in args.staleness.split(",") if k]
+    ks = args.staleness
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         reports = [one_repeat(args, root, r, ks) for r in range(args.repeats)]

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from oppo.cli import at_least, integers
+
 
 def variants(staleness: list[int], workers: int, inflight: bool = False) -> dict[str, list[str]]:
     out = {"sync": ["--mode", "sync"]}
@@ -41,18 +43,16 @@ def seconds_per_group(run: Path, batch: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small-cpu")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=8, help="steps per run (>= 2: the first is warm-up)")
+    parser.add_argument("--batch", type=at_least(1), default=4)
+    parser.add_argument("--steps", type=at_least(2), default=8, help="steps per run (>= 2: the first is warm-up)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--staleness", default="1", help="comma-separated K of the async variants")
-    parser.add_argument("--rollout-workers", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--staleness", type=integers(1), default=[1], help="comma-separated K of the async variants")
+    parser.add_argument("--rollout-workers", type=at_least(1), default=1)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--inflight", action="store_true", help="also each async variant with --inflight-updates")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps must be >= 2 (the first step is warm-up)")
-    chosen = variants([int(k) for k in args.staleness.split(",")], args.rollout_workers, args.inflight)
+    chosen = variants(args.staleness, args.rollout_workers, args.inflight)
     common = ["--preset", args.preset, "--batch", str(args.batch), "--steps", str(args.steps)]
     common += ["--max-new-tokens", str(args.max_new_tokens), "--lengths", "alpaca_eval", "--lengths-model", "alpaca-7b"]
     with tempfile.TemporaryDirectory() as tmp:

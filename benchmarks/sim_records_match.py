@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from oppo.cli import directory
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("steps.csv", "sequences.csv", "trace.csv", "trace.json", "summary.json")
 POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch", "async")
@@ -104,11 +106,11 @@ def _wait(process: subprocess.Popen, tree: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--other", type=Path, help="source tree to compare with (holds oppo/)")
+    parser.add_argument("--other", type=directory, help="source tree to compare with (holds oppo/)")
     parser.add_argument("--steps", type=int, default=30, help="steps per case")
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--digest", action="store_true", help="print the small cases' record digests as JSON")
-    parser.add_argument("--tree", type=Path, default=ROOT, help="with --digest: the tree to run (default: this)")
+    parser.add_argument("--tree", type=directory, default=ROOT, help="with --digest: the tree to run (default: this)")
     args = parser.parse_args()
     every = cases(DIGEST_STEPS if args.digest else args.steps)
     names = DIGEST_CASES if args.digest else args.cases.split(",") if args.cases else list(every)

@@ -9,6 +9,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # Errors that mean "bad input": a config value, a file, a trace. They end the command with exit code 2 and
@@ -70,3 +71,39 @@ def _parser_for(kind: Any):
     if isinstance(kind, types.UnionType):  # e.g. str | None: parse as the first concrete type
         kind = next(k for k in typing.get_args(kind) if k is not type(None))
     return kind
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (anything else is a usage error, exit 2, one line)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    return parse
+
+
+def integers(minimum: int = 0) -> Callable[[str], list[int]]:
+    """An argparse ``type``: comma-separated integers, each >= ``minimum`` ("1,2,4")."""
+    one = at_least(minimum)
+
+    def parse(text: str) -> list[int]:
+        values = [one(part.strip()) for part in text.split(",") if part.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("no value given")
+        return values
+
+    return parse
+
+
+def directory(text: str) -> Path:
+    """An argparse ``type``: an existing directory."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    return path

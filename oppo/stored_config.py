@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +61,39 @@ def config_from_dict(cls: type, values: dict[str, Any], where: str, **given: Any
     if unknown:
         raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}")
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    hints = typing.get_type_hints(cls)
+    wrong = [f"{k} = {v!r} (expected {_hint_name(hints[k])})" for k, v in kwargs.items() if not _fits(v, hints[k])]
+    if wrong:
+        raise ValueError(f"{where}: wrong type of {', '.join(wrong)}")
     try:
         return cls(**(kwargs | given))
     except TypeError as err:
         raise ValueError(f"{where}: {err}") from None
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a stored JSON value can be a field of type ``hint`` (a bool is no number here; an int is a float;
+    hints other than plain types, optionals, literals and tuples are not checked)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is tuple:
+        return isinstance(value, tuple)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (bool, str):
+        return isinstance(value, hint)
+    return True
+
+
+def _hint_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def file_sha256(path: str | Path) -> str:

@@ -135,3 +135,18 @@ def test_trainer_ops(tmp_path):
     res = bench("trainer_ops", "--preset", "tiny-cpu", "--repeats", "1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "Adam, fused over Adam, loop" in res.stdout and "publish, numpy over publish, pickled clone" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "name, args, says",
+    [
+        ("async_fidelity", ["--staleness", "x"], "--staleness: 'x' is not an integer"),
+        ("async_fidelity", ["--repeats", "0"], "--repeats: 0 is below 1"),
+        ("async_speed", ["--steps", "1"], "--steps: 1 is below 2"),
+        ("sim_records_match", ["--other", "/nonexistent/oppo"], "--other: /nonexistent/oppo is not a directory"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(name, args, says, tmp_path):
+    """Bad arguments end a benchmark with exit 2 and the problem named, before anything runs (no traceback)."""
+    done = bench(name, *args, cwd=tmp_path)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr

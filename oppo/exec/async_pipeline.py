@@ -194,13 +194,25 @@ class AsyncPipeline(Executor):
     pause_for_evaluation = False
 
     def __init__(self, config: ExecConfig, recorder: Recorder, lengths=None):
-        from oppo.exec.models import load_role
-        from oppo.exec.runner import run_roles
-
         device = resolve_device(config.model.device)
         on_gpu = device.type == "cuda"
         _check_devices(config, on_gpu)
-        self._owns_ray = _start_ray(config, on_gpu, config.rollout_workers)
+        self._owns_ray = _start_ray(config, on_gpu, config.rollout_workers, device)  # the trainer's GPU is no worker's
+        self.workers: list = []
+        try:
+            self._place(config, recorder, lengths, device, on_gpu)
+        except BaseException:  # a failed start leaves no worker and no Ray of its own behind
+            for worker in self.workers:
+                ray.kill(worker)
+            if self._owns_ray and ray.is_initialized():
+                ray.shutdown()
+            raise
+
+    def _place(self, config: ExecConfig, recorder: Recorder, lengths, device: torch.device, on_gpu: bool) -> None:
+        """Load the trainer's models and start the rollout workers (the rest of ``__init__``)."""
+        from oppo.exec.models import load_role
+        from oppo.exec.runner import run_roles
+
         if not on_gpu and not config.model.threads:
             torch.set_num_threads(1)  # one core for the trainer: its own device, beside the workers'
         frozen = tuple(r for r in scorer_roles(config) if r in ("reward", "reference"))  # scored by the workers
@@ -209,12 +221,9 @@ class AsyncPipeline(Executor):
         super().__init__(config, group, scorers, recorder, token_ids(config.model), lengths)
         if self.held_out and "reward" in frozen:  # held-out answers are scored by a reward model of the trainer's
             self.held_out.reward = load_role(config.model, "reward", device).requires_grad_(False)
-        options = _one_device(on_gpu)
-        temperature = config.ppo.temperature
-        self.workers = [
-            RolloutWorker.options(**options).remote(config.model, recorder.t0, f"cpu{k + 1}", temperature, frozen)
-            for k in range(config.rollout_workers)
-        ]
+        spawn = RolloutWorker.options(**_one_device(on_gpu)).remote
+        for k in range(config.rollout_workers):
+            self.workers.append(spawn(config.model, recorder.t0, f"cpu{k + 1}", config.ppo.temperature, frozen))
         for k, (label, pid) in enumerate(_get([w.ready.remote() for w in self.workers], "rollout")):
             print(f"placement: rollout worker {k} on {label} (worker pid {pid})", file=sys.stderr)
         self.cond = threading.Condition()  # guards the scheduling core, the version and the queue count

@@ -14,6 +14,7 @@ only in this module and in :mod:`oppo.exec.async_pipeline` (rollout workers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -285,13 +286,24 @@ class RayExecutor(Executor):
         entries = config.remote_roles if config.placement == "disaggregated" else ()
         remote = [[r for r in entry.split("+") if r in scorer_roles(config)] for entry in entries]
         remote = [names for names in remote if names]
-        self._owns_ray = _start_ray(config, on_gpu, len(remote))
-        if not on_gpu:
-            torch.set_num_threads(1)  # one core for the driver: its own "device"
         elsewhere = tuple(r for names in remote for r in names)
         on_driver = driver_roles(config, elsewhere)
+        holds_models = config.dp == 1 or bool(on_driver)  # the driver's own GPU then is no worker's
+        self._owns_ray = _start_ray(config, on_gpu, len(remote), device if holds_models else None)
+        self._started: list = []  # what _place started, for _abandon
+        try:
+            self._place(config, recorder, lengths, device, ids, on_gpu, remote, elsewhere, on_driver)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _place(self, config, recorder, lengths, device, ids, on_gpu, remote, elsewhere, on_driver) -> None:
+        """Load the driver's models and start the workers (the rest of ``__init__``)."""
+        if not on_gpu:
+            torch.set_num_threads(1)  # one core for the driver: its own "device"
         if config.dp > 1:
             group = RayGroup(config, recorder.t0, on_gpu, rank_roles(config, elsewhere))
+            self._started.append(group)
             label = device_name(device) if on_gpu else f"cpu{config.dp}"  # the driver's own device
             roles = load_roles(config.model, device, which=on_driver)
             scorers = driver_scorers(config, roles, recorder, label, elsewhere)
@@ -303,11 +315,22 @@ class RayExecutor(Executor):
             worker = ScorerWorker.options(**_one_device(on_gpu)).remote(
                 config.model, names, ids[0], recorder.t0, f"cpu{first + k}", 1, config.ppo.temperature
             )
+            self._started.append(worker)
             for i, role in enumerate(names):
                 scorers[role] = RemoteScorer(role, worker, collects=i == 0)
             label, pid = _get(worker.ready.remote(), names[0])  # models loaded before the first step's clock
             print(f"placement: {'+'.join(names)} on {label} (worker pid {pid})", file=sys.stderr)
         super().__init__(config, group, scorers, recorder, ids, lengths)
+
+    def _abandon(self) -> None:
+        """A failed start: end what it started (the workers, the Ray it started), leaving nothing behind."""
+        for started in self._started:
+            if isinstance(started, RayGroup):
+                started.close()
+            else:
+                ray.kill(started)
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
 
     def close(self) -> None:
         self.group.close()
@@ -323,9 +346,11 @@ def _one_device(on_gpu: bool) -> dict:
     return {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
 
 
-def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int) -> bool:
+def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int, driver_gpu: torch.device | None = None) -> bool:
     """Start a local Ray (or join ``config.ray_address``) with room for the run's workers; True if it was started
-    here. Too few GPUs or cores for the workers is an error, not a wait."""
+    here. Too few GPUs or cores for the workers is an error, not a wait. ``driver_gpu``: the GPU this process holds
+    models on, kept out of a local Ray's GPUs so that no worker is given it (a joined cluster offers what its nodes
+    were started with: leave the driver's GPU out of the head node's ``--num-gpus``)."""
     if ray.is_initialized():
         return False
     workers = (config.dp if config.dp > 1 else 0) + scorer_workers
@@ -333,14 +358,16 @@ def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int) -> bool:
     # to the driver or to other work on the machine. Read by the raylet this starts (a joined cluster keeps its own).
     os.environ.setdefault("RAY_worker_niceness", "0")
     env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
-    ray.init(
-        address=config.ray_address,
-        num_cpus=None if config.ray_address else max(2, workers + 1),
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level="ERROR",
-        runtime_env={"env_vars": env} if env else None,
-    )
+    others = workers_gpus(driver_gpu) if config.ray_address is None else None
+    with _environment("CUDA_VISIBLE_DEVICES", others):  # the raylet started here reads it; the driver keeps its own
+        ray.init(
+            address=config.ray_address,
+            num_cpus=None if config.ray_address else max(2, workers + 1),
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            runtime_env={"env_vars": env} if env else None,
+        )
     resource = "GPU" if on_gpu else "CPU"
     have = ray.cluster_resources().get(resource, 0)
     if have < workers:
@@ -350,3 +377,30 @@ def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int) -> bool:
             f"cluster has {have:g}"
         )
     return config.ray_address is None
+
+
+def workers_gpus(driver_gpu: torch.device | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a local Ray's workers: this process's visible GPUs less ``driver_gpu`` (None:
+    leave Ray's own detection, as when the driver holds no model on a GPU)."""
+    if driver_gpu is None or driver_gpu.type != "cuda":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    return ",".join(gpu for k, gpu in enumerate(ids) if k != (driver_gpu.index or 0))
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """``os.environ[name] = value`` inside the block (nothing if ``value`` is None), restored after."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before

@@ -90,3 +90,19 @@ def test_dead_worker_ends_run_with_records(tmp_path):
     assert code == 1, err
     assert "reward worker died" in err
     assert json.loads((out / "summary.json").read_text())["steps"] >= 10
+
+
+def test_a_local_ray_is_not_offered_the_drivers_gpu(monkeypatch):
+    """Workers of a local Ray get the visible GPUs less the one the driver holds models on (a rollout worker or
+    scorer on the trainer's GPU would share it, unseen); a driver on the CPU leaves Ray's detection alone."""
+    import torch
+
+    from oppo.exec.placement import workers_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    assert workers_gpus(torch.device("cuda", 1)) == "4,6"
+    assert workers_gpus(torch.device("cuda")) == "5,6"
+    assert workers_gpus(torch.device("cpu")) is None and workers_gpus(None) is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert workers_gpus(torch.device("cuda", 0)) == "1"

@@ -170,3 +170,21 @@ def test_a_dead_rollout_worker_ends_the_run_with_its_records(tmp_path):
     while alive(pids[0]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(pids[0])
+
+
+def test_failed_start_leaves_no_ray_behind(monkeypatch):
+    """A start that fails after Ray came up (here: the trainer's models fail to load) shuts down the Ray it
+    started and kills the workers it started, before the error reaches the caller."""
+    import ray
+
+    from oppo.exec import async_pipeline
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no weights")
+
+    monkeypatch.setattr(async_pipeline, "local_parts", broken)
+    config = ExecConfig(schedule=default_schedule(policy="async", batch=2, staleness=1), rollout_workers=1, steps=1)
+    assert not ray.is_initialized()
+    with pytest.raises(RuntimeError, match="no weights"):
+        async_pipeline.AsyncPipeline(config, Recorder())
+    assert not ray.is_initialized()

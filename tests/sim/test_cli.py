@@ -197,6 +197,21 @@ def test_config_with_changed_lengths_file_is_refused(tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
 
 
+def test_config_with_a_value_of_the_wrong_type_is_refused(tmp_path):
+    """A stored value of the wrong type (a hand-edited config.json) is an error naming it, not a run that reads
+    "yes" as true or fails later with a traceback."""
+    res = sim("run", "--setup", "tiny-cpu", "--steps", "2", "--policy", "async", "--out", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr
+    stored = json.loads((tmp_path / "a" / "config.json").read_text())
+    stored["rollout"] = {"inflight_updates": "yes", "queue_groups": 1.5}
+    (tmp_path / "a" / "config.json").write_text(json.dumps(stored))
+    res = sim("run", "--config", str(tmp_path / "a"), "--out", str(tmp_path / "b"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "queue_groups = 1.5 (expected int)" in res.stderr
+    assert "inflight_updates = 'yes' (expected bool)" in res.stderr
+    assert not (tmp_path / "b").exists()
+
+
 def test_setup_with_a_checkpoint_config(tmp_path):
     """A user's own config.json is a shape source for any setup."""
     config = tmp_path / "config.json"
