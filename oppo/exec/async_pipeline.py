@@ -80,14 +80,19 @@ class RolloutWorker:
     """A rollout worker of ``async``: its own copy of the actor on one device (one core or one GPU), generating
     the sequences it is dealt with the weights version it was last sent, timed on the driver's clock (``t0``)."""
 
-    def __init__(self, model_config, t0: float, label: str, temperature: float, frozen: tuple[str, ...]):
+    def __init__(
+        self, model_config, t0: float, label: str, temperature: float, frozen: tuple[str, ...], core: int | None
+    ):
         """``frozen``: the scorer roles that never change (reward model, reference) this worker scores its
-        sequences with, as they finish, off the trainer's device."""
+        sequences with, as they finish, off the trainer's device; ``core``: the CPU core it runs on (None: where
+        the OS puts it, as on a cluster's other node)."""
         from oppo.exec.models import load_role
         from oppo.exec.rollout import Rollout
 
         if not ray.get_gpu_ids():
             torch.set_num_threads(1)  # one core per worker
+            if core is not None:  # that core alone: its own device, as the simulator's placement has it
+                os.sched_setaffinity(0, {core})
         device, self.label = _worker_device(label)
         self.actor = load_role(model_config, "actor", device).requires_grad_(False)
         self.pad_id, eos_id, _ = token_ids(model_config)
@@ -199,13 +204,11 @@ class AsyncPipeline(Executor):
         _check_devices(config, on_gpu)
         self._owns_ray = _start_ray(config, on_gpu, config.rollout_workers, device)  # the trainer's GPU is no worker's
         self.workers: list = []
+        self._affinity: set[int] | None = None  # this process's cores before the trainer was pinned
         try:
             self._place(config, recorder, lengths, device, on_gpu)
-        except BaseException:  # a failed start leaves no worker and no Ray of its own behind
-            for worker in self.workers:
-                ray.kill(worker)
-            if self._owns_ray and ray.is_initialized():
-                ray.shutdown()
+        except BaseException:  # a failed start leaves no worker, no Ray of its own and no pinning behind
+            self._release()
             raise
 
     def _place(self, config: ExecConfig, recorder: Recorder, lengths, device: torch.device, on_gpu: bool) -> None:
@@ -213,8 +216,12 @@ class AsyncPipeline(Executor):
         from oppo.exec.models import load_role
         from oppo.exec.runner import run_roles
 
+        cores = _cores(config, on_gpu)  # the trainer's core, then each local worker's; None: not pinned
+        if cores:  # one core for the trainer: its own device, beside the workers' (restored by close)
+            self._affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {cores[0]})
         if not on_gpu and not config.model.threads:
-            torch.set_num_threads(1)  # one core for the trainer: its own device, beside the workers'
+            torch.set_num_threads(1)
         frozen = tuple(r for r in scorer_roles(config) if r in ("reward", "reference"))  # scored by the workers
         which = tuple(r for r in run_roles(config) if r not in frozen)
         group, scorers = local_parts(config, load_roles(config.model, device, which=which), recorder, frozen)
@@ -223,7 +230,8 @@ class AsyncPipeline(Executor):
             self.held_out.reward = load_role(config.model, "reward", device).requires_grad_(False)
         spawn = RolloutWorker.options(**_one_device(on_gpu)).remote
         for k in range(config.rollout_workers):
-            self.workers.append(spawn(config.model, recorder.t0, f"cpu{k + 1}", config.ppo.temperature, frozen))
+            core = cores[k + 1] if cores else None
+            self.workers.append(spawn(config.model, recorder.t0, f"cpu{k + 1}", config.ppo.temperature, frozen, core))
         for k, (label, pid) in enumerate(_get([w.ready.remote() for w in self.workers], "rollout")):
             print(f"placement: rollout worker {k} on {label} (worker pid {pid})", file=sys.stderr)
         self.cond = threading.Condition()  # guards the scheduling core, the version and the queue count
@@ -393,12 +401,29 @@ class AsyncPipeline(Executor):
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+        self._release()
+
+    def _release(self) -> None:
+        """Kill the workers (which ends the rollout thread's calls), shut down the Ray started here and give this
+        process its cores back."""
         for worker in self.workers:
             ray.kill(worker)
-        if self.thread is not None:
-            self.thread.join(timeout=60)
+        thread = getattr(self, "thread", None)  # None until the first step, absent if the start failed
+        if thread is not None:
+            thread.join(timeout=60)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        if self._affinity is not None:
+            os.sched_setaffinity(0, self._affinity)
+
+
+def _cores(config: ExecConfig, on_gpu: bool) -> list[int] | None:
+    """On CPU with a local Ray, the cores of the trainer and of each rollout worker (the lowest of those this
+    process may use, in order); None where nothing is pinned: on GPUs, on a joined cluster (workers on other
+    nodes) and where the OS has no affinity."""
+    if on_gpu or config.ray_address is not None or not hasattr(os, "sched_getaffinity"):
+        return None
+    return sorted(os.sched_getaffinity(0))[: 1 + config.rollout_workers]
 
 
 def _check_devices(config: ExecConfig, on_gpu: bool) -> None:

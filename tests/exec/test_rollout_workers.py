@@ -3,6 +3,7 @@ version max(0, s - K) exactly, so a run equals the one-process async run (float6
 workers are found by the process id the run prints (``(worker pid N)``) and only those are stopped."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 
 from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule  # noqa: E402
 from oppo.exec.models import load_roles  # noqa: E402
@@ -175,8 +176,6 @@ def test_a_dead_rollout_worker_ends_the_run_with_its_records(tmp_path):
 def test_failed_start_leaves_no_ray_behind(monkeypatch):
     """A start that fails after Ray came up (here: the trainer's models fail to load) shuts down the Ray it
     started and kills the workers it started, before the error reaches the caller."""
-    import ray
-
     from oppo.exec import async_pipeline
 
     def broken(*args, **kwargs):
@@ -185,6 +184,24 @@ def test_failed_start_leaves_no_ray_behind(monkeypatch):
     monkeypatch.setattr(async_pipeline, "local_parts", broken)
     config = ExecConfig(schedule=default_schedule(policy="async", batch=2, staleness=1), rollout_workers=1, steps=1)
     assert not ray.is_initialized()
+    before = os.sched_getaffinity(0)
     with pytest.raises(RuntimeError, match="no weights"):
         async_pipeline.AsyncPipeline(config, Recorder())
-    assert not ray.is_initialized()
+    assert not ray.is_initialized() and os.sched_getaffinity(0) == before
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_trainer_and_worker_each_pinned_to_their_core_until_close():
+    """On CPU a device is a core: the trainer (this process) runs on the first core it may use and rollout
+    worker k on the next, as the simulator's placement has it; close gives this process its cores back."""
+    from oppo.exec.async_pipeline import AsyncPipeline
+
+    before = sorted(os.sched_getaffinity(0))
+    config = ExecConfig(schedule=default_schedule(policy="async", batch=2, staleness=1), rollout_workers=1, steps=1)
+    executor = AsyncPipeline(config, Recorder())
+    try:
+        ((_, pid),) = ray.get([w.ready.remote() for w in executor.workers])
+        assert os.sched_getaffinity(0) == {before[0]} and os.sched_getaffinity(pid) == {before[1]}
+    finally:
+        executor.close()
+    assert sorted(os.sched_getaffinity(0)) == before
