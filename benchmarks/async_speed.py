@@ -3,6 +3,7 @@ the trainer) against ``sync`` as a user runs it (one process, torch on every cor
 
     python benchmarks/async_speed.py --preset small-cpu --batch 4 --steps 8 --repeats 3
     python benchmarks/async_speed.py --staleness 1,2 --rollout-workers 1 --inflight
+    python benchmarks/async_speed.py --algo grpo --group-size 4 --batch 1     # no critic: a lighter trainer
 
 Each run is ``python -m oppo.exec.train`` in its own process with AlpacaEval lengths forced (cap
 ``--max-new-tokens``); variants are interleaved within a repeat so that a slow moment of the machine falls on all
@@ -49,12 +50,15 @@ def main() -> None:
     parser.add_argument("--staleness", type=integers(1), default=[1], help="comma-separated K of the async variants")
     parser.add_argument("--rollout-workers", type=at_least(1), default=1)
     parser.add_argument("--repeats", type=at_least(1), default=3)
+    parser.add_argument("--algo", default="ppo", choices=("ppo", "grpo"), help="the runs' --algo")
+    parser.add_argument("--group-size", type=at_least(1), default=1, help="the runs' --group-size (grpo: >= 2)")
     parser.add_argument("--inflight", action="store_true", help="also each async variant with --inflight-updates")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
     chosen = variants(args.staleness, args.rollout_workers, args.inflight)
     common = ["--preset", args.preset, "--batch", str(args.batch), "--steps", str(args.steps)]
     common += ["--max-new-tokens", str(args.max_new_tokens), "--lengths", "alpaca_eval", "--lengths-model", "alpaca-7b"]
+    common += ["--algo", args.algo, "--group-size", str(args.group_size)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         per_group: dict[str, list[float]] = {name: [] for name in chosen}
@@ -72,6 +76,7 @@ def main() -> None:
                 trainer[name].append(trainer_profile(run))
         report(per_group, summaries, args)
         report_trainer(trainer)
+        report_bound(per_group, trainer, args.batch)
 
 
 def trainer_profile(run: Path) -> dict[str, float]:
@@ -99,6 +104,20 @@ def report_trainer(trainer: dict[str, list[dict[str, float]]]) -> None:
         keys = sorted({k for p in profiles for k in p}, key=lambda k: -statistics.median(p.get(k, 0) for p in profiles))
         parts = ", ".join(f"{k} {statistics.median(p.get(k, 0.0) for p in profiles):.2f}" for k in keys)
         print(f"  {name:<28} {parts}")
+
+
+def report_bound(per_group: dict[str, list[float]], trainer: dict[str, list[dict[str, float]]], batch: int) -> None:
+    """Whatever the overlap, an async step takes at least the trainer's own work on its core: sync's step over that
+    work bounds async's gain (a trainer that alone takes sync's whole step leaves generation nothing to hide)."""
+    sync_step = statistics.median(per_group["sync"]) * batch
+    for name, profiles in trainer.items():
+        if name == "sync":
+            continue
+        work = statistics.median(sum(v for k, v in p.items() if k != "other") for p in profiles)
+        print(
+            f"  {name}: the trainer's own work {work:.2f} s a step against sync's step {sync_step:.2f} s: gain <= "
+            f"{sync_step / work:.2f}x"
+        )
 
 
 def report(per_group: dict[str, list[float]], summaries: dict[str, list[dict]], args) -> None:

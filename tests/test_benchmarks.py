@@ -110,6 +110,10 @@ def test_async_speed(tmp_path):
     assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout
     assert re.search(r"(?m)^async K=1, 1 worker\(s\) .* \d+\.\d\dx ", res.stdout), res.stdout
     assert "async K=1, 1 w., in-flight" in res.stdout
+    assert re.search(r"async K=1, 1 worker\(s\): the trainer's own work \d+\.\d\d s .* gain <= \d+\.\d\dx", res.stdout)
+    res = bench("async_speed", *args, "--algo", "grpo", "--group-size", "2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "critic" not in res.stdout and "actor train_actor" in res.stdout  # GRPO: the trainer has no critic
 
 
 def test_sim_records_match(tmp_path):
