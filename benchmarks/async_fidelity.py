@@ -3,9 +3,12 @@
 
     python benchmarks/async_fidelity.py --preset small-cpu --batch 2 --steps 8 --staleness 1,2 --repeats 3
 
-Each repeat runs, interleaved: the executor's ``sync`` pinned to one core with one torch thread (the calibration
-run: ``python -m oppo.sim calibrate`` fits the cost profile on its trace), then ``async --staleness K
---rollout-workers 1`` for each K (the trainer on one core, the worker on the other). The simulator then predicts
+Each repeat runs, interleaved: the calibration run (``python -m oppo.sim calibrate`` fits the cost profile on its
+trace), then ``async --staleness K --rollout-workers 1`` for each K (the trainer on one core, the worker on the
+other). The calibration run is synchronous RL on the same placement (``--calibration placement``: async K = 0, in
+which nothing overlaps, so every operation is timed alone), or ``sync`` in one process pinned to one core with one
+torch thread (``one-core``): a Ray worker decodes ~10% slower than a plain process on its core, which the
+one-core calibration cannot see. The simulator then predicts
 each async run from that repeat's profile (``oppo.fidelity.predict_async``: the worker generates and scores with
 the reward model and reference, the trainer computes old log-probs and values and trains; step s by version
 s - K, as the executor). Prints per K the measured and predicted mean lag of the trained samples and mean step
@@ -49,7 +52,10 @@ def executor(args, flags: list[str], out: Path, core: int | None) -> None:
 
 def one_repeat(args, root: Path, repeat: int, ks: list[int]) -> dict[int, dict[str, float]]:
     sync = root / f"r{repeat}-sync"
-    executor(args, ["--mode", "sync", "--threads", "1"], sync, args.core)
+    if args.calibration == "placement":  # synchronous (K = 0: nothing overlaps) on the placement predicted
+        executor(args, ["--mode", "async", "--staleness", "0", "--rollout-workers", "1"], sync, None)
+    else:
+        executor(args, ["--mode", "sync", "--threads", "1"], sync, args.core)
     profile = calibrate(sync, root / f"r{repeat}-profile.json")
     lengths = load_lengths("alpaca_eval", model=args.lengths_model)
     out = {}
@@ -88,7 +94,14 @@ def main() -> None:
     parser.add_argument("--queue-groups", type=int, default=0, help="the async runs' --queue-groups (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=at_least(1), default=3)
-    parser.add_argument("--core", type=int, default=0, help="the core the calibration run is pinned to")
+    parser.add_argument(
+        "--calibration",
+        choices=("placement", "one-core"),
+        default="placement",
+        help="the calibration run: synchronous RL on the predicted placement (async K = 0, one rollout worker), or "
+        "sync in one process pinned to one core with one thread",
+    )
+    parser.add_argument("--core", type=int, default=0, help="with --calibration one-core: the core it is pinned to")
     parser.add_argument("--lag-tolerance", type=float, default=0.2, help="versions")
     parser.add_argument("--step-tolerance", type=float, default=0.15, help="relative")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
@@ -104,8 +117,8 @@ def report(reports: list[dict], ks: list[int], args) -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"{args.preset}, B {args.batch}, {args.lengths_model} lengths capped at {args.max_new_tokens}, {args.steps} "
-        f"steps, seed {args.seed}, 1 rollout worker; {args.repeats} repeats (median [min, max]); load average "
-        f"{load:.1f} at the end"
+        f"steps, seed {args.seed}, 1 rollout worker, calibrated on the {args.calibration} run; {args.repeats} repeats "
+        f"(median [min, max]); load average {load:.1f} at the end"
     )
     print(
         f"{'K':>2} {'lag measured':>20} {'predicted':>20} {'step_s measured':>22} {'predicted':>22} {'err':>6}  goal"
