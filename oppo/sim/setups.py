@@ -23,9 +23,18 @@ from typing import Any
 from oppo.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir
 from oppo.metrics import device_count
-from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
-from oppo.sim.framework import FRAMEWORKS, STAGE_TERMS, TRL, Framework, FrameworkCost, StageCost, read_layer, trl_layer
-from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape
+from oppo.sim.cost.engine import ENGINES, CostModel, RooflineCost, model_shape
+from oppo.sim.cost.framework import (
+    FRAMEWORKS,
+    STAGE_TERMS,
+    TRL,
+    Framework,
+    FrameworkCost,
+    StageCost,
+    read_layer,
+    trl_layer,
+)
+from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Efficiency, gpu_efficiencies, lookup
 from oppo.sim.workload import LengthModel, RewardCurve
 
 PLACEMENTS = ("disaggregated", "colocated")
@@ -191,7 +200,7 @@ class Setup:
         """A cost model per role on its device group under ``policy``: roofline (fitted or analytic efficiencies),
         or a profile calibrated on an executor's records (``cost = "NAME.json"``, in oppo/data/profiles/)."""
         if self.cost.endswith(".json"):
-            from oppo.sim.calibrate import calibrated_costs
+            from oppo.sim.cost.fit import calibrated_costs
 
             path = (
                 Path(self.cost)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from oppo.sim.costs import Efficiency, RooflineCost, fit_roofline, gpu_efficiencies
-from oppo.sim.hardware import ENGINES, GPUS, MODELS
+from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost
+from oppo.sim.cost.gpu import GPUS, Efficiency, fit_roofline, gpu_efficiencies
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -77,7 +77,7 @@ def test_cuda_graphs_launch_an_iteration_once_instead_of_per_layer():
 
 
 def test_padding_and_the_critics_own_micro_batch():
-    from oppo.sim.framework import Framework
+    from oppo.sim.cost.framework import Framework
 
     lengths = np.array([100, 300, 200])
     assert Framework().pass_tokens(lengths) == 600  # packed: real tokens
@@ -91,7 +91,7 @@ def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_bat
     """FSDP / ZeRO-3: each scoring micro-batch all-gathers the (n - 1) / n of the weights a GPU lacks, each training
     micro-batch gathers for forward and backward and reduce-scatters the gradients (3x), over the collective's
     link; the difference to the unsharded pass is exactly those bytes over that link (to 1e-9)."""
-    from oppo.sim.framework import Framework, FrameworkCost
+    from oppo.sim.cost.framework import Framework, FrameworkCost
 
     model, gpu = MODELS["deepseek-llm-7b"], GPUS["mi300x"]
     base = RooflineCost(model, gpu, 8, ENGINES["vllm"])

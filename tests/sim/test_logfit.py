@@ -14,7 +14,7 @@ import pytest
 
 from oppo.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
-from oppo.sim.framework import ROLE_STAGES, TRL, StageCost, shared_layer
+from oppo.sim.cost.framework import ROLE_STAGES, TRL, StageCost, shared_layer
 from oppo.sim.logfit import (
     STAGE_OPS,
     calibrate,

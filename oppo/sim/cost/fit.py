@@ -1,17 +1,21 @@
-"""A cost model fitted to an executor's records (``trace.csv``): per role and phase, least squares on the
-simulator's own features. ``python -m oppo.sim calibrate --trace RUN/trace.csv --out oppo/data/profiles/NAME.json``.
+"""The fitted terms, the top of the cost stack: the framework layer's stage terms (:mod:`oppo.sim.cost.framework`)
+fitted to measured stage seconds, and a whole cost model fitted to the executor's own traces. Every fit here is
+non-negative least squares of the relative error (:func:`nonnegative_lstsq`).
 
-Prefill and score rows of a role are one forward-pass fit (``forward``): the same computation, and together they
-span short (prompt) and long (whole sequence) passes. Features (all linear in the coefficients):
-- decode round (a trace row of ``T`` tokens over ``B`` rows, ``C`` context tokens summed over the rows at its
-  start; ``it = T/B`` iterations): ``it``, ``it*B``, ``it*C + it*(it-1)/2 * B`` (the summed context of every
-  iteration, growing by B per iteration) — per iteration: c0 + c1*batch + c2*summed context;
-- prefill / score / train pass of ``N`` tokens over ``B`` rows with ``C`` cached tokens: 1, ``N``, attended
-  (query, key) pairs ``N*(C/B + N/(2B))``.
+From real logs (:func:`fit_stage`, :func:`fit_problems`): a stage's seconds are linear in its terms
+(:meth:`~oppo.sim.cost.framework.StageCost.seconds` of a :class:`~oppo.sim.cost.framework.StageLoad`), so given each
+step's load (:mod:`oppo.sim.logfit` measures it by replaying the log on the simulator) the terms are a linear fit.
+
+From the executor's records (``trace.csv``; :func:`fit_trace`, :class:`CalibratedCost`, ``python -m oppo.sim
+calibrate --trace RUN/trace.csv --out oppo/data/profiles/NAME.json``): per role and phase, least squares on the
+simulator's own features, in place of the engine and framework layers. Prefill and score rows of a role are one
+forward-pass fit (``forward``): the same computation, and together they span short (prompt) and long (whole
+sequence) passes. Features: see :data:`TRACE_FEATURES`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -21,7 +25,78 @@ from pathlib import Path
 import numpy as np
 
 from oppo.records import TraceRow
-from oppo.sim.costs import pass_attended
+from oppo.sim.cost.engine import pass_attended
+from oppo.sim.cost.framework import StageCost, StageLoad
+
+TRACE_FEATURES = """(all linear in the coefficients):
+- decode round (a trace row of ``T`` tokens over ``B`` rows, ``C`` context tokens summed over the rows at its
+  start; ``it = T/B`` iterations): ``it``, ``it*B``, ``it*C + it*(it-1)/2 * B`` (the summed context of every
+  iteration, growing by B per iteration) — per iteration: c0 + c1*batch + c2*summed context;
+- prefill / score / train pass of ``N`` tokens over ``B`` rows with ``C`` cached tokens: 1, ``N``, attended
+  (query, key) pairs ``N*(C/B + N/(2B))``."""
+
+
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0 (Lawson-Hanson active set, :func:`scipy.optimize.nnls`)."""
+    from scipy.optimize import nnls  # here: a simulation that only loads a profile need not import scipy
+
+    return nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0]
+
+
+def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False) -> StageCost:
+    """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
+    :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
+    With 1 / efficiency = 1 + a:
+    - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a)), and
+      with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
+      model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
+      its micro-batch count is constant);
+    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps."""
+    if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
+        unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
+        return StageCost(per_unit_s=float(unit))
+    if gen:
+        columns = [load.roofline_s, load.row_tokens, load.steps]
+    else:
+        columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
+    x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
+    a, *rest = nonnegative_lstsq(x, (measured - load.extra_s - load.roofline_s) / measured)
+    inverse = 1.0 + a  # 1 / efficiency
+    if gen:
+        return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
+    half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
+    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
+
+
+def fit_problems(problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]]) -> dict[str, StageCost]:
+    """One set of terms per problem: its stages (a logged stage timing several of ours shares one set) -> the loads
+    and measured seconds per step of every run that times it, fitted at once."""
+    layer: dict[str, StageCost] = {}
+    for parts, (loads, measured) in problems.items():
+        several = len(loads) > 1  # runs of different shapes separate a per-micro-batch cost from the proportional
+        cost = fit_stage(concat_loads(loads), np.concatenate(measured), gen=parts == ("gen",), per_unit=several)
+        layer |= dict.fromkeys(parts, cost)
+    return layer
+
+
+def sum_loads(loads: list[StageLoad]) -> StageLoad:
+    """The load of several stages timed as one (the same terms price each)."""
+    fields = [f.name for f in dataclasses.fields(StageLoad)]
+    return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in fields})
+
+
+def slice_load(load: StageLoad, part: slice) -> StageLoad:
+    return StageLoad(**{f.name: np.asarray(getattr(load, f.name))[part] for f in dataclasses.fields(StageLoad)})
+
+
+def concat_loads(loads: list[StageLoad]) -> StageLoad:
+    fields = [f.name for f in dataclasses.fields(StageLoad)]
+    return StageLoad(**{f: np.concatenate([np.asarray(getattr(load, f)) for load in loads]) for f in fields})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The executor's traces: a whole cost model fitted
+# ---------------------------------------------------------------------------------------------------------
 
 FAMILY = {
     "decode": "decode",
@@ -89,17 +164,10 @@ def _scale(coef: np.ndarray, rows: list[TraceRow]) -> float:
     return float(np.median(y / predicted)) if (predicted > 0).all() else 1.0
 
 
-def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| subject to x >= 0 (Lawson-Hanson active set, :func:`scipy.optimize.nnls`)."""
-    from scipy.optimize import nnls  # here: a simulation that only loads a profile need not import scipy
-
-    return nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0]
-
-
 def save_profile(fits: dict[str, dict[str, Fit]], path: str | Path, source: str) -> None:
     data = {
         "source": source,
-        "features": __doc__.split("Features")[1].strip(),
+        "features": TRACE_FEATURES,
         "roles": {
             role: {
                 phase: {"coefficients": f.coefficients, "rows": f.rows, "median_abs_err": f.median_abs_err}
