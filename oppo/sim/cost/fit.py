@@ -28,6 +28,7 @@ from oppo.records import TraceRow
 from oppo.sim.cost.engine import pass_attended
 from oppo.sim.cost.framework import StageCost, StageLoad
 
+LOAD_FIELDS = tuple(f.name for f in dataclasses.fields(StageLoad))
 TRACE_FEATURES = """(all linear in the coefficients):
 - decode round (a trace row of ``T`` tokens over ``B`` rows, ``C`` context tokens summed over the rows at its
   start; ``it = T/B`` iterations): ``it``, ``it*B``, ``it*C + it*(it-1)/2 * B`` (the summed context of every
@@ -51,7 +52,15 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
       with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
       model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
       its micro-batch count is constant);
-    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps."""
+    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps.
+    A step timed at 0 s (a rule reward under the timer's resolution) has no relative error to weigh: left out."""
+    timed = measured > 0
+    if not timed.all():
+        if not timed.any():
+            return StageCost()
+        shape = measured.shape
+        load = StageLoad(**{f: np.broadcast_to(getattr(load, f), shape)[timed] for f in LOAD_FIELDS})
+        measured = measured[timed]
     if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
         unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
         return StageCost(per_unit_s=float(unit))
@@ -81,17 +90,15 @@ def fit_problems(problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.
 
 def sum_loads(loads: list[StageLoad]) -> StageLoad:
     """The load of several stages timed as one (the same terms price each)."""
-    fields = [f.name for f in dataclasses.fields(StageLoad)]
-    return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in fields})
+    return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in LOAD_FIELDS})
 
 
 def slice_load(load: StageLoad, part: slice) -> StageLoad:
-    return StageLoad(**{f.name: np.asarray(getattr(load, f.name))[part] for f in dataclasses.fields(StageLoad)})
+    return StageLoad(**{f: np.asarray(getattr(load, f))[part] for f in LOAD_FIELDS})
 
 
 def concat_loads(loads: list[StageLoad]) -> StageLoad:
-    fields = [f.name for f in dataclasses.fields(StageLoad)]
-    return StageLoad(**{f: np.concatenate([np.asarray(getattr(load, f)) for load in loads]) for f in fields})
+    return StageLoad(**{f: np.concatenate([np.asarray(getattr(load, f)) for load in loads]) for f in LOAD_FIELDS})
 
 
 # ---------------------------------------------------------------------------------------------------------
