@@ -75,8 +75,9 @@ class Cluster:
     """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
     gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
     per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
-    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). A role's GPUs
-    are counted from the first node's first GPU: 16 GPUs at 8 per node span two nodes."""
+    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). GPUs are numbered
+    from the first node's first GPU and nodes split them at multiples of ``gpus_per_node``: GPUs 3 and 4 at 4 per
+    node sit on two nodes."""
 
     gpus_per_node: int = 8
     inter_node_bytes_per_s: float = 25e9
@@ -85,10 +86,13 @@ class Cluster:
         if self.gpus_per_node < 1 or self.inter_node_bytes_per_s <= 0:
             raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s > 0")
 
-    def link_bytes_per_s(self, gpu, n_gpus: int) -> float:
-        """Per-GPU bandwidth of a collective over ``n_gpus`` GPUs: the intra-node link, or the slower inter-node
-        one where they span nodes."""
-        if n_gpus <= self.gpus_per_node:
+    def link_bytes_per_s(self, gpu, first: int, n_gpus: int, group: int = 0) -> float:
+        """Per-GPU bandwidth of the collectives over GPUs ``first`` .. ``first + n_gpus - 1``, ``group`` GPUs each
+        (0: one collective over all of them; a rollout engine's tensor-parallel groups: its degree): the intra-node
+        link where every group sits in one node, else the slower inter-node one (the others wait for it)."""
+        group = group or n_gpus
+        node = self.gpus_per_node
+        if all(start // node == (start + group - 1) // node for start in range(first, first + n_gpus, group)):
             return gpu.link_bytes_per_s
         return min(gpu.link_bytes_per_s, self.inter_node_bytes_per_s)
 
@@ -220,17 +224,19 @@ class Setup:
         out = {}
         for role, device in devices.items():
             model = model_shape(self.shape(role))
-            engine_terms = self._rollout_engine(model, gpu) if role == generating else {}
-            n = device_count(device)
+            first, n = _first_gpu(device), device_count(device)
+            engine_terms = self._rollout_engine(model, gpu, first, n) if role == generating else {}
             roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)
-            out[role] = FrameworkCost(roofline, role, self.framework, self.cluster.link_bytes_per_s(gpu, n))
+            out[role] = FrameworkCost(roofline, role, self.framework, self.cluster.link_bytes_per_s(gpu, first, n))
         return out
 
-    def _rollout_engine(self, model, gpu) -> dict[str, Any]:
-        """The rollout engine's settings of the framework layer, as the generating role's roofline reads them."""
+    def _rollout_engine(self, model, gpu, first: int, n_gpus: int) -> dict[str, Any]:
+        """The rollout engine's settings of the framework layer, as the generating role's roofline reads them (its
+        engines: ``tensor_parallel`` GPUs each, from GPU ``first`` of the role's ``n_gpus``)."""
         fw = self.framework
         tp = fw.rollout_tensor_parallel
-        terms: dict[str, Any] = {"tensor_parallel": tp, "allreduce_bytes_per_s": self.cluster.link_bytes_per_s(gpu, tp)}
+        link = self.cluster.link_bytes_per_s(gpu, first, n_gpus, group=tp)
+        terms: dict[str, Any] = {"tensor_parallel": tp, "allreduce_bytes_per_s": link}
         terms["eager_decode"] = not fw.decode_cuda_graphs
         if fw.rollout_memory_fraction:
             budget = gpu.memory_bytes * fw.rollout_memory_fraction - model.weight_bytes / fw.rollout_tensor_parallel
@@ -246,6 +252,11 @@ class Setup:
 
 def _gpu_range(first: int, end: int) -> str:
     return f"gpu{first}" if end - first == 1 else f"gpu{first}-{end - 1}"
+
+
+def _first_gpu(device: str) -> int:
+    """The first GPU of a device name of :func:`_gpu_range` ("gpu3-4" -> 3)."""
+    return int(device[3:].split("-")[0])
 
 
 # ---------------------------------------------------------------------------------------------------------

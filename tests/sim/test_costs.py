@@ -116,8 +116,8 @@ def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
     from oppo.sim.setups import Cluster, load_setup
 
     cluster, gpu = Cluster(gpus_per_node=8, inter_node_bytes_per_s=50e9), GPUS["h100"]
-    assert cluster.link_bytes_per_s(gpu, 8) == gpu.link_bytes_per_s  # one node: NVLink
-    assert cluster.link_bytes_per_s(gpu, 16) == 50e9  # two nodes: the network
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8) == gpu.link_bytes_per_s  # one node: NVLink
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16) == 50e9  # two nodes: the network
     # a rollout engine of tensor parallel 16 over two nodes pays its all-reduces over the slower link
     path = tmp_path / "two-nodes.toml"
     path.write_text(
@@ -130,3 +130,29 @@ def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
     path.write_text('base = "paper-7b-h200"\n[cluster]\ngpus_per_node = 0\n')
     with pytest.raises(ValueError, match="gpus_per_node >= 1"):
         load_setup(str(path))
+
+
+def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
+    """Node boundaries sit at multiples of gpus_per_node: two GPUs 3 and 4 at 4 per node are on two nodes although
+    two GPUs fit in one; a tensor-parallel engine of 4 on GPUs 4-7 at 6 per node straddles the boundary at 6."""
+    from oppo.sim.setups import Cluster, load_setup
+
+    cluster, gpu = Cluster(gpus_per_node=4, inter_node_bytes_per_s=25e9), GPUS["h200"]
+    assert cluster.link_bytes_per_s(gpu, first=4, n_gpus=4) == gpu.link_bytes_per_s  # GPUs 4-7: node 1 alone
+    assert cluster.link_bytes_per_s(gpu, first=3, n_gpus=2) == 25e9  # GPUs 3-4: nodes 0 and 1
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8, group=4) == gpu.link_bytes_per_s  # 0-3, 4-7
+    assert cluster.link_bytes_per_s(gpu, first=2, n_gpus=8, group=4) == 25e9  # 2-5 spans, so the step waits on it
+    path = tmp_path / "straddle.toml"
+    path.write_text(
+        'base = "paper-7b-h200"\n[placement]\nactor_gpus = 3\nreward_gpus = 2\n'
+        "[cluster]\ngpus_per_node = 4\ninter_node_bytes_per_s = 25e9\n"
+    )
+    costs = load_setup(str(path)).costs()
+    assert costs["reward"].collective_bytes_per_s == 25e9  # GPUs 3-4: its ZeRO-3 gathers cross the network
+    assert costs["actor"].collective_bytes_per_s == gpu.link_bytes_per_s  # GPUs 0-2
+    path.write_text(
+        'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[cluster]\ngpus_per_node = 6\n[framework]\n'
+        "rollout_tensor_parallel = 4\n"
+    )
+    setup = load_setup(str(path))
+    assert setup.costs()["actor"].base.allreduce_bytes_per_s == 25e9  # the engine on GPUs 4-7 spans nodes
