@@ -474,6 +474,18 @@ def _toml_value(value: Any) -> str:
     return str(value)
 
 
+def _reward_terms_follow_the_scorer(setup: Setup, data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A TOML that switches the scorer (a reward model <-> a rule) or starts ``[framework]`` from a named layer, and
+    sets no ``[framework.reward]``, gets the reward terms of its own scorer (:meth:`Framework.with_reward`), not the
+    base's (a reward model's seconds per micro-batch would be charged per sequence scored by the rule)."""
+    table = data.get("framework") if isinstance(data.get("framework"), dict) else {}
+    rule = changes.get("reward", setup.reward) is None
+    switched = "reward" in changes and rule != (setup.reward is None)
+    if "reward" in table or not (switched or "base" in table):
+        return changes
+    return changes | {"framework": changes.get("framework", setup.framework).with_reward(rule)}
+
+
 def setup_from_dict(data: dict[str, Any], where: str) -> Setup:
     """A setup stored in a run's ``config.json`` (every field written out, so no preset is needed)."""
     if not isinstance(data, dict):
@@ -504,6 +516,8 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
         elif isinstance(current, tuple) and isinstance(value, list):  # JSON and TOML arrays
             value = tuple(value)
         changes[key] = value
+    if isinstance(obj, Setup):
+        changes = _reward_terms_follow_the_scorer(obj, data, changes)
     try:
         return dataclasses.replace(obj, **changes)
     except TypeError as err:

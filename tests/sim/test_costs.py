@@ -156,3 +156,26 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
     )
     setup = load_setup(str(path))
     assert setup.costs()["actor"].base.allreduce_bytes_per_s == 25e9  # the engine on GPUs 4-7 spans nodes
+
+
+def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):
+    """A rule reward is CPU time per sequence; a reward model a forward pass (the reference's terms). A TOML that
+    turns a preset's reward model into a rule must not charge the model's per-micro-batch terms per sequence."""
+    from oppo.sim.cost.framework import StageLoad, trl_layer
+    from oppo.sim.setups import load_setup
+
+    path = tmp_path / "rule.toml"
+    path.write_text('base = "paper-7b-h200"\nreward = "rule"\n')
+    rule = load_setup(str(path))
+    assert rule.reward is None
+    assert rule.framework.reward == trl_layer(rule_reward=True).reward
+    assert rule.framework.reward != rule.framework.ref
+    scored = StageLoad(units=112.0, steps=1.0)  # B sequences scored in a step
+    assert rule.framework.reward.seconds(scored) == trl_layer(rule_reward=True).reward.seconds(scored)
+    path.write_text(
+        'base = "paper-7b-gh200-gsm8k"\nreward = "qwen2.5-7b"\n[placement]\nactor_gpus = 3\nreward_gpus = 1\n'
+    )
+    model = load_setup(str(path))  # the other way: a rule preset given a reward model scores with a forward pass
+    assert model.framework.reward == model.framework.ref
+    path.write_text('base = "paper-7b-h200"\nreward = "rule"\n[framework.reward]\nper_unit_s = 1e-3\n')
+    assert load_setup(str(path)).framework.reward.per_unit_s == 1e-3  # set by hand: kept

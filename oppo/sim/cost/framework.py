@@ -155,6 +155,11 @@ class Framework:
             return self.critic_train_micro_batch
         return self.train_micro_batch
 
+    def with_reward(self, rule: bool) -> Framework:
+        """This layer with the reward terms of a rule (CPU time per sequence scored: the term fitted across the
+        shared runs, none where no run times one) or of a reward model (a forward pass, as the reference's)."""
+        return dataclasses.replace(self, reward=shared_layer().get("reward", IDENTITY) if rule else self.ref)
+
 
 def micro_batches(rows: float, micro_batch: int, n_gpus: int) -> int:
     """Micro-batches of a pass over ``rows`` sequences split over ``n_gpus`` (each GPU runs its share)."""
@@ -276,9 +281,8 @@ def trl_layer(rule_reward: bool = False) -> Framework:
     reward, the layer's per-sequence reward term (0 where no shared run times one)."""
     layer = shared_layer()
     scoring = {s: layer[s] for s in ("old_log_prob", "ref", "values", "update_actor", "update_critic")}
-    reward = layer.get("reward", IDENTITY) if rule_reward else layer["ref"]
     structure = dict(forward_micro_batch=64, train_micro_batch=8, gradient_checkpointing=True, sharded=True)
-    return Framework(**structure, reward=reward, **scoring)
+    return Framework(**structure, **scoring).with_reward(rule_reward)
 
 
 TRL = trl_layer()
