@@ -249,19 +249,31 @@ def logged_run(setup: Setup, log: TrainingLog, fit_frac: float) -> LoggedRun:
     return LoggedRun(setup.name, setup, log, replay(setup, list(log.steps)), n_fit)
 
 
-def fit_layer(runs: list[LoggedRun], whole: bool = False) -> dict[str, StageCost]:
+def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = None) -> dict[str, StageCost]:
     """One set of stage terms fitted on every run's fitted steps at once (``whole``: on all their steps): a stage
-    timed by several runs is one least-squares problem over all of their steps."""
-    problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]] = {}
+    timed by several runs is one least-squares problem over all of their steps. The reward stage is one problem per
+    scorer (a rule: CPU seconds per sequence; a reward model: a forward pass per micro-batch), and the layer takes
+    the fit of a rule reward (``rule`` true), of a reward model (false; none: where any run has one, else the
+    rule's); it has no reward terms where no run has that scorer."""
+    problems: dict[tuple[str, tuple[str, ...]], tuple[list[StageLoad], list[np.ndarray]]] = {}
     for run in runs:
         part = slice(None) if whole else slice(0, run.n_fit)
         steps = run.log.steps[part]
         for stage in _fitted_stages(run.setup, run.log):
             parts = tuple(_parts(run.setup, stage))
-            loads, measured = problems.setdefault(parts, ([], []))
+            loads, measured = problems.setdefault((_scorer(run.setup, parts), parts), ([], []))
             loads.append(slice_load(sum_loads([run.replayed.loads[p] for p in parts]), part))
             measured.append(np.array([s.stages[stage] for s in steps]))
-    return fit_problems(problems)
+    scorers = {scorer for scorer, _ in problems} - {""}
+    wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
+    return fit_problems({parts: problem for (scorer, parts), problem in problems.items() if scorer in ("", wanted)})
+
+
+def _scorer(setup: Setup, parts: tuple[str, ...]) -> str:
+    """Which scorer a problem's stages include: "rule", "model" (a reward model), or "" (no reward stage)."""
+    if "reward" not in parts:
+        return ""
+    return "rule" if setup.reward is None else "model"
 
 
 def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
@@ -269,19 +281,22 @@ def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
 
 
 def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict]:
-    """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer on the run's validated
-    steps) and ``leave_one_out`` (the layer fitted on all steps of the other runs, on every step of this one; a
-    stage no other run times keeps the run's setup's own terms: marked ``not_fitted``)."""
+    """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer, with the reward terms of
+    the run's scorer, on the run's validated steps) and ``leave_one_out`` (the layer fitted on all steps of the
+    other runs, on every step of this one; a stage no other run times, or a reward no other run scores alike,
+    keeps the run's setup's own terms: marked ``not_fitted``)."""
     if len({run.name for run in runs}) < len(runs):
         raise ValueError("each --log needs a setup of its own name (two runs share one)")
     layer = fit_layer(runs)
+    by_scorer = {rule: fit_layer(runs, rule=rule) for rule in {run.setup.reward is None for run in runs}}
     report = {}
     for run in runs:
-        within = replay_errors(with_layer(run.setup, layer), run.log, run.n_fit, run.replayed)[0]
+        rule = run.setup.reward is None  # the reward terms of its own scorer
+        within = replay_errors(with_layer(run.setup, by_scorer[rule]), run.log, run.n_fit, run.replayed)[0]
         others = [r for r in runs if r is not run]
         entry = {"within": within}
         if others:
-            transferred = fit_layer(others, whole=True)
+            transferred = fit_layer(others, whole=True, rule=rule)
             loo = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)[0]
             parts = {stage: _parts(run.setup, stage) for stage in loo["stages"]}
             loo["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
