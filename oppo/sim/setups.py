@@ -34,7 +34,7 @@ from oppo.sim.cost.framework import (
     read_layer,
     trl_layer,
 )
-from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Efficiency, gpu_efficiencies, lookup
+from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Cluster, Efficiency, gpu_efficiencies, lookup
 from oppo.sim.workload import LengthModel, RewardCurve
 
 PLACEMENTS = ("disaggregated", "colocated")
@@ -68,33 +68,6 @@ class Placement:
         if self.rollout_gpus or policy != "async" or self.actor_gpus < 2:
             return self.rollout_gpus
         return (self.actor_gpus + 1) // 2
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
-    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
-    per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
-    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). GPUs are numbered
-    from the first node's first GPU and nodes split them at multiples of ``gpus_per_node``: GPUs 3 and 4 at 4 per
-    node sit on two nodes."""
-
-    gpus_per_node: int = 8
-    inter_node_bytes_per_s: float = 25e9
-
-    def __post_init__(self) -> None:
-        if self.gpus_per_node < 1 or self.inter_node_bytes_per_s <= 0:
-            raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s > 0")
-
-    def link_bytes_per_s(self, gpu, first: int, n_gpus: int, group: int = 0) -> float:
-        """Per-GPU bandwidth of the collectives over GPUs ``first`` .. ``first + n_gpus - 1``, ``group`` GPUs each
-        (0: one collective over all of them; a rollout engine's tensor-parallel groups: its degree): the intra-node
-        link where every group sits in one node, else the slower inter-node one (the others wait for it)."""
-        group = group or n_gpus
-        node = self.gpus_per_node
-        if all(start // node == (start + group - 1) // node for start in range(first, first + n_gpus, group)):
-            return gpu.link_bytes_per_s
-        return min(gpu.link_bytes_per_s, self.inter_node_bytes_per_s)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The GPU layer of the cost stack: datasheet peaks (:mod:`oppo.gpus`) and the fraction of them a GPU achieves.
 
+The links between GPUs: within a node the datasheet's, between nodes the setup's ``[cluster]`` (:class:`Cluster`).
 The achieved fractions (:class:`Efficiency`) come from the datasheet times default factors, or are fitted by least
 squares to measured operator timings (:func:`fit_roofline`): the real A100/H100/A40 per-layer profiles in
 ``oppo/data/profiles/`` (:func:`gpu_efficiencies`, ``python -m oppo.sim fit-gpus``). The engine layer
@@ -29,6 +30,33 @@ class Efficiency:
     flops_frac: float = 0.65
     train_flops_frac: float = 0.45  # training adds recomputation, optimizer and communication stalls
     layer_overhead_s: float = 5e-6  # fixed time per layer per pass (kernel launches)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
+    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
+    per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
+    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). GPUs are numbered
+    from the first node's first GPU and nodes split them at multiples of ``gpus_per_node``: GPUs 3 and 4 at 4 per
+    node sit on two nodes."""
+
+    gpus_per_node: int = 8
+    inter_node_bytes_per_s: float = 25e9
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1 or self.inter_node_bytes_per_s <= 0:
+            raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s > 0")
+
+    def link_bytes_per_s(self, gpu: GPU, first: int, n_gpus: int, group: int = 0) -> float:
+        """Per-GPU bandwidth of the collectives over GPUs ``first`` .. ``first + n_gpus - 1``, ``group`` GPUs each
+        (0: one collective over all of them; a rollout engine's tensor-parallel groups: its degree): the intra-node
+        link where every group sits in one node, else the slower inter-node one (the others wait for it)."""
+        group = group or n_gpus
+        node = self.gpus_per_node
+        if all(start // node == (start + group - 1) // node for start in range(first, first + n_gpus, group)):
+            return gpu.link_bytes_per_s
+        return min(gpu.link_bytes_per_s, self.inter_node_bytes_per_s)
 
 
 def lookup(table: dict, name: str, what: str):
