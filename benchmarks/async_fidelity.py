@@ -35,7 +35,7 @@ from oppo.fidelity import predict_async
 from oppo.lengths import load_lengths
 from oppo.record_io import read_rows
 from oppo.records import StepRecord, TraceRow
-from oppo.sim.calibrate import fit_trace, save_profile
+from oppo.sim.cost.fit import fit_trace, save_profile
 
 
 def executor(args, flags: list[str], out: Path, core: int | None) -> None:

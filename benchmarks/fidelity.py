@@ -23,7 +23,7 @@ from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedu
 from oppo.exec.train import train
 from oppo.fidelity import fidelity
 from oppo.lengths import load_lengths
-from oppo.sim.costs import gpu_efficiencies
+from oppo.sim.cost.gpu import gpu_efficiencies
 
 
 def main() -> None:

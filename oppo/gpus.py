@@ -6,12 +6,9 @@ AMD Instinct MI300X.
 The link is the GPU-to-GPU bandwidth within a node, per GPU and per direction (half the bidirectional figure the
 datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
 MI300X Infinity Fabric 896 GB/s over its seven peer links; A40 and L40S talk over PCIe 4.0 x16 (64 GB/s).
-The link between nodes is a setup's (``[cluster]``, :class:`oppo.sim.setups.Cluster`), not a GPU's.
+The link between nodes is a setup's (``[cluster]``, :class:`oppo.sim.cost.gpu.Cluster`), not a GPU's.
 
-The simulator's cost stack, read top to bottom: this datasheet -> the engine (:mod:`oppo.sim.hardware` for model
-shapes and generation engines, :mod:`oppo.sim.costs` for the roofline of decode, prefill, scoring and training
-passes and the GPU profile fit) -> the framework layer (:mod:`oppo.sim.framework`) -> its fitted terms
-(:mod:`oppo.sim.logfit` from real logs, :mod:`oppo.sim.calibrate` from the executor's traces).
+The simulator's cost stack (:mod:`oppo.sim.cost`) starts from this datasheet.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from oppo.record_io import read_rows
 from oppo.records import StepRecord, TraceRow
 from oppo.sim import SimConfig, simulate
 from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.calibrate import fit_trace, save_profile
+from oppo.sim.cost.fit import fit_trace, save_profile
 from oppo.sim.setups import Contention, LengthModel, Placement, Setup
 
 

@@ -27,7 +27,7 @@ import simpy
 from oppo.async_queue import GroupQueue
 from oppo.config import opt
 from oppo.records import StepRecord, TrainedSeq
-from oppo.sim.costs import pass_attended
+from oppo.sim.cost.engine import pass_attended
 
 WEIGHTS = ("newest", "oldest")
 FROZEN = ("reward", "reference")  # scorers whose weights never change: the rollout may run them

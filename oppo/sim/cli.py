@@ -361,7 +361,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def cmd_fit_gpus(args: argparse.Namespace) -> None:
-    from oppo.sim.costs import gpu_efficiencies
+    from oppo.sim.cost.gpu import gpu_efficiencies
 
     print("gpu        bw_frac  flops_frac  layer_overhead_us  rows  heldout_median_err  heldout_p90_err")
     for name, fit in gpu_efficiencies().items():
@@ -375,7 +375,7 @@ def cmd_fit_gpus(args: argparse.Namespace) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from oppo.record_io import read_rows
     from oppo.records import TraceRow
-    from oppo.sim.calibrate import fit_trace, save_profile
+    from oppo.sim.cost.fit import fit_trace, save_profile
 
     if not Path(args.trace).is_file():
         raise FileNotFoundError(f"trace not found: {args.trace}")

@@ -16,7 +16,8 @@ from oppo.lengths import LengthTrace
 from oppo.metrics import summarize
 from oppo.records import StepRecord
 from oppo.shapes import role_flops_per_token
-from oppo.sim.hardware import GPUS, model_shape
+from oppo.sim.cost.engine import model_shape
+from oppo.sim.cost.gpu import GPUS
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.pool import IN_PROCESS, Pool, evaluate
 from oppo.sim.setups import Setup

@@ -1,17 +1,17 @@
-"""Calibrate the simulator on a real training run's log, and validate it: per stage and per step. The last level
-of the cost stack (:mod:`oppo.gpus` -> :mod:`oppo.sim.costs` -> :mod:`oppo.sim.framework` -> here): the framework
-layer's terms fitted.
+"""Calibrate the simulator on a real training run's log, and validate it: per stage and per step. This module
+replays logs on the simulator to measure what the framework terms multiply; the fit itself is the top of the cost
+stack (:mod:`oppo.sim.cost.fit`).
 
 Each logged step is replayed with the ``sync`` policy and lengths consistent with that step's logged mean / max /
 min (:func:`step_lengths`). A stage's seconds are linear in its framework terms (:meth:`StageCost.seconds` of a
-:class:`~oppo.sim.framework.StageLoad`, :mod:`oppo.sim.framework`), so :func:`replay` measures each step's load
-of every stage on the simulator itself: one simulation without framework terms, then one per term with that term
-alone switched on; what a term adds is its load. :func:`predict_stages` prices the loads with a setup's terms
+:class:`StageLoad`, :mod:`oppo.sim.cost.framework`), so :func:`replay` measures each step's load of every stage
+on the simulator itself: one simulation without framework terms, then one per term with that term alone switched
+on; what a term adds is its load. :func:`predict_stages` prices the loads with a setup's terms
 through the same :meth:`StageCost.seconds` the simulator charges with: a calibrated setup simulates what the fit
 predicts.
 
-:func:`calibrate` fits per stage, by least squares of the relative error (non-negative, :func:`nonnegative_lstsq`)
-on the first ``fit_frac`` of the steps:
+:func:`calibrate` fits per stage, by least squares of the relative error (non-negative,
+:func:`~oppo.sim.cost.fit.fit_stage`) on the first ``fit_frac`` of the steps:
 - ``gen``: ``efficiency`` (<= 1), ``per_token_s`` and ``fixed_s``. No per-iteration term: a run's longest
   response sits at the cap in most steps, so iterations would be a second constant.
 - forward and update stages: ``efficiency`` (<= 1) and ``half_efficiency_tokens``. Within one run the
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from oppo.lengths import LengthTrace
-from oppo.sim.calibrate import nonnegative_lstsq
-from oppo.sim.framework import ROLE_STAGES, StageCost, StageLoad
+from oppo.sim.cost.fit import fit_problems, fit_stage, slice_load, sum_loads
+from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
 from oppo.sim.runlogs import COMPOSITES, LoggedStep, TrainingLog
 from oppo.sim.setups import Setup
@@ -164,36 +164,6 @@ def _parts(setup: Setup, stage: str) -> list[str]:
     return [part for part in COMPOSITES.get(stage, (stage,)) if part in runs]
 
 
-def _sum(loads: list[StageLoad]) -> StageLoad:
-    fields = [f.name for f in dataclasses.fields(StageLoad)]
-    return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in fields})
-
-
-def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False) -> StageCost:
-    """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
-    :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
-    With 1 / efficiency = 1 + a:
-    - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a)), and
-      with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
-      model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
-      its micro-batch count is constant);
-    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps."""
-    if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
-        unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
-        return StageCost(per_unit_s=float(unit))
-    if gen:
-        columns = [load.roofline_s, load.row_tokens, load.steps]
-    else:
-        columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
-    x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
-    a, *rest = nonnegative_lstsq(x, (measured - load.extra_s - load.roofline_s) / measured)
-    inverse = 1.0 + a  # 1 / efficiency
-    if gen:
-        return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
-    half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
-    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
-
-
 def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, int]:
     """The setup with its framework layer fitted on the first ``fit_frac`` of the log's steps; returns it and the
     number of steps fitted."""
@@ -208,7 +178,7 @@ def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, i
     for stage in _fitted_stages(setup, log):
         measured = np.array([s.stages[stage] for s in steps[:n_fit]])
         parts = _parts(setup, stage)  # a composite's parts share one set of terms
-        cost = fit_stage(_sum([replayed.loads[part] for part in parts]), measured, gen=stage == "gen")
+        cost = fit_stage(sum_loads([replayed.loads[part] for part in parts]), measured, gen=stage == "gen")
         fitted |= dict.fromkeys(parts, cost)
     framework = dataclasses.replace(setup.framework, **fitted)
     return dataclasses.replace(setup, framework=framework, name=f"{setup.name}-calibrated"), n_fit
@@ -279,24 +249,31 @@ def logged_run(setup: Setup, log: TrainingLog, fit_frac: float) -> LoggedRun:
     return LoggedRun(setup.name, setup, log, replay(setup, list(log.steps)), n_fit)
 
 
-def fit_layer(runs: list[LoggedRun], whole: bool = False) -> dict[str, StageCost]:
+def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = None) -> dict[str, StageCost]:
     """One set of stage terms fitted on every run's fitted steps at once (``whole``: on all their steps): a stage
-    timed by several runs is one least-squares problem over all of their steps."""
-    problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]] = {}
+    timed by several runs is one least-squares problem over all of their steps. The reward stage is one problem per
+    scorer (a rule: CPU seconds per sequence; a reward model: a forward pass per micro-batch), and the layer takes
+    the fit of a rule reward (``rule`` true), of a reward model (false; none: where any run has one, else the
+    rule's); it has no reward terms where no run has that scorer."""
+    problems: dict[tuple[str, tuple[str, ...]], tuple[list[StageLoad], list[np.ndarray]]] = {}
     for run in runs:
         part = slice(None) if whole else slice(0, run.n_fit)
         steps = run.log.steps[part]
         for stage in _fitted_stages(run.setup, run.log):
             parts = tuple(_parts(run.setup, stage))
-            loads, measured = problems.setdefault(parts, ([], []))
-            loads.append(_slice(_sum([run.replayed.loads[p] for p in parts]), part))
+            loads, measured = problems.setdefault((_scorer(run.setup, parts), parts), ([], []))
+            loads.append(slice_load(sum_loads([run.replayed.loads[p] for p in parts]), part))
             measured.append(np.array([s.stages[stage] for s in steps]))
-    layer: dict[str, StageCost] = {}
-    for parts, (loads, measured) in problems.items():
-        several = len(loads) > 1  # runs of different shapes separate a per-micro-batch cost from the proportional
-        cost = fit_stage(_concat(loads), np.concatenate(measured), gen=parts == ("gen",), per_unit=several)
-        layer |= dict.fromkeys(parts, cost)
-    return layer
+    scorers = {scorer for scorer, _ in problems} - {""}
+    wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
+    return fit_problems({parts: problem for (scorer, parts), problem in problems.items() if scorer in ("", wanted)})
+
+
+def _scorer(setup: Setup, parts: tuple[str, ...]) -> str:
+    """Which scorer a problem's stages include: "rule", "model" (a reward model), or "" (no reward stage)."""
+    if "reward" not in parts:
+        return ""
+    return "rule" if setup.reward is None else "model"
 
 
 def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
@@ -304,31 +281,25 @@ def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
 
 
 def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict]:
-    """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer on the run's validated
-    steps) and ``leave_one_out`` (the layer fitted on all steps of the other runs, on every step of this one; a
-    stage no other run times keeps the run's setup's own terms: marked ``not_fitted``)."""
+    """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer, with the reward terms of
+    the run's scorer, on the run's validated steps) and ``leave_one_out`` (the layer fitted on all steps of the
+    other runs, on every step of this one; a stage no other run times, or a reward no other run scores alike,
+    keeps the run's setup's own terms: marked ``not_fitted``)."""
     if len({run.name for run in runs}) < len(runs):
         raise ValueError("each --log needs a setup of its own name (two runs share one)")
     layer = fit_layer(runs)
+    by_scorer = {rule: fit_layer(runs, rule=rule) for rule in {run.setup.reward is None for run in runs}}
     report = {}
     for run in runs:
-        within = replay_errors(with_layer(run.setup, layer), run.log, run.n_fit, run.replayed)[0]
+        rule = run.setup.reward is None  # the reward terms of its own scorer
+        within = replay_errors(with_layer(run.setup, by_scorer[rule]), run.log, run.n_fit, run.replayed)[0]
         others = [r for r in runs if r is not run]
         entry = {"within": within}
         if others:
-            transferred = fit_layer(others, whole=True)
+            transferred = fit_layer(others, whole=True, rule=rule)
             loo = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)[0]
             parts = {stage: _parts(run.setup, stage) for stage in loo["stages"]}
             loo["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
             entry["leave_one_out"] = loo
         report[run.name] = entry
     return layer, report
-
-
-def _slice(load: StageLoad, part: slice) -> StageLoad:
-    return StageLoad(**{f.name: np.asarray(getattr(load, f.name))[part] for f in dataclasses.fields(StageLoad)})
-
-
-def _concat(loads: list[StageLoad]) -> StageLoad:
-    fields = [f.name for f in dataclasses.fields(StageLoad)]
-    return StageLoad(**{f: np.concatenate([np.asarray(getattr(load, f)) for load in loads]) for f in fields})

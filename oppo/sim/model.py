@@ -24,8 +24,8 @@ from oppo.metrics import device_count
 from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
-from oppo.sim.costs import CostModel, pass_attended
-from oppo.sim.framework import ROLE_STAGES, StageLoad
+from oppo.sim.cost.engine import CostModel, pass_attended
+from oppo.sim.cost.framework import ROLE_STAGES, StageLoad
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
 

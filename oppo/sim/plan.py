@@ -20,8 +20,9 @@ import numpy as np
 
 from oppo.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
 from oppo.lengths import LengthTrace
+from oppo.sim.cost.engine import model_shape
+from oppo.sim.cost.gpu import GPUS
 from oppo.sim.experiments import config_dict, summarize_config
-from oppo.sim.hardware import GPUS, model_shape
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, evaluate
 from oppo.sim.setups import Setup

@@ -23,9 +23,18 @@ from typing import Any
 from oppo.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir
 from oppo.metrics import device_count
-from oppo.sim.costs import PROFILE_DIR, CostModel, Efficiency, RooflineCost, gpu_efficiencies
-from oppo.sim.framework import FRAMEWORKS, STAGE_TERMS, TRL, Framework, FrameworkCost, StageCost, read_layer, trl_layer
-from oppo.sim.hardware import ENGINES, GPUS, lookup, model_shape
+from oppo.sim.cost.engine import ENGINES, CostModel, RooflineCost, model_shape
+from oppo.sim.cost.framework import (
+    FRAMEWORKS,
+    STAGE_TERMS,
+    TRL,
+    Framework,
+    FrameworkCost,
+    StageCost,
+    read_layer,
+    trl_layer,
+)
+from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Cluster, Efficiency, gpu_efficiencies, lookup
 from oppo.sim.workload import LengthModel, RewardCurve
 
 PLACEMENTS = ("disaggregated", "colocated")
@@ -59,29 +68,6 @@ class Placement:
         if self.rollout_gpus or policy != "async" or self.actor_gpus < 2:
             return self.rollout_gpus
         return (self.actor_gpus + 1) // 2
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
-    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
-    per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
-    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). A role's GPUs
-    are counted from the first node's first GPU: 16 GPUs at 8 per node span two nodes."""
-
-    gpus_per_node: int = 8
-    inter_node_bytes_per_s: float = 25e9
-
-    def __post_init__(self) -> None:
-        if self.gpus_per_node < 1 or self.inter_node_bytes_per_s <= 0:
-            raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s > 0")
-
-    def link_bytes_per_s(self, gpu, n_gpus: int) -> float:
-        """Per-GPU bandwidth of a collective over ``n_gpus`` GPUs: the intra-node link, or the slower inter-node
-        one where they span nodes."""
-        if n_gpus <= self.gpus_per_node:
-            return gpu.link_bytes_per_s
-        return min(gpu.link_bytes_per_s, self.inter_node_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -191,7 +177,7 @@ class Setup:
         """A cost model per role on its device group under ``policy``: roofline (fitted or analytic efficiencies),
         or a profile calibrated on an executor's records (``cost = "NAME.json"``, in oppo/data/profiles/)."""
         if self.cost.endswith(".json"):
-            from oppo.sim.calibrate import calibrated_costs
+            from oppo.sim.cost.fit import calibrated_costs
 
             path = (
                 Path(self.cost)
@@ -211,17 +197,19 @@ class Setup:
         out = {}
         for role, device in devices.items():
             model = model_shape(self.shape(role))
-            engine_terms = self._rollout_engine(model, gpu) if role == generating else {}
-            n = device_count(device)
+            first, n = _first_gpu(device), device_count(device)
+            engine_terms = self._rollout_engine(model, gpu, first, n) if role == generating else {}
             roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)
-            out[role] = FrameworkCost(roofline, role, self.framework, self.cluster.link_bytes_per_s(gpu, n))
+            out[role] = FrameworkCost(roofline, role, self.framework, self.cluster.link_bytes_per_s(gpu, first, n))
         return out
 
-    def _rollout_engine(self, model, gpu) -> dict[str, Any]:
-        """The rollout engine's settings of the framework layer, as the generating role's roofline reads them."""
+    def _rollout_engine(self, model, gpu, first: int, n_gpus: int) -> dict[str, Any]:
+        """The rollout engine's settings of the framework layer, as the generating role's roofline reads them (its
+        engines: ``tensor_parallel`` GPUs each, from GPU ``first`` of the role's ``n_gpus``)."""
         fw = self.framework
         tp = fw.rollout_tensor_parallel
-        terms: dict[str, Any] = {"tensor_parallel": tp, "allreduce_bytes_per_s": self.cluster.link_bytes_per_s(gpu, tp)}
+        link = self.cluster.link_bytes_per_s(gpu, first, n_gpus, group=tp)
+        terms: dict[str, Any] = {"tensor_parallel": tp, "allreduce_bytes_per_s": link}
         terms["eager_decode"] = not fw.decode_cuda_graphs
         if fw.rollout_memory_fraction:
             budget = gpu.memory_bytes * fw.rollout_memory_fraction - model.weight_bytes / fw.rollout_tensor_parallel
@@ -237,6 +225,11 @@ class Setup:
 
 def _gpu_range(first: int, end: int) -> str:
     return f"gpu{first}" if end - first == 1 else f"gpu{first}-{end - 1}"
+
+
+def _first_gpu(device: str) -> int:
+    """The first GPU of a device name of :func:`_gpu_range` ("gpu3-4" -> 3)."""
+    return int(device[3:].split("-")[0])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -454,6 +447,18 @@ def _toml_value(value: Any) -> str:
     return str(value)
 
 
+def _reward_terms_follow_the_scorer(setup: Setup, data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A TOML that switches the scorer (a reward model <-> a rule) or starts ``[framework]`` from a named layer, and
+    sets no ``[framework.reward]``, gets the reward terms of its own scorer (:meth:`Framework.with_reward`), not the
+    base's (a reward model's seconds per micro-batch would be charged per sequence scored by the rule)."""
+    table = data.get("framework") if isinstance(data.get("framework"), dict) else {}
+    rule = changes.get("reward", setup.reward) is None
+    switched = "reward" in changes and rule != (setup.reward is None)
+    if "reward" in table or not (switched or "base" in table):
+        return changes
+    return changes | {"framework": changes.get("framework", setup.framework).with_reward(rule)}
+
+
 def setup_from_dict(data: dict[str, Any], where: str) -> Setup:
     """A setup stored in a run's ``config.json`` (every field written out, so no preset is needed)."""
     if not isinstance(data, dict):
@@ -484,6 +489,8 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
         elif isinstance(current, tuple) and isinstance(value, list):  # JSON and TOML arrays
             value = tuple(value)
         changes[key] = value
+    if isinstance(obj, Setup):
+        changes = _reward_terms_follow_the_scorer(obj, data, changes)
     try:
         return dataclasses.replace(obj, **changes)
     except TypeError as err:

@@ -17,9 +17,9 @@ from oppo.exec.config import ExecConfig, ModelConfig
 from oppo.exec.tiny import llama_config
 from oppo.exec.train import stage_costs
 from oppo.shapes import HF_SHAPES, load_hf_config
-from oppo.sim.costs import RooflineCost
+from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost, model_shape
+from oppo.sim.cost.gpu import GPUS
 from oppo.sim.experiments import flops_and_peaks
-from oppo.sim.hardware import ENGINES, GPUS, MODELS, model_shape
 from oppo.sim.setups import load_setup
 
 QWEN_05B_PUBLISHED = 494_032_768  # Qwen2.5-0.5B's model card: "Number of Parameters: 0.49B"

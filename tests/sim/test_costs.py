@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from oppo.sim.costs import Efficiency, RooflineCost, fit_roofline, gpu_efficiencies
-from oppo.sim.hardware import ENGINES, GPUS, MODELS
+from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost
+from oppo.sim.cost.gpu import GPUS, Efficiency, fit_roofline, gpu_efficiencies
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -77,7 +77,7 @@ def test_cuda_graphs_launch_an_iteration_once_instead_of_per_layer():
 
 
 def test_padding_and_the_critics_own_micro_batch():
-    from oppo.sim.framework import Framework
+    from oppo.sim.cost.framework import Framework
 
     lengths = np.array([100, 300, 200])
     assert Framework().pass_tokens(lengths) == 600  # packed: real tokens
@@ -91,7 +91,7 @@ def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_bat
     """FSDP / ZeRO-3: each scoring micro-batch all-gathers the (n - 1) / n of the weights a GPU lacks, each training
     micro-batch gathers for forward and backward and reduce-scatters the gradients (3x), over the collective's
     link; the difference to the unsharded pass is exactly those bytes over that link (to 1e-9)."""
-    from oppo.sim.framework import Framework, FrameworkCost
+    from oppo.sim.cost.framework import Framework, FrameworkCost
 
     model, gpu = MODELS["deepseek-llm-7b"], GPUS["mi300x"]
     base = RooflineCost(model, gpu, 8, ENGINES["vllm"])
@@ -116,8 +116,8 @@ def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
     from oppo.sim.setups import Cluster, load_setup
 
     cluster, gpu = Cluster(gpus_per_node=8, inter_node_bytes_per_s=50e9), GPUS["h100"]
-    assert cluster.link_bytes_per_s(gpu, 8) == gpu.link_bytes_per_s  # one node: NVLink
-    assert cluster.link_bytes_per_s(gpu, 16) == 50e9  # two nodes: the network
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8) == gpu.link_bytes_per_s  # one node: NVLink
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16) == 50e9  # two nodes: the network
     # a rollout engine of tensor parallel 16 over two nodes pays its all-reduces over the slower link
     path = tmp_path / "two-nodes.toml"
     path.write_text(
@@ -130,3 +130,52 @@ def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
     path.write_text('base = "paper-7b-h200"\n[cluster]\ngpus_per_node = 0\n')
     with pytest.raises(ValueError, match="gpus_per_node >= 1"):
         load_setup(str(path))
+
+
+def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
+    """Node boundaries sit at multiples of gpus_per_node: two GPUs 3 and 4 at 4 per node are on two nodes although
+    two GPUs fit in one; a tensor-parallel engine of 4 on GPUs 4-7 at 6 per node straddles the boundary at 6."""
+    from oppo.sim.setups import Cluster, load_setup
+
+    cluster, gpu = Cluster(gpus_per_node=4, inter_node_bytes_per_s=25e9), GPUS["h200"]
+    assert cluster.link_bytes_per_s(gpu, first=4, n_gpus=4) == gpu.link_bytes_per_s  # GPUs 4-7: node 1 alone
+    assert cluster.link_bytes_per_s(gpu, first=3, n_gpus=2) == 25e9  # GPUs 3-4: nodes 0 and 1
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8, group=4) == gpu.link_bytes_per_s  # 0-3, 4-7
+    assert cluster.link_bytes_per_s(gpu, first=2, n_gpus=8, group=4) == 25e9  # 2-5 spans, so the step waits on it
+    path = tmp_path / "straddle.toml"
+    path.write_text(
+        'base = "paper-7b-h200"\n[placement]\nactor_gpus = 3\nreward_gpus = 2\n'
+        "[cluster]\ngpus_per_node = 4\ninter_node_bytes_per_s = 25e9\n"
+    )
+    costs = load_setup(str(path)).costs()
+    assert costs["reward"].collective_bytes_per_s == 25e9  # GPUs 3-4: its ZeRO-3 gathers cross the network
+    assert costs["actor"].collective_bytes_per_s == gpu.link_bytes_per_s  # GPUs 0-2
+    path.write_text(
+        'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[cluster]\ngpus_per_node = 6\n[framework]\n'
+        "rollout_tensor_parallel = 4\n"
+    )
+    setup = load_setup(str(path))
+    assert setup.costs()["actor"].base.allreduce_bytes_per_s == 25e9  # the engine on GPUs 4-7 spans nodes
+
+
+def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):
+    """A rule reward is CPU time per sequence; a reward model a forward pass (the reference's terms). A TOML that
+    turns a preset's reward model into a rule must not charge the model's per-micro-batch terms per sequence."""
+    from oppo.sim.cost.framework import StageLoad, trl_layer
+    from oppo.sim.setups import load_setup
+
+    path = tmp_path / "rule.toml"
+    path.write_text('base = "paper-7b-h200"\nreward = "rule"\n')
+    rule = load_setup(str(path))
+    assert rule.reward is None
+    assert rule.framework.reward == trl_layer(rule_reward=True).reward
+    assert rule.framework.reward != rule.framework.ref
+    scored = StageLoad(units=112.0, steps=1.0)  # B sequences scored in a step
+    assert rule.framework.reward.seconds(scored) == trl_layer(rule_reward=True).reward.seconds(scored)
+    path.write_text(
+        'base = "paper-7b-gh200-gsm8k"\nreward = "qwen2.5-7b"\n[placement]\nactor_gpus = 3\nreward_gpus = 1\n'
+    )
+    model = load_setup(str(path))  # the other way: a rule preset given a reward model scores with a forward pass
+    assert model.framework.reward == model.framework.ref
+    path.write_text('base = "paper-7b-h200"\nreward = "rule"\n[framework.reward]\nper_unit_s = 1e-3\n')
+    assert load_setup(str(path)).framework.reward.per_unit_s == 1e-3  # set by hand: kept

@@ -14,7 +14,7 @@ import pytest
 
 from oppo.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
-from oppo.sim.framework import ROLE_STAGES, TRL, StageCost, shared_layer
+from oppo.sim.cost.framework import ROLE_STAGES, TRL, StageCost, shared_layer
 from oppo.sim.logfit import (
     STAGE_OPS,
     calibrate,
@@ -325,3 +325,29 @@ def test_a_rule_reward_is_a_cpu_stage_per_sequence_the_fit_recovers():
     fitted, _ = calibrate(setup, log, fit_frac=0.6)
     assert fitted.framework.reward.per_unit_s == pytest.approx(8e-5, rel=1e-6)
     assert_simulated_as_predicted(fitted, log)
+
+
+def test_a_rule_reward_and_a_reward_model_are_not_fitted_as_one_stage():
+    """A rule reward is CPU time per sequence, a reward model a GPU forward pass per micro-batch: across runs each
+    scorer's reward terms are fitted on the runs that have it (one problem would put the rule's seconds per sequence
+    into the reward model's per-micro-batch term), and neither predicts the other's in leave-one-run-out."""
+    rule_setup = load_setup("verl-gemma-2-2b-gsm8k")
+    model_setup = dataclasses.replace(rule_setup, name="gemma-reward-model", reward="gemma-2-2b")
+    steps = [dataclasses.replace(s, stages={}) for s in list(load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz").steps)]
+    gen = StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0)
+    rule_truth = {"gen": gen, "reward": StageCost(per_unit_s=8e-5)}
+    model_truth = {"gen": gen, "reward": StageCost(efficiency=0.5, half_efficiency_tokens=1500.0)}
+    runs = [
+        logged_run(rule_setup, synthesized_log(rule_setup, rule_truth, steps[:20]), 0.6),
+        logged_run(model_setup, synthesized_log(model_setup, model_truth, steps[:20]), 0.6),
+    ]
+    layer, report = shared_fidelity(runs)
+    for run in runs:
+        assert report[run.name]["within"]["stages"]["reward"]["median_abs_err"] < 1e-6, run.name
+        assert "reward" in report[run.name]["leave_one_out"]["not_fitted"]  # no other run has its scorer
+    rule = fit_layer(runs, rule=True)["reward"]
+    assert (rule.per_unit_s, rule.efficiency, rule.half_efficiency_tokens) == pytest.approx((8e-5, 1.0, 0.0), rel=1e-6)
+    # the written layer takes the reward model's terms, with nothing of the rule's per-sequence seconds in them
+    assert layer["reward"].per_unit_s == 0.0
+    assert layer["reward"].efficiency == pytest.approx(0.5, rel=1e-6)
+    assert layer["reward"].half_efficiency_tokens == pytest.approx(1500.0, rel=1e-6)

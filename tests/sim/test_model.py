@@ -9,7 +9,7 @@ import pytest
 from oppo.lengths import LengthTrace
 from oppo.metrics import summarize
 from oppo.sim import SimConfig, load_setup, simulate
-from oppo.sim.framework import TRL, Framework
+from oppo.sim.cost.framework import TRL, Framework
 from oppo.sim.setups import Placement
 
 GOLDEN = Path(__file__).with_name("golden_summary.json")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.sim.framework import StageCost
+from oppo.sim.cost.framework import StageCost
 from oppo.sim.logfit import calibrate, predict_stages, replay, replay_errors
 from oppo.sim.runlogs import LoggedStep, load_run_log
 from oppo.sim.setups import load_setup

@@ -1,6 +1,6 @@
 """The framework layer of the cost model: what a real RL framework adds on top of the GPU roofline.
 
-Kept apart from the GPU datasheet (:mod:`oppo.sim.hardware`) and the generation engine. Real frameworks run far
+Kept apart from the GPU (:mod:`oppo.sim.cost.gpu`) and the engine (:mod:`oppo.sim.cost.engine`). Real frameworks run far
 below the roofline (micro-batches of a few sequences, eager decoding, padding, recomputation, offloaded
 parameters, weight resharding between the training and the rollout engine); each operation of a stage costs
 :meth:`StageCost.seconds` of its :class:`StageLoad`,
@@ -25,8 +25,8 @@ of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages
 can be set by hand in a setup's ``[framework.STAGE]`` tables; the structural settings (micro-batch sizes,
 gradient checkpointing, offload) are the run's configuration.
 
-The cost stack: GPU datasheet (:mod:`oppo.gpus`) -> engine (:mod:`oppo.sim.costs`) -> this layer -> its fitted
-terms (:mod:`oppo.sim.logfit` fits them on logs, ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
+The cost stack (:mod:`oppo.sim.cost`): GPU -> engine -> this layer -> its fitted terms (:mod:`oppo.sim.cost.fit`,
+fed by :mod:`oppo.sim.logfit`'s replays of logs; ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
 across the shared runs).
 
 Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob`` (actor scoring), ``ref``
@@ -118,7 +118,7 @@ class Framework:
     packed: bool = True  # remove-padding: passes compute real tokens (False: every row padded to the longest)
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
-    # the rollout engine (:class:`oppo.sim.costs.RooflineCost` reads them for generation)
+    # the rollout engine (:class:`oppo.sim.cost.engine.RooflineCost` reads them for generation)
     decode_cuda_graphs: bool = False  # False: eager, every layer's kernels launched each decode iteration
     rollout_tensor_parallel: int = 1  # GPUs per rollout engine (weights and KV cache split over them)
     rollout_memory_fraction: float = 0.0  # the engine's share of GPU memory, weights + KV (0: KV unbounded)
@@ -154,6 +154,11 @@ class Framework:
         if role == "critic" and self.critic_train_micro_batch:
             return self.critic_train_micro_batch
         return self.train_micro_batch
+
+    def with_reward(self, rule: bool) -> Framework:
+        """This layer with the reward terms of a rule (CPU time per sequence scored: the term fitted across the
+        shared runs, none where no run times one) or of a reward model (a forward pass, as the reference's)."""
+        return dataclasses.replace(self, reward=shared_layer().get("reward", IDENTITY) if rule else self.ref)
 
 
 def micro_batches(rows: float, micro_batch: int, n_gpus: int) -> int:
@@ -272,13 +277,12 @@ def trl_layer(rule_reward: bool = False) -> Framework:
     across the shared verl runs (:func:`shared_layer`: HF models under FSDP, whose gathers the fit charged as
     bytes too, micro-batched forwards and updates like TRL's under ZeRO-3); a reward model's
     forward takes the reference's terms (the same pass). Generation keeps the HF engine's own declared terms
-    (:data:`oppo.sim.hardware.ENGINES`): the shared runs decode with vLLM, TRL with HF ``generate``. With a rule
+    (:data:`oppo.sim.cost.engine.ENGINES`): the shared runs decode with vLLM, TRL with HF ``generate``. With a rule
     reward, the layer's per-sequence reward term (0 where no shared run times one)."""
     layer = shared_layer()
     scoring = {s: layer[s] for s in ("old_log_prob", "ref", "values", "update_actor", "update_critic")}
-    reward = layer.get("reward", IDENTITY) if rule_reward else layer["ref"]
     structure = dict(forward_micro_batch=64, train_micro_batch=8, gradient_checkpointing=True, sharded=True)
-    return Framework(**structure, reward=reward, **scoring)
+    return Framework(**structure, **scoring).with_reward(rule_reward)
 
 
 TRL = trl_layer()

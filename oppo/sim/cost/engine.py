@@ -1,34 +1,152 @@
-"""Cost models: seconds for decode, prefill, train and weight sync. They know nothing of SimPy.
+"""The engine layer of the cost stack: seconds of a role's decode, prefill, scoring and training passes and of the
+weight sync, on its GPUs (:mod:`oppo.sim.cost.gpu`), at the roofline. It knows nothing of SimPy.
 
-One implementation, two sources of its efficiency factors:
-- analytic: datasheet bandwidth and FLOP/s times default efficiencies;
-- fitted: efficiencies fitted by least squares to measured operator timings (:func:`fit_roofline`), e.g. the
-  real A100/H100/A40 profiles in ``oppo/data/profiles/`` (:func:`gpu_efficiencies`).
-
-The time of a pass is ``max(bytes / achieved_bandwidth, flops / achieved_flops)`` (a roofline): decode is
-bandwidth-bound (weights + KV cache read once per iteration), prefill and training compute-bound. The measured
-profiles hold the linear layers only; attention is modelled analytically (KV bytes read in decode, 4·L·H FLOPs
-per attended (query, key) pair in prefill and training) with the same efficiencies.
-
-The cost stack: GPU datasheet (:mod:`oppo.gpus`) -> this engine level (with :mod:`oppo.sim.hardware`) -> the
-framework layer on top of it (:mod:`oppo.sim.framework`).
+Model shapes (:class:`ModelShape`) come from :mod:`oppo.shapes` (the models' own ``config.json`` fields) or from a
+user's ``config.json``; generation engines (:class:`Engine`: HF ``generate``, vLLM) say how efficiently decoding
+uses the GPU. The time of a pass is ``max(bytes / achieved_bandwidth, flops / achieved_flops)`` (a roofline):
+decode is bandwidth-bound (weights + KV cache read once per iteration), prefill and training compute-bound. The
+measured GPU profiles hold the linear layers only; attention is modelled analytically (KV bytes read in decode,
+4·L·H FLOPs per attended (query, key) pair in prefill and training) with the same efficiencies. The framework layer
+(:mod:`oppo.sim.cost.framework`) adds what a real RL framework costs on top.
 """
 
 from __future__ import annotations
 
-import csv
-import functools
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from oppo.data import profile_dir
-from oppo.sim.hardware import GPU, Engine, ModelShape
+from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, forward_flops_per_token, head_dim, load_hf_config, parameter_count
+from oppo.sim.cost.gpu import GPU, Efficiency
 
-PROFILE_DIR = profile_dir()  # shipped with the package (oppo/data/profiles)
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (Llama/Qwen family: gated MLP, grouped-query attention) with an LM head; every
+    role is costed as one. Parameters and FLOPs are counted by :mod:`oppo.shapes`."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    mlp: int  # intermediate size of the gated MLP
+    vocab: int
+    bytes_per_param: int = 2  # bf16
+    tied: bool = False  # the LM head is the token embedding: V x H weights (and bytes) fewer, the same FLOPs
+    head_dim: int = 0  # width of an attention head; 0: hidden / heads (Gemma 2 and Qwen3 set their own)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+
+    @classmethod
+    def from_hf(cls, name: str, config: dict) -> ModelShape:
+        """The shape of a Hugging Face ``config.json`` (its fields, as in :data:`oppo.shapes.HF_SHAPES`)."""
+        return cls(
+            name,
+            config["num_hidden_layers"],
+            config["hidden_size"],
+            config["num_attention_heads"],
+            config["num_key_value_heads"],
+            config["intermediate_size"],
+            config["vocab_size"],
+            BYTES_PER_PARAM[config.get("dtype", "bfloat16")],
+            config.get("tie_word_embeddings", False),
+            head_dim(config),
+        )
+
+    @property
+    def hf_fields(self) -> dict:
+        """This shape as the fields of a Hugging Face ``config.json``."""
+        return dict(
+            num_hidden_layers=self.layers,
+            hidden_size=self.hidden,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            intermediate_size=self.mlp,
+            vocab_size=self.vocab,
+            tie_word_embeddings=self.tied,
+            head_dim=self.head_dim,
+        )
+
+    @cached_property
+    def params(self) -> int:
+        """Weights held (a tied head counted once), RMSNorm weights and attention biases aside."""
+        return parameter_count(self.hf_fields)
+
+    @cached_property
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token, attention aside (a tied head's matmul runs as an untied one's)."""
+        return forward_flops_per_token(self.hf_fields)
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    def forward_flops(self, tokens: float, attended: float) -> float:
+        """FLOPs of a forward pass over ``tokens`` new tokens that attend to ``attended`` (query, key) pairs."""
+        # QK^T and the attention-weighted V: 2 FLOPs each per (query, key) pair per unit of the heads' width
+        return self.flops_per_token * tokens + 4 * self.layers * self.heads * self.head_dim * attended
+
+
+MODELS = {name: ModelShape.from_hf(name, config) for name, config in HF_SHAPES.items()}
+
+
+def model_shape(name_or_config: str) -> ModelShape:
+    """A named shape (:data:`MODELS`) or the shape of a Hugging Face ``config.json`` (file or folder)."""
+    if name_or_config in MODELS:
+        return MODELS[name_or_config]
+    if not name_or_config.endswith(".json") and not Path(name_or_config).is_dir():
+        raise ValueError(
+            f"unknown model {name_or_config!r}; choose from {', '.join(sorted(MODELS))} or a Hugging Face config.json"
+        )
+    return ModelShape.from_hf(name_or_config, load_hf_config(name_or_config))
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How efficiently a generation engine uses the GPU, separate from the GPU itself.
+
+    ``decode_step_overhead_s``: fixed host-side time per decode iteration (Python, kernel launches; CUDA graphs
+    and continuous batching make it small). ``decode_efficiency``: multiplies the achieved bandwidth of decode.
+    ``forward_efficiency``: multiplies achieved FLOP/s of the framework's scoring forward passes (prefill).
+    ``weight_gather_bytes_per_s``: ZeRO-3-sharded models all-gather their weights for every forward pass, decode
+    iterations included (0 = weights resident).
+    ``compacts_batch``: finished sequences leave the decode batch (continuous batching); without it (HF
+    ``generate``, our executor) every row is computed until the last one stops, and batches are left-padded.
+    ``needs_weight_sync``: the engine holds its own weight copy (vLLM), so trained weights are pushed each step.
+    """
+
+    name: str
+    decode_step_overhead_s: float
+    decode_efficiency: float
+    forward_efficiency: float
+    needs_weight_sync: bool
+    weight_gather_bytes_per_s: float = 0.0
+    compacts_batch: bool = False
+
+
+ENGINES = {
+    e.name: e
+    for e in (
+        # Hugging Face generate under DeepSpeed ZeRO-3, as TRL's PPOTrainer runs multi-GPU: no paged attention,
+        # no CUDA graphs (~25 ms host time per decode iteration [assumed]), weights all-gathered per forward.
+        # weight_gather_bytes_per_s is FITTED to the paper's TRL 7B step time on 8 x H200 (~6 min per step).
+        Engine("hf", 0.025, 0.6, 1.0, needs_weight_sync=False, weight_gather_bytes_per_s=50e9),
+        Engine("vllm", 0.003, 0.9, 1.0, needs_weight_sync=True, compacts_batch=True),
+        Engine("torch-cpu", 0.0, 1.0, 1.0, needs_weight_sync=False),
+    )
+}
 
 
 class CostModel(Protocol):
@@ -48,18 +166,8 @@ class CostModel(Protocol):
     def transfer_s(self) -> float: ...
 
     def fixed_s(self, stages: tuple[str, ...]) -> float:
-        """Per-step seconds of the given framework stages (see :mod:`oppo.sim.framework`)."""
+        """Per-step seconds of the given framework stages (see :mod:`oppo.sim.cost.framework`)."""
         ...
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """Achieved fraction of the datasheet: bandwidth for memory-bound passes, FLOP/s for compute-bound ones."""
-
-    bandwidth_frac: float = 0.7
-    flops_frac: float = 0.65
-    train_flops_frac: float = 0.45  # training adds recomputation, optimizer and communication stalls
-    layer_overhead_s: float = 5e-6  # fixed time per layer per pass (kernel launches)
 
 
 ALLREDUCE_LATENCY_S = 10e-6  # [assumed] one small all-reduce between the GPUs of a node (NCCL/RCCL, one launch)
@@ -165,7 +273,7 @@ class RooflineCost:
     def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         """A scoring forward pass: a prefill of the same tokens without the generation engine's weight gather
         (the parameter gathers of scoring and training passes are the framework layer's: bytes over the
-        interconnect per micro-batch where it shards the parameters, :class:`oppo.sim.framework.FrameworkCost`)."""
+        interconnect per micro-batch where it shards the parameters, :class:`oppo.sim.cost.framework.FrameworkCost`)."""
         if tokens <= 0:
             return 0.0
         return self._forward_s(tokens, attended) + self._launch_s
@@ -195,92 +303,3 @@ def pass_attended(tokens: float, context: float, batch: float) -> float:
     cache ``context`` tokens in all: N * (C/B + N/(2B))."""
     b = max(batch, 1)
     return tokens * (context / b + tokens / (2 * b))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Fitting efficiencies to measurements
-# ---------------------------------------------------------------------------------------------------------
-
-
-def fit_roofline(bytes_read, flops, seconds, max_bandwidth: float = np.inf, rounds: int = 20):
-    """Least squares of ``seconds ≈ c + max(a·bytes, b·flops)``; returns (c, a, b): fixed seconds per pass,
-    1/bandwidth and 1/FLOP/s.
-
-    Alternates: assign each row to the term that dominates under the current fit, then solve the linear least
-    squares ``seconds ≈ c + a·bytes·[memory] + b·flops·[compute]``. Rows are weighted by 1/seconds² so that
-    the fit minimises relative error. Starts from the lowest-intensity third as memory-bound. Within one model
-    shape the fixed term and the bytes term are collinear; ``max_bandwidth`` (the datasheet) bounds the fitted
-    bandwidth so that the split stays physical (otherwise on-chip cache hits read as > 100% of HBM).
-    """
-    intensity = flops / bytes_read
-    memory = intensity <= np.quantile(intensity, 1 / 3)
-    w = 1.0 / np.maximum(seconds, 1e-12)
-    c = a = b = 0.0
-    for _ in range(rounds):
-        design = np.stack([np.ones_like(seconds), bytes_read * memory, flops * ~memory], axis=1)
-        (c, a, b), *_ = np.linalg.lstsq(design * w[:, None], seconds * w, rcond=None)
-        if a < 1 / max_bandwidth:  # refit the rest with the bandwidth at its bound
-            a = 1 / max_bandwidth
-            rest = seconds - a * bytes_read * memory
-            (c, b), *_ = np.linalg.lstsq(design[:, [0, 2]] * w[:, None], rest * w, rcond=None)
-        c = max(c, 0.0)
-        new = a * bytes_read >= b * flops
-        if (new == memory).all():
-            break
-        memory = new
-    return float(c), float(a), float(b)
-
-
-@dataclass(frozen=True)
-class ProfileFit:
-    gpu: str
-    efficiency: Efficiency
-    rows: int
-    heldout_median_abs_err: float  # relative, on 20% held-out rows
-    heldout_p90_abs_err: float
-
-
-def fit_gpu_profile(gpu: GPU, rows: list[dict[str, str]], seed: int = 0) -> ProfileFit:
-    """Fit one GPU's bandwidth and FLOP/s efficiencies to its per-layer linear-operator timings."""
-    h = np.array([float(r["n_embd"]) for r in rows])
-    m = np.array([float(r["n_expanded_embd"]) for r in rows])
-    heads, kv = (np.array([float(r[k]) for r in rows]) for k in ("n_head", "n_kv_head"))
-    gated = np.array([r["use_gated_mlp"] == "True" for r in rows])
-    tp = np.array([float(r["tensor_parallel"]) for r in rows])
-    tokens = np.array([float(r["num_tokens"]) for r in rows])
-    seconds = np.array([float(r["layer_ms"]) for r in rows]) / 1e3
-    params = (h * (h + 2 * kv * h / heads) + h * h + np.where(gated, 3, 2) * h * m) / tp
-    bytes_read, flops = 2 * params, 2 * params * tokens  # bf16 weights; 2 FLOPs per multiply-add
-    test = np.random.default_rng(seed).random(len(rows)) < 0.2  # held out
-    c, a, b = fit_roofline(bytes_read[~test], flops[~test], seconds[~test], max_bandwidth=gpu.hbm_bytes_per_s)
-    predicted = c + np.maximum(a * bytes_read[test], b * flops[test])
-    err = np.abs(predicted - seconds[test]) / seconds[test]
-    eff = Efficiency(bandwidth_frac=1 / a / gpu.hbm_bytes_per_s, flops_frac=1 / b / gpu.peak_flops, layer_overhead_s=c)
-    return ProfileFit(gpu.name, eff, int((~test).sum()), float(np.median(err)), float(np.quantile(err, 0.9)))
-
-
-@functools.cache
-def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
-    """Fitted efficiencies per GPU from ``oppo/data/profiles/vidur_layer_ms.csv`` (tensor-parallel degree 1 rows).
-    GPUs without a profile inherit one (the efficiency applies to their own datasheet figures): H200, GH200,
-    B200, MI300X from H100 (the closest HBM datacenter part profiled), A100-40GB from A100, L40S from A40 (GDDR)."""
-    from oppo.sim.hardware import GPUS
-
-    path = Path(path) if path else PROFILE_DIR / "vidur_layer_ms.csv"
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    fits = {}
-    rows = [r for r in rows if r["tensor_parallel"] == "1"]  # our roles are data-parallel replicas
-    for name in sorted({r["gpu"] for r in rows}):
-        fits[name] = fit_gpu_profile(GPUS[name], [r for r in rows if r["gpu"] == name])
-    derived_from = {
-        "h200": "h100",
-        "gh200": "h100",
-        "b200": "h100",
-        "mi300x": "h100",
-        "a100-40gb": "a100",
-        "l40s": "a40",
-    }
-    for derived, source in derived_from.items():
-        fits[derived] = fits[source]
-    return fits

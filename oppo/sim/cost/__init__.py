@@ -1,0 +1,15 @@
+"""The simulator's cost model, one layer per module, each importing only the layers above it in this list:
+
+1. :mod:`oppo.sim.cost.gpu`: the GPU, its datasheet (:mod:`oppo.gpus`) and the fraction of it achieved
+   (:class:`~oppo.sim.cost.gpu.Efficiency`, fitted to measured operator profiles).
+2. :mod:`oppo.sim.cost.engine`: model shapes, generation engines, and the roofline seconds of a role's decode,
+   prefill, scoring and training passes and weight sync (:class:`~oppo.sim.cost.engine.RooflineCost`).
+3. :mod:`oppo.sim.cost.framework`: what a real RL framework adds per stage (micro-batches, parameter gathers,
+   offload, per-step costs): :meth:`~oppo.sim.cost.framework.StageCost.seconds`, the one formula the simulator
+   charges and the fit fits.
+4. :mod:`oppo.sim.cost.fit`: the fitted terms: the framework layer's terms fitted to logged stage seconds (the loads
+   measured by :mod:`oppo.sim.logfit`), and a whole cost model fitted to the executor's traces.
+
+A setup (:mod:`oppo.sim.setups`) assembles a cost model per role from these layers; the simulator
+(:mod:`oppo.sim.model`) only calls it. None of them imports SimPy.
+"""

@@ -1,0 +1,239 @@
+"""The fitted terms, the top of the cost stack: the framework layer's stage terms (:mod:`oppo.sim.cost.framework`)
+fitted to measured stage seconds, and a whole cost model fitted to the executor's own traces. Every fit here is
+non-negative least squares of the relative error (:func:`nonnegative_lstsq`).
+
+From real logs (:func:`fit_stage`, :func:`fit_problems`): a stage's seconds are linear in its terms
+(:meth:`~oppo.sim.cost.framework.StageCost.seconds` of a :class:`~oppo.sim.cost.framework.StageLoad`), so given each
+step's load (:mod:`oppo.sim.logfit` measures it by replaying the log on the simulator) the terms are a linear fit.
+
+From the executor's records (``trace.csv``; :func:`fit_trace`, :class:`CalibratedCost`, ``python -m oppo.sim
+calibrate --trace RUN/trace.csv --out oppo/data/profiles/NAME.json``): per role and phase, least squares on the
+simulator's own features, in place of the engine and framework layers. Prefill and score rows of a role are one
+forward-pass fit (``forward``): the same computation, and together they span short (prompt) and long (whole
+sequence) passes. Features: see :data:`TRACE_FEATURES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from oppo.records import TraceRow
+from oppo.sim.cost.engine import pass_attended
+from oppo.sim.cost.framework import StageCost, StageLoad
+
+LOAD_FIELDS = tuple(f.name for f in dataclasses.fields(StageLoad))
+TRACE_FEATURES = """(all linear in the coefficients):
+- decode round (a trace row of ``T`` tokens over ``B`` rows, ``C`` context tokens summed over the rows at its
+  start; ``it = T/B`` iterations): ``it``, ``it*B``, ``it*C + it*(it-1)/2 * B`` (the summed context of every
+  iteration, growing by B per iteration) — per iteration: c0 + c1*batch + c2*summed context;
+- prefill / score / train pass of ``N`` tokens over ``B`` rows with ``C`` cached tokens: 1, ``N``, attended
+  (query, key) pairs ``N*(C/B + N/(2B))``."""
+
+
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0 (Lawson-Hanson active set, :func:`scipy.optimize.nnls`)."""
+    from scipy.optimize import nnls  # here: a simulation that only loads a profile need not import scipy
+
+    return nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0]
+
+
+def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False) -> StageCost:
+    """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
+    :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
+    With 1 / efficiency = 1 + a:
+    - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a)), and
+      with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
+      model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
+      its micro-batch count is constant);
+    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps.
+    A step timed at 0 s (a rule reward under the timer's resolution) has no relative error to weigh: left out."""
+    timed = measured > 0
+    if not timed.all():
+        if not timed.any():
+            return StageCost()
+        shape = measured.shape
+        load = StageLoad(**{f: np.broadcast_to(getattr(load, f), shape)[timed] for f in LOAD_FIELDS})
+        measured = measured[timed]
+    if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
+        unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
+        return StageCost(per_unit_s=float(unit))
+    if gen:
+        columns = [load.roofline_s, load.row_tokens, load.steps]
+    else:
+        columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
+    x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
+    a, *rest = nonnegative_lstsq(x, (measured - load.extra_s - load.roofline_s) / measured)
+    inverse = 1.0 + a  # 1 / efficiency
+    if gen:
+        return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
+    half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
+    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
+
+
+def fit_problems(problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]]) -> dict[str, StageCost]:
+    """One set of terms per problem: its stages (a logged stage timing several of ours shares one set) -> the loads
+    and measured seconds per step of every run that times it, fitted at once."""
+    layer: dict[str, StageCost] = {}
+    for parts, (loads, measured) in problems.items():
+        several = len(loads) > 1  # runs of different shapes separate a per-micro-batch cost from the proportional
+        cost = fit_stage(concat_loads(loads), np.concatenate(measured), gen=parts == ("gen",), per_unit=several)
+        layer |= dict.fromkeys(parts, cost)
+    return layer
+
+
+def sum_loads(loads: list[StageLoad]) -> StageLoad:
+    """The load of several stages timed as one (the same terms price each)."""
+    return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in LOAD_FIELDS})
+
+
+def slice_load(load: StageLoad, part: slice) -> StageLoad:
+    return StageLoad(**{f: np.asarray(getattr(load, f))[part] for f in LOAD_FIELDS})
+
+
+def concat_loads(loads: list[StageLoad]) -> StageLoad:
+    return StageLoad(**{f: np.concatenate([np.asarray(getattr(load, f)) for load in loads]) for f in LOAD_FIELDS})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The executor's traces: a whole cost model fitted
+# ---------------------------------------------------------------------------------------------------------
+
+FAMILY = {
+    "decode": "decode",
+    "prefill": "forward",
+    "score": "forward",
+    "train_actor": "train_actor",
+    "train_critic": "train_critic",
+    "sync": "sync",
+}
+
+
+def _features(row: TraceRow) -> list[float]:
+    if row.phase == "sync":
+        return [1.0, 0.0, 0.0]
+    if row.phase == "decode":
+        b = max(row.batch_size, 1)
+        it = row.num_tokens / b
+        return [it, it * b, it * row.context_tokens + it * (it - 1) / 2 * b]
+    return [1.0, float(row.num_tokens), pass_attended(row.num_tokens, row.context_tokens, row.batch_size)]
+
+
+@dataclass(frozen=True)
+class Fit:
+    coefficients: tuple[float, float, float]
+    rows: int
+    median_abs_err: float  # relative, on the rows it was fitted on
+
+
+def fit_trace(trace: Sequence[TraceRow]) -> dict[str, dict[str, Fit]]:
+    """{role: {phase: Fit}} by non-negative least squares (relative error) on each (role, phase)'s rows.
+
+    Forward passes are fitted once over every role's rows, then scaled per role: a sync run gives a scorer
+    passes of one size only (whole sequences), which cannot separate its fixed cost from its per-token cost,
+    while the actor's rows (short prompt prefills and whole-sequence scoring) can. This assumes the roles share
+    an architecture up to a factor, as the presets do.
+    """
+    groups: dict[tuple[str, str], list[TraceRow]] = defaultdict(list)
+    for row in trace:
+        if row.end_s > row.start_s and row.phase in FAMILY and (row.num_tokens > 0 or row.phase == "sync"):
+            groups[(row.role, FAMILY[row.phase])].append(row)
+    forward = [r for (_, phase), rows in groups.items() if phase == "forward" for r in rows]
+    shared = _fit(forward) if forward else None
+    fits: dict[str, dict[str, Fit]] = defaultdict(dict)
+    for (role, phase), rows in sorted(groups.items()):
+        coef = _fit(rows) if phase != "forward" else shared * _scale(shared, rows)
+        x, y = _xy(rows)
+        err = np.abs(x @ coef - y) / y
+        fits[role][phase] = Fit(tuple(float(c) for c in coef), len(rows), float(np.median(err)))
+    return dict(fits)
+
+
+def _xy(rows: list[TraceRow]) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([_features(r) for r in rows]), np.array([r.end_s - r.start_s for r in rows])
+
+
+def _fit(rows: list[TraceRow]) -> np.ndarray:
+    x, y = _xy(rows)
+    return nonnegative_lstsq(x / y[:, None], np.ones_like(y))
+
+
+def _scale(coef: np.ndarray, rows: list[TraceRow]) -> float:
+    """The factor that best fits ``rows`` with the shape ``coef`` (median ratio of measured to predicted)."""
+    x, y = _xy(rows)
+    predicted = x @ coef
+    return float(np.median(y / predicted)) if (predicted > 0).all() else 1.0
+
+
+def save_profile(fits: dict[str, dict[str, Fit]], path: str | Path, source: str) -> None:
+    data = {
+        "source": source,
+        "features": TRACE_FEATURES,
+        "roles": {
+            role: {
+                phase: {"coefficients": f.coefficients, "rows": f.rows, "median_abs_err": f.median_abs_err}
+                for phase, f in phases.items()
+            }
+            for role, phases in fits.items()
+        },
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_profile(path: str | Path) -> dict[str, dict[str, tuple[float, float, float]]]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"cost profile not found: {path}")
+    try:
+        roles = json.loads(path.read_text())["roles"]
+        return {r: {p: tuple(v["coefficients"]) for p, v in phases.items()} for r, phases in roles.items()}
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a cost profile ({err})") from None
+
+
+@dataclass(frozen=True)
+class CalibratedCost:
+    """The simulator's cost protocol from fitted coefficients of one role (see module doc for features)."""
+
+    phases: dict  # phase -> (c0, c1, c2)
+
+    def decode_s(self, batch, context_tokens):
+        c0, c1, c2 = self.phases.get("decode", (0.0, 0.0, 0.0))
+        return c0 + c1 * np.asarray(batch, dtype=float) + c2 * np.asarray(context_tokens, dtype=float)
+
+    def _pass(self, phase: str, tokens: float, attended: float) -> float:
+        c0, c1, c2 = self.phases.get(phase, (0.0, 0.0, 0.0))
+        return c0 + c1 * tokens + c2 * attended if tokens > 0 else 0.0
+
+    def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
+        return self._pass("forward", tokens, attended)
+
+    def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
+        return self._pass("forward", tokens, attended)
+
+    def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
+        phase = "train_actor" if "train_actor" in self.phases else "train_critic"
+        return self._pass(phase, tokens, attended)
+
+    def sync_s(self) -> float:
+        return self.phases["sync"][0] if "sync" in self.phases else 0.0
+
+    def transfer_s(self) -> float:
+        """The measured weight sync (a remote role's load_state_dict), or 0 where none was measured."""
+        return self.sync_s()
+
+    def fixed_s(self, stages: tuple[str, ...]) -> float:
+        return 0.0  # measured per operation: no per-step framework terms
+
+
+def calibrated_costs(path: str | Path, roles: Sequence[str]) -> dict[str, CalibratedCost]:
+    profile = load_profile(path)
+    # a rollout engine on its own devices runs the actor's generation: the actor's costs
+    return {role: CalibratedCost(profile.get("actor" if role == "rollout" else role, {})) for role in roles}
