@@ -53,17 +53,23 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
       model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
       its micro-batch count is constant);
     - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps.
-    A step timed at 0 s (a rule reward under the timer's resolution) has no relative error to weigh: left out."""
+    A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
+    sequences, unbiased by that rounding, where dropping the zeros would keep only the steps rounded up. A step of
+    a GPU stage timed at 0 s has no relative error to weigh: left out."""
+    if not np.any(measured):
+        return StageCost()
+    if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
+        if np.all(measured > 0):
+            unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
+        else:
+            seconds = np.sum(measured - np.broadcast_to(load.extra_s, measured.shape))
+            unit = max(0.0, seconds / np.sum(np.broadcast_to(load.units, measured.shape)))
+        return StageCost(per_unit_s=float(unit))
     timed = measured > 0
     if not timed.all():
-        if not timed.any():
-            return StageCost()
         shape = measured.shape
         load = StageLoad(**{f: np.broadcast_to(getattr(load, f), shape)[timed] for f in LOAD_FIELDS})
         measured = measured[timed]
-    if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
-        unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
-        return StageCost(per_unit_s=float(unit))
     if gen:
         columns = [load.roofline_s, load.row_tokens, load.steps]
     else:
