@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--inflight", action="store_true", help="also each async variant with --inflight-updates")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
+    if (args.algo == "grpo") != (args.group_size > 1):
+        parser.error("--algo grpo needs --group-size >= 2, and --group-size > 1 needs --algo grpo")
     chosen = variants(args.staleness, args.rollout_workers, args.inflight)
     common = ["--preset", args.preset, "--batch", str(args.batch), "--steps", str(args.steps)]
     common += ["--max-new-tokens", str(args.max_new_tokens), "--lengths", "alpaca_eval", "--lengths-model", "alpaca-7b"]
@@ -64,6 +66,7 @@ def main() -> None:
         per_group: dict[str, list[float]] = {name: [] for name in chosen}
         summaries: dict[str, list[dict]] = {name: [] for name in chosen}
         trainer: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
+        work: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
         for repeat in range(args.repeats):
             for i, (name, flags) in enumerate(chosen.items()):
                 run = root / f"r{repeat}-v{i}"
@@ -74,27 +77,45 @@ def main() -> None:
                 per_group[name].append(seconds_per_group(run, args.batch))
                 summaries[name].append(json.loads((run / "summary.json").read_text()))
                 trainer[name].append(trainer_profile(run))
+                work[name].append(device_work(run))
         report(per_group, summaries, args)
         report_trainer(trainer)
-        report_bound(per_group, trainer, args.batch)
+        report_bound(per_group, work, args.batch)
+
+
+def timed_operations(run: Path) -> tuple[float, list[tuple[dict, float]]]:
+    """The timed span's seconds per step (the steps after the first) and each trace row with its seconds inside
+    that span."""
+    with open(run / "steps.csv", newline="") as fh:
+        steps = list(csv.DictReader(fh))
+    first_end, last_end = float(steps[0]["end_s"]), float(steps[-1]["end_s"])
+    with open(run / "trace.csv", newline="") as fh:
+        rows = [
+            (row, min(float(row["end_s"]), last_end) - max(float(row["start_s"]), first_end))
+            for row in csv.DictReader(fh)
+        ]
+    n = len(steps) - 1
+    return (last_end - first_end) / n, [(row, seconds / n) for row, seconds in rows if seconds > 0]
 
 
 def trainer_profile(run: Path) -> dict[str, float]:
     """Seconds per step the trainer's device (cpu0) spent in each (role, phase) over the timed steps (after the
     first), and what is left of the span: "other" (the driver's own Python, queue waits, idle)."""
-    with open(run / "steps.csv", newline="") as fh:
-        steps = list(csv.DictReader(fh))
-    first_end, last_end = float(steps[0]["end_s"]), float(steps[-1]["end_s"])
-    spent: dict[str, float] = {}
-    with open(run / "trace.csv", newline="") as fh:
-        for row in csv.DictReader(fh):
-            start, end = max(float(row["start_s"]), first_end), min(float(row["end_s"]), last_end)
-            if row["device"] == "cpu0" and end > start:
-                key = f"{row['role']} {row['phase']}"
-                spent[key] = spent.get(key, 0.0) + end - start
-    n = len(steps) - 1
-    out = {key: value / n for key, value in spent.items()}
-    out["other"] = (last_end - first_end) / n - sum(out.values())
+    span, operations = timed_operations(run)
+    out: dict[str, float] = {}
+    for row, seconds in operations:
+        if row["device"] == "cpu0":
+            key = f"{row['role']} {row['phase']}"
+            out[key] = out.get(key, 0.0) + seconds
+    out["other"] = span - sum(out.values())
+    return out
+
+
+def device_work(run: Path) -> dict[str, float]:
+    """Seconds per step each device spent in operations over the timed steps."""
+    out: dict[str, float] = {}
+    for row, seconds in timed_operations(run)[1]:
+        out[row["device"]] = out.get(row["device"], 0.0) + seconds
     return out
 
 
@@ -106,17 +127,20 @@ def report_trainer(trainer: dict[str, list[dict[str, float]]]) -> None:
         print(f"  {name:<28} {parts}")
 
 
-def report_bound(per_group: dict[str, list[float]], trainer: dict[str, list[dict[str, float]]], batch: int) -> None:
-    """Whatever the overlap, an async step takes at least the trainer's own work on its core: sync's step over that
-    work bounds async's gain (a trainer that alone takes sync's whole step leaves generation nothing to hide)."""
+def report_bound(per_group: dict[str, list[float]], work: dict[str, list[dict[str, float]]], batch: int) -> None:
+    """An async step takes at least the busiest device's own work (its operations, per step): sync's step over it
+    bounds async's gain if every wait were hidden. A trainer whose one-core work alone takes sync's whole step leaves
+    generation nothing to hide behind."""
     sync_step = statistics.median(per_group["sync"]) * batch
-    for name, profiles in trainer.items():
+    for name, runs in work.items():
         if name == "sync":
             continue
-        work = statistics.median(sum(v for k, v in p.items() if k != "other") for p in profiles)
+        per_device = {d: statistics.median(r.get(d, 0.0) for r in runs) for d in sorted({d for r in runs for d in r})}
+        busiest = max(per_device, key=per_device.get)
+        parts = ", ".join(f"{d} {w:.2f}" for d, w in per_device.items())
         print(
-            f"  {name}: the trainer's own work {work:.2f} s a step against sync's step {sync_step:.2f} s: gain <= "
-            f"{sync_step / work:.2f}x"
+            f"  {name}: own work a step {parts} s against sync's step {sync_step:.2f} s: gain <= "
+            f"{sync_step / per_device[busiest]:.2f}x if every wait were hidden ({busiest} the busiest)"
         )
 
 

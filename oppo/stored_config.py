@@ -87,8 +87,10 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if hint in (bool, str):
-        return isinstance(value, hint)
+    if hint is str:  # a schedule's chunk or Δ may be given as a number ("256" or 256), as its own check accepts
+        return isinstance(value, (str, int)) and not isinstance(value, bool)
+    if hint is bool:
+        return isinstance(value, bool)
     return True
 
 

@@ -110,7 +110,8 @@ def test_async_speed(tmp_path):
     assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout
     assert re.search(r"(?m)^async K=1, 1 worker\(s\) .* \d+\.\d\dx ", res.stdout), res.stdout
     assert "async K=1, 1 w., in-flight" in res.stdout
-    assert re.search(r"async K=1, 1 worker\(s\): the trainer's own work \d+\.\d\d s .* gain <= \d+\.\d\dx", res.stdout)
+    bound = r"async K=1, 1 worker\(s\): own work a step cpu0 \d+\.\d\d, cpu1 \d+\.\d\d s .* gain <= \d+\.\d\dx if"
+    assert re.search(bound, res.stdout), res.stdout
     res = bench("async_speed", *args, "--algo", "grpo", "--group-size", "2", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "critic" not in res.stdout and "actor train_actor" in res.stdout  # GRPO: the trainer has no critic
@@ -147,6 +148,7 @@ def test_trainer_ops(tmp_path):
         ("async_fidelity", ["--staleness", "x"], "--staleness: 'x' is not an integer"),
         ("async_fidelity", ["--repeats", "0"], "--repeats: 0 is below 1"),
         ("async_speed", ["--steps", "1"], "--steps: 1 is below 2"),
+        ("async_speed", ["--algo", "grpo"], "--algo grpo needs --group-size >= 2"),
         ("sim_records_match", ["--other", "/nonexistent/oppo"], "--other: /nonexistent/oppo is not a directory"),
     ],
 )

@@ -205,6 +205,7 @@ class AsyncPipeline(Executor):
         self._owns_ray = _start_ray(config, on_gpu, config.rollout_workers, device)  # the trainer's GPU is no worker's
         self.workers: list = []
         self._affinity: set[int] | None = None  # this process's cores before the trainer was pinned
+        self._threads: int | None = None  # and its torch threads before the trainer took one
         try:
             self._place(config, recorder, lengths, device, on_gpu)
         except BaseException:  # a failed start leaves no worker, no Ray of its own and no pinning behind
@@ -216,11 +217,12 @@ class AsyncPipeline(Executor):
         from oppo.exec.models import load_role
         from oppo.exec.runner import run_roles
 
-        cores = _cores(config, on_gpu)  # the trainer's core, then each local worker's; None: not pinned
+        cores = _cores(config, on_gpu) if self._owns_ray else None  # trainer's core, then each worker's
         if cores:  # one core for the trainer: its own device, beside the workers' (restored by close)
             self._affinity = os.sched_getaffinity(0)
             os.sched_setaffinity(0, {cores[0]})
         if not on_gpu and not config.model.threads:
+            self._threads = torch.get_num_threads()
             torch.set_num_threads(1)
         frozen = tuple(r for r in scorer_roles(config) if r in ("reward", "reference"))  # scored by the workers
         which = tuple(r for r in run_roles(config) if r not in frozen)
@@ -405,7 +407,7 @@ class AsyncPipeline(Executor):
 
     def _release(self) -> None:
         """Kill the workers (which ends the rollout thread's calls), shut down the Ray started here and give this
-        process its cores back."""
+        process its cores and torch threads back."""
         for worker in self.workers:
             ray.kill(worker)
         thread = getattr(self, "thread", None)  # None until the first step, absent if the start failed
@@ -415,6 +417,8 @@ class AsyncPipeline(Executor):
             ray.shutdown()
         if self._affinity is not None:
             os.sched_setaffinity(0, self._affinity)
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
 
 
 def _cores(config: ExecConfig, on_gpu: bool) -> list[int] | None:

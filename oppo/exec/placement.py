@@ -349,8 +349,9 @@ def _one_device(on_gpu: bool) -> dict:
 def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int, driver_gpu: torch.device | None = None) -> bool:
     """Start a local Ray (or join ``config.ray_address``) with room for the run's workers; True if it was started
     here. Too few GPUs or cores for the workers is an error, not a wait. ``driver_gpu``: the GPU this process holds
-    models on, kept out of a local Ray's GPUs so that no worker is given it (a joined cluster offers what its nodes
-    were started with: leave the driver's GPU out of the head node's ``--num-gpus``)."""
+    models on, kept out of a local Ray's GPUs so that no worker is given it where the others are enough for the
+    workers (else one worker shares it, as ``--dp N`` on N GPUs with the reward model on the driver; a joined
+    cluster offers what its nodes were started with: leave the driver's GPU out of the head node's ``--num-gpus``)."""
     if ray.is_initialized():
         return False
     workers = (config.dp if config.dp > 1 else 0) + scorer_workers
@@ -359,6 +360,9 @@ def _start_ray(config: ExecConfig, on_gpu: bool, scorer_workers: int, driver_gpu
     os.environ.setdefault("RAY_worker_niceness", "0")
     env = {k: v for k, v in os.environ.items() if k in ("OPPO_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
     others = workers_gpus(driver_gpu) if config.ray_address is None else None
+    if others is not None and len([g for g in others.split(",") if g]) < workers:  # too few: share it, as before
+        print(f"placement: {workers} GPU workers beside the driver: one shares the driver's GPU", file=sys.stderr)
+        others = None
     with _environment("CUDA_VISIBLE_DEVICES", others):  # the raylet started here reads it; the driver keeps its own
         ray.init(
             address=config.ray_address,

@@ -134,12 +134,16 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
         executor = RayExecutor(config, recorder, lengths)
     else:
         executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), recorder, lengths)
-    log = RunLog(out, config, *stage_costs(config), resume=resume)
-    if config.rollout_workers:
-        from oppo.exec.async_pipeline import TokenLag
+    try:  # a run that cannot start (an unwritable out, a bad checkpoint) leaves no worker and no pinning behind
+        log = RunLog(out, config, *stage_costs(config), resume=resume)
+        if config.rollout_workers:
+            from oppo.exec.async_pipeline import TokenLag
 
-        log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
-    done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
+            log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
+        done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
+    except BaseException:
+        executor.close()
+        raise
     code = 0
     try:
         with tqdm(total=config.steps, initial=done, desc=config.schedule.policy, unit="step", disable=None) as bar:

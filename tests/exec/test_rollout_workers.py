@@ -184,10 +184,10 @@ def test_failed_start_leaves_no_ray_behind(monkeypatch):
     monkeypatch.setattr(async_pipeline, "local_parts", broken)
     config = ExecConfig(schedule=default_schedule(policy="async", batch=2, staleness=1), rollout_workers=1, steps=1)
     assert not ray.is_initialized()
-    before = os.sched_getaffinity(0)
+    before = os.sched_getaffinity(0), torch.get_num_threads()
     with pytest.raises(RuntimeError, match="no weights"):
         async_pipeline.AsyncPipeline(config, Recorder())
-    assert not ray.is_initialized() and os.sched_getaffinity(0) == before
+    assert not ray.is_initialized() and (os.sched_getaffinity(0), torch.get_num_threads()) == before
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
@@ -196,12 +196,18 @@ def test_trainer_and_worker_each_pinned_to_their_core_until_close():
     worker k on the next, as the simulator's placement has it; close gives this process its cores back."""
     from oppo.exec.async_pipeline import AsyncPipeline
 
-    before = sorted(os.sched_getaffinity(0))
+    before, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     config = ExecConfig(schedule=default_schedule(policy="async", batch=2, staleness=1), rollout_workers=1, steps=1)
     executor = AsyncPipeline(config, Recorder())
     try:
         ((_, pid),) = ray.get([w.ready.remote() for w in executor.workers])
         assert os.sched_getaffinity(0) == {before[0]} and os.sched_getaffinity(pid) == {before[1]}
+        assert torch.get_num_threads() == 1
     finally:
         executor.close()
-    assert sorted(os.sched_getaffinity(0)) == before
+    assert sorted(os.sched_getaffinity(0)) == before and torch.get_num_threads() == threads
+    with pytest.raises(ProcessLookupError):  # the worker was killed
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.2)
