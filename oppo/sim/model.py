@@ -25,6 +25,7 @@ from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.costs import CostModel, pass_attended
+from oppo.sim.decode import Generation, looked_up, new_chunk
 from oppo.sim.framework import ROLE_STAGES, StageLoad
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
@@ -55,24 +56,6 @@ class SimResult:
     trace: list[TraceRow] = field(default_factory=list)
     trained: list[TrainedSeq] = field(default_factory=list)
     stats: dict = field(default_factory=dict)  # run-level figures of some policies (async: mean_token_lag)
-
-
-def _chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, float]:
-    """A streamed chunk: (rows, new tokens, cached tokens, attended pairs)."""
-    return batch, tokens, context, pass_attended(tokens, context, batch)
-
-
-def _looked_up(values: dict[int, int], ids: list[int]) -> np.ndarray:
-    """``values[i]`` for each id, shape (len(ids),), int64: looked up by map, in C."""
-    return np.fromiter(map(values.__getitem__, ids), dtype=np.int64, count=len(ids))
-
-
-def _merge(chunk, batch: int, tokens: int, context: int):
-    """Add a round's tokens to the chunk being accumulated for the scorers."""
-    if chunk is None:
-        return _chunk(batch, tokens, context)
-    rows, total, first_context, _ = chunk
-    return _chunk(max(rows, batch), total + tokens, first_context)
 
 
 class Device:
@@ -164,7 +147,7 @@ class ChunkPrefiller:
             chunk.done.succeed()
 
 
-class Trainer:
+class Trainer(Generation):
     """Runs PPO steps on the devices of a setup, one after another, as the scheduler plans them."""
 
     def __init__(self, env: simpy.Environment, config: SimConfig, costs: dict[str, CostModel], trace, result):
@@ -225,13 +208,13 @@ class Trainer:
         #    stale when the weights changed)
         running = list(filter(plan.budgets.__contains__, plan.active))
         if running:  # lengths looked up by map (C), hundreds of ids per step
-            contexts = _looked_up(self.prompt, running) + _looked_up(plan.prefix_tokens, running)
+            contexts = looked_up(self.prompt, running) + looked_up(plan.prefix_tokens, running)
             if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
                 contexts = np.full_like(contexts, contexts.max())
             yield from self._pass("actor", "prefill", plan.step, contexts, on=self.gen)
         # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
         new_prompts = np.array(list(map(self.prompt.__getitem__, plan.new + plan.restarted)))
-        pending = _chunk(len(new_prompts), int(new_prompts.sum()), 0)
+        pending = new_chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
             scorer.submit(plan.step, *pending)
         yield from self._generate(plan, pending)
@@ -250,118 +233,9 @@ class Trainer:
         """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
         yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
         ids = list(map(_SEQ_ID, trained))  # tokens of each trained one (empty: float, as np.array([]))
-        full = _looked_up(self.prompt, ids) + np.array(list(map(_RESPONSE, trained))) if ids else np.array([])
+        full = looked_up(self.prompt, ids) + np.array(list(map(_RESPONSE, trained))) if ids else np.array([])
         yield from self._score(step, trained, full)
         yield from self._train(step, full)
-
-    def _generate(self, plan, pending):
-        """Decode rounds until the scheduler says the step's batch is complete."""
-        env, sched, actor = self.env, self.scheduler, self.device[self.gen]
-        ids, stop, eos, context0, gpu = self._running_rows(plan)
-        first, step_tokens, chunk, fused = 0, 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
-        while not sched.generation_done:
-            n = sched.next_round_tokens()
-            # rows first: end still run, every one decodes n tokens this round unless it stops in it (a prefix)
-            end = first + int(np.searchsorted(stop[first:], step_tokens + n, side="right"))
-            k = np.minimum(stop[first:], step_tokens + n) - step_tokens  # tokens each running row decodes
-            context = context0[first:] + step_tokens
-            busy_s = self._decode_s(k, context, n, gpu[first:], step_tokens)
-            seconds, tokens, context_tokens = float(busy_s.max()), int(k.sum()), int(context.sum())
-            yield from self._hold(actor, plan.step, seconds, fused, len(k), tokens, context_tokens, busy_s)
-            fused = None
-            chunk = _merge(chunk, len(k), tokens, context_tokens)
-            ended = eos[first:end]  # EOS inside this round (the others stopping spent their budget)
-            finished = zip(ids[first:end][ended].tolist(), (stop[first:end][ended] - step_tokens).tolist())
-            sched.report_round(env.now, n, dict(finished))
-            first, step_tokens = end, step_tokens + n
-            if sched.stream_now:
-                yield from self._stream(plan.step, chunk)
-                fused, chunk = (chunk if self.fused else None), None
-        if fused is not None:  # the last chunk is prefilled alone
-            yield from self._fused_prefill(plan.step, fused)
-
-    def _running_rows(self, plan):
-        """The rows this step decodes, sorted by the step token at which each stops (stable: admission order
-        among equals), so that the rows stopping in a round are the first ones still running. Returns arrays of
-        shape (rows,): ids, stop (tokens into the step: EOS or the end of the budget, whichever comes first),
-        eos (it stops by EOS), context (prompt and resumed prefix), gpu (the generating GPU that decodes it)."""
-        budgets, prefix = plan.budgets, plan.prefix_tokens
-        listed = list(filter(budgets.__contains__, plan.active))
-        ids = np.array(listed, dtype=np.int64)
-        budget, decoded = _looked_up(budgets, listed), _looked_up(prefix, listed)
-        rest = _looked_up(self.response, listed) - decoded  # tokens to EOS
-        context = _looked_up(self.prompt, listed) + decoded
-        self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch
-        self._decode_width = int(context.max(initial=0))  # its left-padded width
-        if not self.engine.compacts_batch:
-            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
-        stop = np.minimum(budget, rest)
-        order = np.argsort(stop, kind="stable")
-        gpu = ids % len(self.device[self.gen].members)
-        return ids[order], stop[order], (rest <= budget)[order], context[order], gpu[order]
-
-    def _hold(self, actor: Device, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
-        """One decode round on the generating device (with a colocated scorer's prefill of the previous chunk)."""
-        request = actor.resource.request() if actor.shared else None  # see Device.shared
-        if request is not None:
-            yield request
-        total = self._co_run_fused(step, seconds, fused)
-        actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
-        yield self.env.timeout(total)
-        if request is not None:
-            actor.resource.release(request)
-
-    def _stream(self, step: int, chunk):
-        """Hand a complete chunk to the scorers; the actor stalls ``chunk_handoff_s`` to do it."""
-        if self.handoff_s > 0:
-            yield from self.device[self.gen].run(step, "actor", "other", self.handoff_s, chunk[0], chunk[1], 0)
-        for scorer in self.scorers:
-            scorer.submit(step, *chunk)
-
-    def _decode_s(self, k: np.ndarray, context: np.ndarray, n: int, gpu: np.ndarray, offset: int) -> np.ndarray:
-        """Busy seconds of each actor GPU in a round where row i decodes k[i] tokens from context[i] on GPU
-        gpu[i]. The batch shrinks as rows finish: integrated per token position (vectorised, not one event
-        per token); a GPU is busy until its own last row stops (data-parallel generation)."""
-        if self.engine.compacts_batch:  # finished rows leave the batch
-            t = np.arange(1, n + 1)
-            stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
-            batch = len(k) - stopped  # rows still decoding at position t
-            ctx = context.sum() - np.cumsum(np.bincount(k, weights=context, minlength=n + 1))[:n] + (t - 1) * batch
-            per_token = np.where(batch > 0, self.costs[self.gen].decode_s(np.maximum(batch, 1), ctx), 0.0)
-        else:  # every row of the left-padded batch is computed until the last one stops: priced once per step
-            per_token = self._padded_s[offset : offset + n]
-        elapsed = np.concatenate([[0.0], np.cumsum(per_token)])  # seconds until position t
-        last = np.zeros(len(self.device[self.gen].members), dtype=np.int64)
-        np.maximum.at(last, gpu, k)
-        return elapsed[last]
-
-    def _padded_decode_s(self, rows: int, width: int, positions: int) -> np.ndarray:
-        """Seconds of each decode position 0, 1, ... of a step's left-padded batch: ``rows`` rows, each attending
-        to ``width`` + position tokens, shape (positions,). Only positions up to the last running row's stop
-        are read (:meth:`_decode_s`), where the batch is still whole."""
-        batch = np.full(positions, rows)
-        return self.costs[self.gen].decode_s(np.maximum(batch, 1), batch * (width + np.arange(positions)))
-
-    def _co_run_fused(self, step: int, decode_s: float, pending) -> float:
-        """Colocated streaming: the previous chunk's prefill shares the device with this round's decode."""
-        if not self.fused or pending is None:
-            return decode_s
-        batch, tokens, context, attended = pending
-        prefill_s = sum(self.costs[r].prefill_s(tokens, attended, rows=batch) for r in self.fused)
-        hidden = self.config.setup.contention.colocated_overlap_frac * min(decode_s, prefill_s)
-        total = decode_s + prefill_s - hidden
-        start = self.env.now + total - prefill_s  # the prefills end with the round, the hidden part under decode
-        for role in self.fused:
-            seconds = self.costs[role].prefill_s(tokens, attended, rows=batch)
-            self.device[role].record(step, role, "prefill", start, seconds, batch, tokens, context)
-            start += seconds
-        return total
-
-    def _fused_prefill(self, step: int, pending):
-        batch, tokens, context, attended = pending
-        for role in self.fused:
-            seconds = self.costs[role].prefill_s(tokens, attended, rows=batch)
-            yield from self.device[role].run(step, role, "prefill", seconds, batch, tokens, context)
 
     def _fixed(self, step: int, stages_by_role: dict[str, tuple[str, ...]]):
         """The framework's per-step seconds of these stages, one ``other`` operation per role."""
