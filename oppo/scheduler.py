@@ -25,8 +25,8 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress, repeat
-from operator import attrgetter, gt, not_, sub
+from itertools import chain, compress, repeat
+from operator import attrgetter, gt, itemgetter, le, not_, sub
 
 from oppo.buffer import RolloutBuffer
 from oppo.chunking import make_chunk_policy
@@ -151,14 +151,18 @@ class Scheduler:
         seqs = self.buffer.seqs
         self._group_left = dict.fromkeys(map(_GROUP, map(seqs.__getitem__, plan.active)), 0)  # group -> to finish
         # the unfinished ones are exactly those with a budget (counted in C; the order stays the admission order)
-        self._group_left.update(Counter(map(_GROUP, map(seqs.__getitem__, plan.budgets))))
+        budgeted = list(map(seqs.__getitem__, plan.budgets))
+        unfinished = Counter(map(_GROUP, budgeted))  # counted in C
+        self._group_left.update(unfinished)
         groups = self.buffer.groups  # complete groups -> finish rank of their last sample (training order)
-        self._completed = {g: max(seqs[i].finish_rank for i in groups[g]) for g, n in self._group_left.items() if not n}
+        complete = set(self._group_left).difference(unfinished)  # every sample finished already
+        self._completed = {g: max(seqs[i].finish_rank for i in groups[g]) for g in complete}
         self._selection: tuple[TrainedSeq, ...] | None = None
         self._since_stream = 0  # tokens decoded since the last streamed chunk
         self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
         oldest = self.step - self.config.max_deferrals  # admitted at or before it: starved, waited for
-        self._starved_waiting = {seqs[i].group_id for i in plan.budgets if seqs[i].admitted_step <= oldest}
+        starved = map(le, map(_ADMITTED, budgeted), repeat(oldest))
+        self._starved_waiting = set(compress(map(_GROUP, budgeted), starved))
         self._finished_lengths: list[int] = []  # lengths of the sequences that finish this step
 
     # -- generation -------------------------------------------------------------------------------------
@@ -296,9 +300,12 @@ class Scheduler:
             complete = sorted(self._completed, key=self._completed.__getitem__)
             if self.config.overcommit:  # starved: waited max_deferrals steps or more
                 seqs, oldest = self.buffer.seqs, self.step - self.config.max_deferrals  # admitted by it: starved
-                starved = {g for g in complete if seqs[groups[g][0]].admitted_step <= oldest}
-                complete = sorted(complete, key=lambda g: g not in starved)[: plan.target]
-            chosen = [i for g in complete for i in groups[g]]
+                firsts = map(seqs.__getitem__, map(itemgetter(0), map(groups.__getitem__, complete)))
+                starved = list(map(le, map(_ADMITTED, firsts), repeat(oldest)))
+                if any(starved):  # starved groups first, each part in completion order
+                    complete = [*compress(complete, starved), *compress(complete, map(not_, starved))]
+                complete = complete[: plan.target]
+            chosen = list(chain.from_iterable(map(groups.__getitem__, complete)))
         if self.generation_done:  # final: cache it for close_step
             self._selection = self._trained(chosen)
             return self._selection
