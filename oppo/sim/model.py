@@ -13,8 +13,8 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import compress, repeat
-from operator import attrgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import simpy
@@ -53,9 +53,39 @@ class SimConfig:
 @dataclass
 class SimResult:
     steps: list[StepRecord] = field(default_factory=list)
-    trace: list[TraceRow] = field(default_factory=list)
     trained: list[TrainedSeq] = field(default_factory=list)
     stats: dict = field(default_factory=dict)  # run-level figures of some policies (async: mean_token_lag)
+    # Operations as devices record them, one per GPU group: (step, member GPUs, role, phase, start_s, each
+    # member's end_s, batch, tokens, context). Expanded into one TraceRow per GPU when :attr:`trace` is read.
+    ops: list[tuple] = field(default_factory=list, repr=False)
+    _rows: list[TraceRow] = field(default_factory=list, repr=False)
+
+    @property
+    def trace(self) -> list[TraceRow]:
+        """One :class:`TraceRow` per GPU per operation, in the order the operations were recorded."""
+        self.expand()
+        return self._rows
+
+    def expand(self) -> None:
+        """Turn the operations recorded so far into rows."""
+        if self.ops:
+            self._rows += _expanded(self.ops)
+            self.ops.clear()
+
+
+def _expanded(ops: list[tuple]) -> list[TraceRow]:
+    """The TraceRows of recorded operations, built column by column in C (~300k rows in a long run, seven per
+    decode round): a group's fields repeated once per member, its members and end times chained."""
+    counts = list(map(len, map(itemgetter(1), ops)))  # rows per operation
+
+    def repeated(k: int):
+        return chain.from_iterable(map(repeat, map(itemgetter(k), ops), counts))
+
+    def chained(k: int):
+        return chain.from_iterable(map(itemgetter(k), ops))
+
+    columns = (repeated(0), chained(1), repeated(2), repeated(3), repeated(4), chained(5))
+    return list(map(_new_row, zip(*columns, repeated(6), repeated(7), repeated(8))))
 
 
 class Device:
@@ -83,34 +113,17 @@ class Device:
 
     def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
         """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
-        batch, tokens, context = int(batch), int(tokens), int(context)
         members = self.members
         if busy_s is None:  # every member busy alike: one end time
             if seconds <= 0:
                 return
-            ends = repeat(start + seconds, len(members))
+            ends = [start + seconds] * len(members)
         elif min(busy_s) > 0:
             ends = [start + s for s in busy_s]
         else:  # a member with no row this round records nothing
             members = [g for g, s in zip(members, busy_s) if s > 0]
             ends = [start + s for s in busy_s if s > 0]
-        # the rows are built in C (a TraceRow is a tuple): seven per decode round, ~300k in a long run
-        self.result.trace.extend(
-            map(
-                _new_row,
-                zip(
-                    repeat(step),
-                    members,
-                    repeat(role),
-                    repeat(phase),
-                    repeat(start),
-                    ends,
-                    repeat(batch),
-                    repeat(tokens),
-                    repeat(context),
-                ),
-            )
-        )
+        self.result.ops.append((step, members, role, phase, start, ends, int(batch), int(tokens), int(context)))
 
 
 @dataclass(frozen=True)
@@ -314,6 +327,7 @@ def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None =
                 env.step()
                 if len(result.steps) > before:
                     progress(result.steps[-1])
+        result.expand()  # while the collector is paused: ~300k new tuples in a long run
     return result
 
 
