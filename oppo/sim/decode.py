@@ -82,10 +82,9 @@ class Generation:
     """The generating device's part of a step (a mixin of :class:`~oppo.sim.model.Trainer`): decode rounds until
     the scheduler says the batch is complete, chunks streamed to the scorers, colocated prefills co-run."""
 
-    def _generate(self, plan, pending):
+    def _generate(self, plan, pending, rows: DecodeBatch):
         """Decode rounds until the scheduler says the step's batch is complete."""
         env, sched, actor = self.env, self.scheduler, self.device[self.gen]
-        rows = self._running_rows(plan)
         first, step_tokens, chunk, fused = 0, 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
         while not sched.generation_done:
             n = sched.next_round_tokens()
@@ -114,8 +113,9 @@ class Generation:
         elapsed = list(accumulate(self._padded_s[step_tokens : step_tokens + n], initial=0.0))  # as np.cumsum
         return [elapsed[k] for k in rows.last_tokens(first, end, step_tokens, n)]
 
-    def _running_rows(self, plan) -> DecodeBatch:
-        """The rows this step decodes (see :class:`DecodeBatch`); prices the left-padded batch once per step."""
+    def _running_rows(self, plan) -> tuple[DecodeBatch, np.ndarray]:
+        """The rows this step decodes (see :class:`DecodeBatch`) and their contexts in admission order, shape
+        (rows,); prices the left-padded batch once per step."""
         budgets, prefix = plan.budgets, plan.prefix_tokens
         listed = list(filter(budgets.__contains__, plan.active))
         ids = np.array(listed, dtype=np.int64)
@@ -128,7 +128,7 @@ class Generation:
             self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
             self._padded_s = self._padded_s.tolist()
         stop = np.minimum(budget, rest)
-        return DecodeBatch(ids, stop, rest <= budget, context, len(self.device[self.gen].members))
+        return DecodeBatch(ids, stop, rest <= budget, context, len(self.device[self.gen].members)), context
 
     def _hold(self, actor, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
         """One decode round on the generating device (with a colocated scorer's prefill of the previous chunk)."""

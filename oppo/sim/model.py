@@ -10,6 +10,7 @@ re-prefill resumed prefixes, decode in rounds, score, train, sync weights. Time 
 from __future__ import annotations
 
 import gc
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -219,9 +220,8 @@ class Trainer(Generation):
         yield from self._fixed(plan.step, {self.gen: ("gen",)})  # e.g. resharding weights into the rollout engine
         # 1. the actor prefills every context it decodes: new prompts, and resumed prefixes (their KV cache went
         #    stale when the weights changed)
-        running = list(filter(plan.budgets.__contains__, plan.active))
-        if running:  # lengths looked up by map (C), hundreds of ids per step
-            contexts = looked_up(self.prompt, running) + looked_up(plan.prefix_tokens, running)
+        rows, contexts = self._running_rows(plan)  # the rows it decodes; their contexts in admission order
+        if rows.rows:
             if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
                 contexts = np.full_like(contexts, contexts.max())
             yield from self._pass("actor", "prefill", plan.step, contexts, on=self.gen)
@@ -230,7 +230,7 @@ class Trainer(Generation):
         pending = new_chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
             scorer.submit(plan.step, *pending)
-        yield from self._generate(plan, pending)
+        yield from self._generate(plan, pending, rows)
         yield simpy.AllOf(env, [s.last for s in self.scorers])
 
     def _learn(self, plan, trained):
@@ -238,15 +238,16 @@ class Trainer(Generation):
         yield from self._update(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
-        for seq_id in compress(map(_SEQ_ID, outcome.trained), map(_FINISHED, outcome.trained)):
-            del self.response[seq_id], self.prompt[seq_id]  # gone from the buffer: forget its lengths
+        gone = list(compress(map(_SEQ_ID, outcome.trained), map(_FINISHED, outcome.trained)))
+        for lengths in (self.response, self.prompt):  # gone from the buffer: forget its lengths (deleted in C)
+            deque(map(lengths.__delitem__, gone), maxlen=0)
         self.result.trained.extend(outcome.trained)
 
     def _update(self, step: int, trained):
         """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
         yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
         ids = list(map(_SEQ_ID, trained))  # tokens of each trained one (empty: float, as np.array([]))
-        full = looked_up(self.prompt, ids) + np.array(list(map(_RESPONSE, trained))) if ids else np.array([])
+        full = looked_up(self.prompt, ids) + np.fromiter(map(_RESPONSE, trained), np.int64) if ids else np.array([])
         yield from self._score(step, trained, full)
         yield from self._train(step, full)
 
