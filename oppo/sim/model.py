@@ -194,6 +194,7 @@ class Trainer(Generation):
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
         self.engine = setup.engine_spec
         self.framework = setup.framework
+        self._fixed_s: dict[tuple[str, tuple[str, ...]], float] = {}  # a role's per-step stage seconds
         self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
         self.prompt: dict[int, int] = {}
         # async: the rollout devices score with the frozen roles what they generated (the trainer does not)
@@ -254,7 +255,9 @@ class Trainer(Generation):
     def _fixed(self, step: int, stages_by_role: dict[str, tuple[str, ...]]):
         """The framework's per-step seconds of these stages, one ``other`` operation per role."""
         for role, stages in stages_by_role.items():
-            seconds = self.costs[role].fixed_s(stages)
+            if (role, stages) not in self._fixed_s:  # the same every step
+                self._fixed_s[role, stages] = self.costs[role].fixed_s(stages)
+            seconds = self._fixed_s[role, stages]
             if seconds > 0:
                 yield from self.device[role].run(step, role, "other", seconds, 0, 0, 0)
 
@@ -300,10 +303,12 @@ class Trainer(Generation):
         setup = self.config.setup
         rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
         computed = self.framework.pass_tokens(full) / setup.minibatches  # padded to the longest unless packed
+        passes = (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]
+        attended = pass_attended(computed, 0.0, rows)
+        seconds = {role: self.costs[role].train_s(computed, attended, rows=rows) for role, _ in passes}  # alike
         for _ in range(setup.ppo_epochs * setup.minibatches):
-            for role, phase in (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]:
-                seconds = self.costs[role].train_s(computed, pass_attended(computed, 0.0, rows), rows=rows)
-                yield from self.device[role].run(step, role, phase, seconds, round(rows), tokens, 0)
+            for role, phase in passes:
+                yield from self.device[role].run(step, role, phase, seconds[role], round(rows), tokens, 0)
         # weights pushed to the generation engine: its own copy (vLLM) or its own devices
         sync_s = self.costs["actor"].transfer_s() if self.gen == "rollout" else self.costs["actor"].sync_s()
         if sync_s > 0:
