@@ -55,21 +55,20 @@ class Columns:
             values = map(operator.itemgetter(i), trace)
             return list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(trace))
 
-        devices, device_code = _codes(column(1))
-        roles, role_code = _codes(column(2))
-        phases, phase_code = _codes(column(3))
+        return cls.build(
+            column(0, np.int64), column(1), column(2), column(3), column(4, float), column(5, float), column(7, float)
+        )
+
+    @classmethod
+    def build(cls, step, device, role, phase, start, end, tokens) -> Columns:
+        """From one value per row: ``step`` (int64 array), ``device``, ``role``, ``phase`` (lists of names),
+        ``start``, ``end``, ``tokens`` (float arrays), all of one length, at least one row."""
+        devices, device_code = _codes(device)
+        roles, role_code = _codes(role)
+        phases, phase_code = _codes(phase)
         pairs, stage_code = np.unique(role_code * len(phases) + phase_code, return_inverse=True)
         stages = [f"{roles[pair // len(phases)]}/{phases[pair % len(phases)]}" for pair in pairs]
-        return cls(
-            column(0, np.int64),
-            device_code,
-            stage_code,
-            column(4, float),
-            column(5, float),
-            column(7, float),
-            devices,
-            stages,
-        )
+        return cls(step, device_code, stage_code, start, end, tokens, devices, stages)
 
     def operations(self) -> tuple[np.ndarray, np.ndarray]:
         """One index per operation (rows of one op on a group of devices share step, stage and start): the row of

@@ -21,7 +21,7 @@ import numpy as np
 import simpy
 
 from oppo.config import ScheduleConfig, check_positive
-from oppo.metrics import device_count
+from oppo.metrics import Columns, device_count
 from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
@@ -59,19 +59,39 @@ class SimResult:
     # Operations as devices record them, one per GPU group: (step, member GPUs, role, phase, start_s, each
     # member's end_s, batch, tokens, context). Expanded into one TraceRow per GPU when :attr:`trace` is read.
     ops: list[tuple] = field(default_factory=list, repr=False)
-    _rows: list[TraceRow] = field(default_factory=list, repr=False)
+    _rows: list[TraceRow] = field(default_factory=list, repr=False)  # the first len(_rows) ops expanded
 
     @property
     def trace(self) -> list[TraceRow]:
-        """One :class:`TraceRow` per GPU per operation, in the order the operations were recorded."""
-        self.expand()
+        """One :class:`TraceRow` per GPU per operation, in the order the operations were recorded (built when
+        first read: an evaluation that reads its summary alone never builds them)."""
+        done = self._expanded_ops
+        if done < len(self.ops):
+            with _cycle_collector_paused():  # ~300k new tuples in a long run
+                self._rows += _expanded(self.ops[done:])
+            self._expanded_ops = len(self.ops)
         return self._rows
 
-    def expand(self) -> None:
-        """Turn the operations recorded so far into rows."""
-        if self.ops:
-            self._rows += _expanded(self.ops)
-            self.ops.clear()
+    _expanded_ops = 0  # operations already in _rows
+
+    def columns(self) -> Columns:
+        """The trace as the metrics' columns (what :meth:`trace` would give ``Columns.of``), from the operations:
+        a group's fields repeated per member in C, no rows built."""
+        ops = self.ops
+        counts = list(map(len, map(itemgetter(1), ops)))  # rows per operation
+        rows = sum(counts)
+        if not rows:
+            return Columns.of([])
+
+        def repeated(k: int):
+            return chain.from_iterable(map(repeat, map(itemgetter(k), ops), counts))
+
+        step, start, tokens = (
+            np.fromiter(repeated(k), dtype, rows) for k, dtype in ((0, np.int64), (4, float), (7, float))
+        )
+        end = np.fromiter(chain.from_iterable(map(itemgetter(5), ops)), float, rows)
+        device = list(chain.from_iterable(map(itemgetter(1), ops)))
+        return Columns.build(step, device, list(repeated(2)), list(repeated(3)), start, end, tokens)
 
 
 def _expanded(ops: list[tuple]) -> list[TraceRow]:
@@ -124,6 +144,8 @@ class Device:
         else:  # a member with no row this round records nothing
             members = [g for g, s in zip(members, busy_s) if s > 0]
             ends = [start + s for s in busy_s if s > 0]
+            if not members:
+                return
         self.result.ops.append((step, members, role, phase, start, ends, int(batch), int(tokens), int(context)))
 
 
@@ -333,7 +355,6 @@ def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None =
                 env.step()
                 if len(result.steps) > before:
                     progress(result.steps[-1])
-        result.expand()  # while the collector is paused: ~300k new tuples in a long run
     return result
 
 
