@@ -55,17 +55,15 @@ class Columns:
             values = map(operator.itemgetter(i), trace)
             return list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(trace))
 
-        return cls.build(
-            column(0, np.int64), column(1), column(2), column(3), column(4, float), column(5, float), column(7, float)
-        )
+        names = [name_codes(column(k)) for k in (1, 2, 3)]  # device, role, phase
+        return cls.build(column(0, np.int64), *names, column(4, float), column(5, float), column(7, float))
 
     @classmethod
     def build(cls, step, device, role, phase, start, end, tokens) -> Columns:
-        """From one value per row: ``step`` (int64 array), ``device``, ``role``, ``phase`` (lists of names),
-        ``start``, ``end``, ``tokens`` (float arrays), all of one length, at least one row."""
-        devices, device_code = _codes(device)
-        roles, role_code = _codes(role)
-        phases, phase_code = _codes(phase)
+        """From one value per row: ``step`` (int64 array), ``start``, ``end``, ``tokens`` (float arrays), all of
+        one length (at least one row), and ``device``, ``role``, ``phase`` each as :func:`name_codes` gives them: the
+        distinct names in first-seen order and each row's index among them."""
+        (devices, device_code), (roles, role_code), (phases, phase_code) = device, role, phase
         pairs, stage_code = np.unique(role_code * len(phases) + phase_code, return_inverse=True)
         stages = [f"{roles[pair // len(phases)]}/{phases[pair % len(phases)]}" for pair in pairs]
         return cls(step, device_code, stage_code, start, end, tokens, devices, stages)
@@ -80,7 +78,7 @@ class Columns:
         return order[last], np.diff(np.append(np.flatnonzero(new), len(order)))
 
 
-def _codes(values: Sequence[str]) -> tuple[list[str], np.ndarray]:
+def name_codes(values: Sequence[str]) -> tuple[list[str], np.ndarray]:
     """The distinct values (first-seen order) and each value's index among them; the loops run in C."""
     names = list(dict.fromkeys(values))
     index = {name: i for i, name in enumerate(names)}

@@ -21,7 +21,7 @@ import numpy as np
 import simpy
 
 from oppo.config import ScheduleConfig, check_positive
-from oppo.metrics import Columns, device_count
+from oppo.metrics import Columns, device_count, name_codes
 from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
@@ -83,15 +83,17 @@ class SimResult:
         if not rows:
             return Columns.of([])
 
-        def repeated(k: int):
-            return chain.from_iterable(map(repeat, map(itemgetter(k), ops), counts))
+        def repeated(k: int, dtype) -> np.ndarray:  # an operation's field on each of its rows, shape (rows,)
+            return np.repeat(np.fromiter(map(itemgetter(k), ops), dtype, len(ops)), counts)
 
-        step, start, tokens = (
-            np.fromiter(repeated(k), dtype, rows) for k, dtype in ((0, np.int64), (4, float), (7, float))
-        )
+        def coded(k: int) -> tuple[list[str], np.ndarray]:  # first seen in the same order as over the rows
+            names, code = name_codes(list(map(itemgetter(k), ops)))
+            return names, np.repeat(code, counts)
+
         end = np.fromiter(chain.from_iterable(map(itemgetter(5), ops)), float, rows)
-        device = list(chain.from_iterable(map(itemgetter(1), ops)))
-        return Columns.build(step, device, list(repeated(2)), list(repeated(3)), start, end, tokens)
+        device = name_codes(list(chain.from_iterable(map(itemgetter(1), ops))))
+        start, tokens = repeated(4, float), repeated(7, float)
+        return Columns.build(repeated(0, np.int64), device, coded(2), coded(3), start, end, tokens)
 
 
 def _expanded(ops: list[tuple]) -> list[TraceRow]:
