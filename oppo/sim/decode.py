@@ -124,10 +124,11 @@ class Generation:
         context = looked_up(self.prompt, listed) + decoded
         self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch
         self._decode_width = int(context.max(initial=0))  # its left-padded width
-        if not self.engine.compacts_batch:  # per-position seconds, as Python floats (read by slices per round)
-            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
-            self._padded_s = self._padded_s.tolist()
         stop = np.minimum(budget, rest)
+        if not self.engine.compacts_batch:  # per-position seconds up to the last stop, as Python floats (sliced
+            # per round: a round's rows all stop by then, or it ends before it; each position priced on its own)
+            last = int(stop.max(initial=0))
+            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, last).tolist()
         return DecodeBatch(ids, stop, rest <= budget, context, len(self.device[self.gen].members)), context
 
     def _hold(self, actor, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
