@@ -23,14 +23,6 @@ def new_chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, flo
     return batch, tokens, context, pass_attended(tokens, context, batch)
 
 
-def _merge(chunk, batch: int, tokens: int, context: int):
-    """Add a round's tokens to the chunk being accumulated for the scorers."""
-    if chunk is None:
-        return new_chunk(batch, tokens, context)
-    rows, total, first_context, _ = chunk
-    return new_chunk(max(rows, batch), total + tokens, first_context)
-
-
 def looked_up(values: dict[int, int], ids: list[int]) -> np.ndarray:
     """``values[i]`` for each id, shape (len(ids),), int64: looked up by map, in C."""
     return np.fromiter(map(values.__getitem__, ids), dtype=np.int64, count=len(ids))
@@ -85,8 +77,10 @@ class Generation:
     def _generate(self, plan, pending, rows: DecodeBatch):
         """Decode rounds until the scheduler says the step's batch is complete."""
         env, sched, actor = self.env, self.scheduler, self.device[self.gen]
-        first, step_tokens, chunk, fused = 0, 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
-        while not sched.generation_done:
+        first, step_tokens, fused = 0, 0, pending  # fused: a chunk to co-run with the next round
+        decoded = None  # since the last stream: (most rows in a round, tokens, context at its first round)
+        done = sched.generation_done
+        while not done:
             n = sched.next_round_tokens()
             end = rows.end(first, step_tokens + n)  # rows first..end stop in this round, the rest decode n tokens
             busy_s = self._round_s(rows, first, end, step_tokens, n)
@@ -94,12 +88,16 @@ class Generation:
             context_tokens = rows.context_tokens(first, step_tokens)
             yield from self._hold(actor, plan.step, max(busy_s), fused, batch, tokens, context_tokens, busy_s)
             fused = None
-            chunk = _merge(chunk, batch, tokens, context_tokens)
-            sched.report_round(env.now, n, rows.finished(first, end, step_tokens))
+            if decoded is None:
+                decoded = (batch, tokens, context_tokens)
+            else:
+                decoded = (max(decoded[0], batch), decoded[1] + tokens, decoded[2])
+            done = sched.report_round(env.now, n, rows.finished(first, end, step_tokens))
             first, step_tokens = end, step_tokens + n
-            if sched.stream_now:
+            if sched.stream_now:  # the chunk, priced once it is complete
+                chunk = new_chunk(*decoded)
                 yield from self._stream(plan.step, chunk)
-                fused, chunk = (chunk if self.fused else None), None
+                fused, decoded = (chunk if self.fused else None), None
         if fused is not None:  # the last chunk is prefilled alone
             yield from self._fused_prefill(plan.step, fused)
 
