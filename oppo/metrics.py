@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from collections import Counter
@@ -70,7 +71,11 @@ class Columns:
 
     def operations(self) -> tuple[np.ndarray, np.ndarray]:
         """One index per operation (rows of one op on a group of devices share step, stage and start): the row of
-        its longest member, and its member count."""
+        its longest member, and its member count (sorted once, read by two metrics of a summary)."""
+        return self._operations
+
+    @functools.cached_property
+    def _operations(self) -> tuple[np.ndarray, np.ndarray]:
         order = np.lexsort((self.end - self.start, self.start, self.stage, self.step))
         key = np.stack([self.step[order], self.stage[order], self.start[order]], axis=1)
         new = np.concatenate([[True], (key[1:] != key[:-1]).any(axis=1)])
