@@ -73,6 +73,7 @@ class Scheduler:
 
     def __init__(self, config: ScheduleConfig) -> None:
         self.config = config
+        self._overcommit = config.overcommit  # read every round (a derived property of the frozen config)
         self.buffer = RolloutBuffer(config.max_new_tokens, config.group_size)
         self.chunking = make_chunk_policy(config)
         self.delta = make_delta_controller(config)
@@ -278,7 +279,7 @@ class Scheduler:
         plan = self._require_plan()
         if not self._running:
             return True
-        if not self.config.overcommit or self._step_tokens % self.config.check_tokens:
+        if not self._overcommit or self._step_tokens % self.config.check_tokens:
             return False
         return len(self._completed) >= plan.target and not self._starved_waiting
 
