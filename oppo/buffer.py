@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
+from operator import attrgetter
+
+_GROUP = attrgetter("group_id")
 
 
 @dataclass(slots=True)
@@ -81,7 +84,11 @@ class RolloutBuffer:
 
     def remove(self, ids: list[int]) -> list[SeqState]:
         """Remove sequences (whole groups: a group leaves with its last sequence)."""
-        removed = [self.seqs.pop(i) for i in ids]
+        removed = list(map(self.seqs.pop, ids))
+        if self.group_size == 1:  # a group of one leaves with its sequence (readmit keeps groups of one)
+            for group in map(_GROUP, removed):
+                del self.groups[group]
+            return removed
         for seq in removed:
             members = self.groups[seq.group_id]
             members.remove(seq.seq_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from collections import Counter
@@ -55,25 +56,26 @@ class Columns:
             values = map(operator.itemgetter(i), trace)
             return list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(trace))
 
-        devices, device_code = _codes(column(1))
-        roles, role_code = _codes(column(2))
-        phases, phase_code = _codes(column(3))
+        names = [name_codes(column(k)) for k in (1, 2, 3)]  # device, role, phase
+        return cls.build(column(0, np.int64), *names, column(4, float), column(5, float), column(7, float))
+
+    @classmethod
+    def build(cls, step, device, role, phase, start, end, tokens) -> Columns:
+        """From one value per row: ``step`` (int64 array), ``start``, ``end``, ``tokens`` (float arrays), all of
+        one length (at least one row), and ``device``, ``role``, ``phase`` each as :func:`name_codes` gives them: the
+        distinct names in first-seen order and each row's index among them."""
+        (devices, device_code), (roles, role_code), (phases, phase_code) = device, role, phase
         pairs, stage_code = np.unique(role_code * len(phases) + phase_code, return_inverse=True)
         stages = [f"{roles[pair // len(phases)]}/{phases[pair % len(phases)]}" for pair in pairs]
-        return cls(
-            column(0, np.int64),
-            device_code,
-            stage_code,
-            column(4, float),
-            column(5, float),
-            column(7, float),
-            devices,
-            stages,
-        )
+        return cls(step, device_code, stage_code, start, end, tokens, devices, stages)
 
     def operations(self) -> tuple[np.ndarray, np.ndarray]:
         """One index per operation (rows of one op on a group of devices share step, stage and start): the row of
-        its longest member, and its member count."""
+        its longest member, and its member count (sorted once, read by two metrics of a summary)."""
+        return self._operations
+
+    @functools.cached_property
+    def _operations(self) -> tuple[np.ndarray, np.ndarray]:
         order = np.lexsort((self.end - self.start, self.start, self.stage, self.step))
         key = np.stack([self.step[order], self.stage[order], self.start[order]], axis=1)
         new = np.concatenate([[True], (key[1:] != key[:-1]).any(axis=1)])
@@ -81,7 +83,7 @@ class Columns:
         return order[last], np.diff(np.append(np.flatnonzero(new), len(order)))
 
 
-def _codes(values: Sequence[str]) -> tuple[list[str], np.ndarray]:
+def name_codes(values: Sequence[str]) -> tuple[list[str], np.ndarray]:
     """The distinct values (first-seen order) and each value's index among them; the loops run in C."""
     names = list(dict.fromkeys(values))
     index = {name: i for i, name in enumerate(names)}

@@ -21,15 +21,23 @@ Sequences that reach their budget stop without being reported: at ``max_new_toke
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
+from itertools import chain, compress, repeat
+from operator import attrgetter, gt, itemgetter, le, not_, sub
 
 from oppo.buffer import RolloutBuffer
 from oppo.chunking import make_chunk_policy
 from oppo.config import ScheduleConfig
 from oppo.overcommit import LengthObservation, make_delta_controller
 from oppo.records import StepRecord, TrainedSeq
+
+# per-sequence fields read by map (in C): a step handles hundreds of sequences, a plan millions
+_GROUP, _GENERATED, _FINISHED = attrgetter("group_id"), attrgetter("generated_tokens"), attrgetter("finished")
+_ADMITTED, _FIRST_VERSION, _SEQ_ID = attrgetter("admitted_step"), attrgetter("first_version"), attrgetter("seq_id")
+_new_trained = partial(tuple.__new__, TrainedSeq)  # a TrainedSeq from a tuple in field order, no Python call
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class Scheduler:
 
     def __init__(self, config: ScheduleConfig) -> None:
         self.config = config
+        self._overcommit = config.overcommit  # read every round (a derived property of the frozen config)
         self.buffer = RolloutBuffer(config.max_new_tokens, config.group_size)
         self.chunking = make_chunk_policy(config)
         self.delta = make_delta_controller(config)
@@ -101,28 +110,27 @@ class Scheduler:
         # a long round runs only its restarted prompts; groups completed earlier wait for the next short round
         active = tuple(restarted) if long_round else tuple(seqs)
         chunk = self.chunking.chunk_for(self.step) if cfg.streaming else 0
-        budgets = {}
-        max_new, window, first_version = (
-            self.buffer.max_new_tokens,
-            cfg.window_tokens,
-            self.step if version is None else version,
+        active_seqs = list(map(seqs.__getitem__, active))
+        generated = list(map(_GENERATED, active_seqs))
+        unfinished = list(map(not_, map(_FINISHED, active_seqs)))
+        # a resumed sequence does not get a fresh budget: what is left of max_new_tokens (T-PPO: up to the window)
+        left = map(sub, repeat(self.buffer.max_new_tokens), compress(generated, unfinished))
+        budgets = dict(
+            zip(compress(active, unfinished), map(min, left, repeat(cfg.window_tokens)) if cfg.truncated else left)
         )
-        for seq_id in active:
-            seq = seqs[seq_id]
-            if not seq.finished:
-                left = max_new - seq.generated_tokens  # a resumed sequence does not get a fresh budget
-                budgets[seq_id] = min(left, window) if cfg.truncated else left
-                if seq.first_version is None:  # first decoded now: by this step's weights, one version per step
-                    seq.first_version = first_version
+        first_version = self.step if version is None else version
+        for seq in compress(active_seqs, unfinished):
+            if seq.first_version is None:  # first decoded now: by this step's weights, one version per step
+                seq.first_version = first_version
         self.plan = StepPlan(
             step=self.step,
             start_s=now,
             active=active,
             new=tuple(new),
             restarted=tuple(restarted),
-            resumed=tuple(s.seq_id for s in carried if not s.finished and s.seq_id in budgets),
-            ready=() if long_round else tuple(s.seq_id for s in carried if s.finished),
-            prefix_tokens={i: seqs[i].generated_tokens for i in active},
+            resumed=tuple(filter(budgets.__contains__, map(_SEQ_ID, carried))),
+            ready=() if long_round else tuple(compress(map(_SEQ_ID, carried), map(_FINISHED, carried))),
+            prefix_tokens=dict(zip(active, generated)),
             budgets=budgets,
             # only over-commit needs mid-generation checks; otherwise a round runs until every budget is spent
             round_tokens=cfg.check_tokens if cfg.overcommit else chunk if cfg.streaming else cfg.max_new_tokens,
@@ -142,16 +150,20 @@ class Scheduler:
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         seqs = self.buffer.seqs
-        self._group_left = dict.fromkeys([seqs[i].group_id for i in plan.active], 0)  # group -> samples to finish
-        for seq_id in plan.budgets:  # the unfinished ones are exactly those with a budget
-            self._group_left[seqs[seq_id].group_id] += 1
+        self._group_left = dict.fromkeys(map(_GROUP, map(seqs.__getitem__, plan.active)), 0)  # group -> to finish
+        # the unfinished ones are exactly those with a budget (counted in C; the order stays the admission order)
+        budgeted = list(map(seqs.__getitem__, plan.budgets))
+        unfinished = Counter(map(_GROUP, budgeted))  # counted in C
+        self._group_left.update(unfinished)
         groups = self.buffer.groups  # complete groups -> finish rank of their last sample (training order)
-        self._completed = {g: max(seqs[i].finish_rank for i in groups[g]) for g, n in self._group_left.items() if not n}
+        complete = set(self._group_left).difference(unfinished)  # every sample finished already
+        self._completed = {g: max(seqs[i].finish_rank for i in groups[g]) for g in complete}
         self._selection: tuple[TrainedSeq, ...] | None = None
         self._since_stream = 0  # tokens decoded since the last streamed chunk
         self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
         oldest = self.step - self.config.max_deferrals  # admitted at or before it: starved, waited for
-        self._starved_waiting = {seqs[i].group_id for i in plan.budgets if seqs[i].admitted_step <= oldest}
+        starved = map(le, map(_ADMITTED, budgeted), repeat(oldest))
+        self._starved_waiting = set(compress(map(_GROUP, budgeted), starved))
         self._finished_lengths: list[int] = []  # lengths of the sequences that finish this step
 
     # -- generation -------------------------------------------------------------------------------------
@@ -182,16 +194,9 @@ class Scheduler:
         plan = self._require_plan()
         if tokens <= 0:
             raise ValueError(f"a round decodes at least one token, got {tokens}")
-        running, budgets, step_tokens = self._running, plan.budgets, self._step_tokens
-        if not running.keys() >= finished.keys():
-            stray = next(i for i in finished if i not in running)
-            raise ValueError(f"seq {stray} reported finished but is not running")
-        for seq_id, used in finished.items():
-            if not 1 <= used <= tokens or used > budgets[seq_id] - step_tokens:
-                allowed = min(tokens, budgets[seq_id] - step_tokens)
-                raise ValueError(f"seq {seq_id} finished after {used} tokens; 1..{allowed} allowed")
-        for used, seq_id in sorted(zip(finished.values(), finished.keys())):  # EOS order, then id
-            self._stop(seq_id, step_tokens + used, finished=True)
+        if finished:
+            self._check_finished(tokens, finished)
+            self._finish(sorted(zip(finished.values(), finished.keys())))  # EOS order, then id
         self._step_tokens += tokens
         self._since_stream += tokens
         order = self._by_budget
@@ -205,6 +210,49 @@ class Scheduler:
         if self.stream_now:
             self._since_stream = 0
         return done
+
+    def _check_finished(self, tokens: int, finished: Mapping[int, int]) -> None:
+        """Every reported sequence is running and ended within the round and its budget (checked in C)."""
+        running, budgets, step_tokens = self._running, self.plan.budgets, self._step_tokens
+        if not running.keys() >= finished.keys():
+            stray = next(i for i in finished if i not in running)
+            raise ValueError(f"seq {stray} reported finished but is not running")
+        used = finished.values()
+        left = map(sub, map(budgets.__getitem__, finished), repeat(step_tokens))  # budget left at the round's start
+        if min(used) < 1 or max(used) > tokens or any(map(gt, used, left)):
+            seq_id, used = next(
+                (i, u) for i, u in finished.items() if not 1 <= u <= min(tokens, budgets[i] - step_tokens)
+            )
+            allowed = min(tokens, budgets[seq_id] - step_tokens)
+            raise ValueError(f"seq {seq_id} finished after {used} tokens; 1..{allowed} allowed")
+
+    def _finish(self, ended: list[tuple[int, int]]) -> None:
+        """Stop the sequences that reached EOS this round, (tokens decoded in it, id) in finish order: as
+        :meth:`_stop` with ``finished``, inlined (a step finishes hundreds)."""
+        seqs, prefix, running, left, lengths = (
+            self._seqs,
+            self._prefix,
+            self._running,
+            self._group_left,
+            self._finished_lengths,
+        )
+        step, step_tokens = self.step, self._step_tokens
+        for used, seq_id in ended:
+            seq = seqs[seq_id]
+            tokens = step_tokens + used
+            seq.generated_tokens = generated = prefix[seq_id] + tokens
+            del running[seq_id]
+            lengths.append(generated)
+            seq.finished = True
+            seq.finish_rank = rank = (step, tokens, seq_id)
+            group = seq.group_id
+            left[group] -= 1
+            if not left[group]:  # complete: it ranks by its last sample
+                members = self.buffer.groups[group]
+                if len(members) > 1:
+                    rank = max(seqs[i].finish_rank for i in members)
+                self._completed[group] = rank
+                self._starved_waiting.discard(group)
 
     def _stop(self, seq_id: int, step_tokens: int, finished: bool) -> None:
         seq = self._seqs[seq_id]
@@ -231,7 +279,7 @@ class Scheduler:
         plan = self._require_plan()
         if not self._running:
             return True
-        if not self.config.overcommit or self._step_tokens % self.config.check_tokens:
+        if not self._overcommit or self._step_tokens % self.config.check_tokens:
             return False
         return len(self._completed) >= plan.target and not self._starved_waiting
 
@@ -253,13 +301,16 @@ class Scheduler:
             complete = sorted(self._completed, key=self._completed.__getitem__)
             if self.config.overcommit:  # starved: waited max_deferrals steps or more
                 seqs, oldest = self.buffer.seqs, self.step - self.config.max_deferrals  # admitted by it: starved
-                starved = {g for g in complete if seqs[groups[g][0]].admitted_step <= oldest}
-                complete = sorted(complete, key=lambda g: g not in starved)[: plan.target]
-            chosen = [i for g in complete for i in groups[g]]
+                firsts = map(seqs.__getitem__, map(itemgetter(0), map(groups.__getitem__, complete)))
+                starved = list(map(le, map(_ADMITTED, firsts), repeat(oldest)))
+                if any(starved):  # starved groups first, each part in completion order
+                    complete = [*compress(complete, starved), *compress(complete, map(not_, starved))]
+                complete = complete[: plan.target]
+            chosen = list(chain.from_iterable(map(groups.__getitem__, complete)))
         if self.generation_done:  # final: cache it for close_step
-            self._selection = tuple(map(self._trained, chosen))
+            self._selection = self._trained(chosen)
             return self._selection
-        return tuple(map(self._trained, chosen))
+        return self._trained(chosen)
 
     def finish_generation(self) -> tuple[TrainedSeq, ...]:
         """End generation: the :meth:`select` ed sequences leave the buffer to be trained, the rest is carried (or,
@@ -269,12 +320,13 @@ class Scheduler:
         trained = self.select()
         for seq_id in list(self._running):  # stopped early by over-commit: keep what was decoded
             self._stop(seq_id, self._decoded(seq_id), finished=False)
-        self.buffer.remove([t.seq_id for t in trained if t.finished])
+        self.buffer.remove(list(compress(map(_SEQ_ID, trained), map(_FINISHED, trained))))
         if self.config.policy == "tailbatch":  # aborted: every unfinished group waits for a long round
             groups = self.buffer.groups
             for members in [m for m in groups.values() if not all(self.buffer.seqs[i].finished for i in m)]:
                 self.long_queue.append([s.seq_id for s in self.buffer.abort(members)])
-        censored = tuple(s.generated_tokens for s in self.buffer.seqs.values() if not s.finished)
+        left = self.buffer.seqs.values()
+        censored = tuple(compress(map(_GENERATED, left), map(not_, map(_FINISHED, left))))
         lengths = LengthObservation(tuple(self._finished_lengths), censored)
         self._pending.append((plan, trained, lengths, tuple(self.buffer.seqs)))
         self.plan = None
@@ -302,7 +354,7 @@ class Scheduler:
             mean_reward=mean_reward,
             delta=plan.delta,
             chunk=plan.chunk,
-            finished=sum([t.finished for t in trained]),
+            finished=sum(map(_FINISHED, trained)),
             deferred=len(carried),
         )
         self._last_close_s = now
@@ -312,22 +364,28 @@ class Scheduler:
         """Tokens a still-running sequence decoded this step."""
         return min(self._step_tokens, self.plan.budgets[seq_id])
 
-    def _trained(self, seq_id: int) -> TrainedSeq:
-        seq, prefix = self._seqs[seq_id], self._prefix[seq_id]
-        total = prefix + self._decoded(seq_id) if seq_id in self._running else seq.generated_tokens
-        step = self.step
-        # positional, in TrainedSeq's field order (half a million of these in a long simulation)
-        return TrainedSeq(
+    def _trained(self, chosen: list[int]) -> tuple[TrainedSeq, ...]:
+        """The records of these sequences trained now, built column by column in C (half a million of these in a
+        long simulation): a running one counts what it decoded so far."""
+        seqs, prefix = list(map(self._seqs.__getitem__, chosen)), list(map(self._prefix.__getitem__, chosen))
+        if self._running.keys().isdisjoint(chosen):
+            total = list(map(_GENERATED, seqs))
+        else:
+            running, decoded = self._running, self._decoded
+            total = [p + decoded(i) if i in running else s.generated_tokens for i, s, p in zip(chosen, seqs, prefix)]
+        step, admitted = repeat(self.step), list(map(_ADMITTED, seqs))
+        columns = (
             step,
-            seq_id,
-            seq.group_id,
-            seq.admitted_step,
-            step - seq.admitted_step,
+            chosen,
+            map(_GROUP, seqs),
+            admitted,
+            map(sub, step, admitted),  # deferrals
             total,
-            total - prefix,
-            seq.finished,
-            step - seq.first_version,
+            map(sub, total, prefix),  # decoded this step
+            map(_FINISHED, seqs),
+            map(sub, step, map(_FIRST_VERSION, seqs)),  # policy lag
         )
+        return tuple(map(_new_trained, zip(*columns)))
 
     def _require_plan(self) -> StepPlan:
         if self.plan is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import gc
 import sys
 from pathlib import Path
 
@@ -199,6 +200,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     trace = _trace(args)
     (config,) = _configs(args, [args.policy])
     r = _run(config, trace, config.schedule.policy)
+    # The records (~800k acyclic tuples at 1000 x 512) are kept to the end of the command: frozen, the cyclic
+    # garbage collector stops rescanning them while the files and plots are made (~0.1 s CPU).
+    gc.freeze()
     result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)
     write_json(Path(args.out) / "config.json", with_provenance(summary["config"]))

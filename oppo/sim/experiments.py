@@ -71,7 +71,7 @@ def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: Lengt
     summary = summarize(
         config.schedule.policy,
         result.steps,
-        result.trace,
+        result.columns(),  # the trace's columns from its operations: no rows built for a summary
         result.trained,
         config_dict(config, trace),
         wall_s,

@@ -10,22 +10,24 @@ re-prefill resumed prefixes, decode in rounds, score, train, sync weights. Time 
 from __future__ import annotations
 
 import gc
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import compress, repeat
-from operator import attrgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import simpy
 
 from oppo.config import ScheduleConfig, check_positive
-from oppo.metrics import device_count
+from oppo.metrics import Columns, device_count, name_codes
 from oppo.records import StepRecord, TraceRow, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.cost.engine import CostModel, pass_attended
 from oppo.sim.cost.framework import ROLE_STAGES, StageLoad
+from oppo.sim.decode import Generation, looked_up, new_chunk
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
 
@@ -52,27 +54,61 @@ class SimConfig:
 @dataclass
 class SimResult:
     steps: list[StepRecord] = field(default_factory=list)
-    trace: list[TraceRow] = field(default_factory=list)
     trained: list[TrainedSeq] = field(default_factory=list)
     stats: dict = field(default_factory=dict)  # run-level figures of some policies (async: mean_token_lag)
+    # Operations as devices record them, one per GPU group: (step, member GPUs, role, phase, start_s, each
+    # member's end_s, batch, tokens, context). Expanded into one TraceRow per GPU when :attr:`trace` is read.
+    ops: list[tuple] = field(default_factory=list, repr=False)
+    _rows: list[TraceRow] = field(default_factory=list, repr=False)  # the first len(_rows) ops expanded
+
+    @property
+    def trace(self) -> list[TraceRow]:
+        """One :class:`TraceRow` per GPU per operation, in the order the operations were recorded (built when
+        first read: an evaluation that reads its summary alone never builds them)."""
+        done = self._expanded_ops
+        if done < len(self.ops):
+            with _cycle_collector_paused():  # ~300k new tuples in a long run
+                self._rows += _expanded(self.ops[done:])
+            self._expanded_ops = len(self.ops)
+        return self._rows
+
+    _expanded_ops = 0  # operations already in _rows
+
+    def columns(self) -> Columns:
+        """The trace as the metrics' columns (what :meth:`trace` would give ``Columns.of``), from the operations:
+        a group's fields repeated per member in C, no rows built."""
+        ops = self.ops
+        counts = list(map(len, map(itemgetter(1), ops)))  # rows per operation
+        rows = sum(counts)
+        if not rows:
+            return Columns.of([])
+
+        def repeated(k: int, dtype) -> np.ndarray:  # an operation's field on each of its rows, shape (rows,)
+            return np.repeat(np.fromiter(map(itemgetter(k), ops), dtype, len(ops)), counts)
+
+        def coded(k: int) -> tuple[list[str], np.ndarray]:  # first seen in the same order as over the rows
+            names, code = name_codes(list(map(itemgetter(k), ops)))
+            return names, np.repeat(code, counts)
+
+        end = np.fromiter(chain.from_iterable(map(itemgetter(5), ops)), float, rows)
+        device = name_codes(list(chain.from_iterable(map(itemgetter(1), ops))))
+        start, tokens = repeated(4, float), repeated(7, float)
+        return Columns.build(repeated(0, np.int64), device, coded(2), coded(3), start, end, tokens)
 
 
-def _chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, float]:
-    """A streamed chunk: (rows, new tokens, cached tokens, attended pairs)."""
-    return batch, tokens, context, pass_attended(tokens, context, batch)
+def _expanded(ops: list[tuple]) -> list[TraceRow]:
+    """The TraceRows of recorded operations, built column by column in C (~300k rows in a long run, seven per
+    decode round): a group's fields repeated once per member, its members and end times chained."""
+    counts = list(map(len, map(itemgetter(1), ops)))  # rows per operation
 
+    def repeated(k: int):
+        return chain.from_iterable(map(repeat, map(itemgetter(k), ops), counts))
 
-def _looked_up(values: dict[int, int], ids: list[int]) -> np.ndarray:
-    """``values[i]`` for each id, shape (len(ids),), int64: looked up by map, in C."""
-    return np.fromiter(map(values.__getitem__, ids), dtype=np.int64, count=len(ids))
+    def chained(k: int):
+        return chain.from_iterable(map(itemgetter(k), ops))
 
-
-def _merge(chunk, batch: int, tokens: int, context: int):
-    """Add a round's tokens to the chunk being accumulated for the scorers."""
-    if chunk is None:
-        return _chunk(batch, tokens, context)
-    rows, total, first_context, _ = chunk
-    return _chunk(max(rows, batch), total + tokens, first_context)
+    columns = (repeated(0), chained(1), repeated(2), repeated(3), repeated(4), chained(5))
+    return list(map(_new_row, zip(*columns, repeated(6), repeated(7), repeated(8))))
 
 
 class Device:
@@ -100,34 +136,19 @@ class Device:
 
     def record(self, step, role, phase, start, seconds, batch, tokens, context, busy_s=None) -> None:
         """``busy_s``: per-member busy seconds when members finish early (decode of an uneven batch)."""
-        batch, tokens, context = int(batch), int(tokens), int(context)
         members = self.members
         if busy_s is None:  # every member busy alike: one end time
             if seconds <= 0:
                 return
-            ends = repeat(start + seconds, len(members))
+            ends = [start + seconds] * len(members)
         elif min(busy_s) > 0:
             ends = [start + s for s in busy_s]
         else:  # a member with no row this round records nothing
             members = [g for g, s in zip(members, busy_s) if s > 0]
             ends = [start + s for s in busy_s if s > 0]
-        # the rows are built in C (a TraceRow is a tuple): seven per decode round, ~300k in a long run
-        self.result.trace.extend(
-            map(
-                _new_row,
-                zip(
-                    repeat(step),
-                    members,
-                    repeat(role),
-                    repeat(phase),
-                    repeat(start),
-                    ends,
-                    repeat(batch),
-                    repeat(tokens),
-                    repeat(context),
-                ),
-            )
-        )
+            if not members:
+                return
+        self.result.ops.append((step, members, role, phase, start, ends, int(batch), int(tokens), int(context)))
 
 
 @dataclass(frozen=True)
@@ -164,7 +185,7 @@ class ChunkPrefiller:
             chunk.done.succeed()
 
 
-class Trainer:
+class Trainer(Generation):
     """Runs PPO steps on the devices of a setup, one after another, as the scheduler plans them."""
 
     def __init__(self, env: simpy.Environment, config: SimConfig, costs: dict[str, CostModel], trace, result):
@@ -197,6 +218,7 @@ class Trainer:
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
         self.engine = setup.engine_spec
         self.framework = setup.framework
+        self._fixed_s: dict[tuple[str, tuple[str, ...]], float] = {}  # a role's per-step stage seconds
         self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
         self.prompt: dict[int, int] = {}
         # async: the rollout devices score with the frozen roles what they generated (the trainer does not)
@@ -223,18 +245,17 @@ class Trainer:
         yield from self._fixed(plan.step, {self.gen: ("gen",)})  # e.g. resharding weights into the rollout engine
         # 1. the actor prefills every context it decodes: new prompts, and resumed prefixes (their KV cache went
         #    stale when the weights changed)
-        running = list(filter(plan.budgets.__contains__, plan.active))
-        if running:  # lengths looked up by map (C), hundreds of ids per step
-            contexts = _looked_up(self.prompt, running) + _looked_up(plan.prefix_tokens, running)
+        rows, contexts = self._running_rows(plan)  # the rows it decodes; their contexts in admission order
+        if rows.rows:
             if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
                 contexts = np.full_like(contexts, contexts.max())
             yield from self._pass("actor", "prefill", plan.step, contexts, on=self.gen)
         # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
         new_prompts = np.array(list(map(self.prompt.__getitem__, plan.new + plan.restarted)))
-        pending = _chunk(len(new_prompts), int(new_prompts.sum()), 0)
+        pending = new_chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
             scorer.submit(plan.step, *pending)
-        yield from self._generate(plan, pending)
+        yield from self._generate(plan, pending, rows)
         yield simpy.AllOf(env, [s.last for s in self.scorers])
 
     def _learn(self, plan, trained):
@@ -242,131 +263,25 @@ class Trainer:
         yield from self._update(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
-        for seq_id in compress(map(_SEQ_ID, outcome.trained), map(_FINISHED, outcome.trained)):
-            del self.response[seq_id], self.prompt[seq_id]  # gone from the buffer: forget its lengths
+        gone = list(compress(map(_SEQ_ID, outcome.trained), map(_FINISHED, outcome.trained)))
+        for lengths in (self.response, self.prompt):  # gone from the buffer: forget its lengths (deleted in C)
+            deque(map(lengths.__delitem__, gone), maxlen=0)
         self.result.trained.extend(outcome.trained)
 
     def _update(self, step: int, trained):
         """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
         yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
         ids = list(map(_SEQ_ID, trained))  # tokens of each trained one (empty: float, as np.array([]))
-        full = _looked_up(self.prompt, ids) + np.array(list(map(_RESPONSE, trained))) if ids else np.array([])
+        full = looked_up(self.prompt, ids) + np.fromiter(map(_RESPONSE, trained), np.int64) if ids else np.array([])
         yield from self._score(step, trained, full)
         yield from self._train(step, full)
-
-    def _generate(self, plan, pending):
-        """Decode rounds until the scheduler says the step's batch is complete."""
-        env, sched, actor = self.env, self.scheduler, self.device[self.gen]
-        ids, stop, eos, context0, gpu = self._running_rows(plan)
-        first, step_tokens, chunk, fused = 0, 0, None, pending  # chunk: decoded since the last stream; fused: to co-run
-        while not sched.generation_done:
-            n = sched.next_round_tokens()
-            # rows first: end still run, every one decodes n tokens this round unless it stops in it (a prefix)
-            end = first + int(np.searchsorted(stop[first:], step_tokens + n, side="right"))
-            k = np.minimum(stop[first:], step_tokens + n) - step_tokens  # tokens each running row decodes
-            context = context0[first:] + step_tokens
-            busy_s = self._decode_s(k, context, n, gpu[first:], step_tokens)
-            seconds, tokens, context_tokens = float(busy_s.max()), int(k.sum()), int(context.sum())
-            yield from self._hold(actor, plan.step, seconds, fused, len(k), tokens, context_tokens, busy_s)
-            fused = None
-            chunk = _merge(chunk, len(k), tokens, context_tokens)
-            ended = eos[first:end]  # EOS inside this round (the others stopping spent their budget)
-            finished = zip(ids[first:end][ended].tolist(), (stop[first:end][ended] - step_tokens).tolist())
-            sched.report_round(env.now, n, dict(finished))
-            first, step_tokens = end, step_tokens + n
-            if sched.stream_now:
-                yield from self._stream(plan.step, chunk)
-                fused, chunk = (chunk if self.fused else None), None
-        if fused is not None:  # the last chunk is prefilled alone
-            yield from self._fused_prefill(plan.step, fused)
-
-    def _running_rows(self, plan):
-        """The rows this step decodes, sorted by the step token at which each stops (stable: admission order
-        among equals), so that the rows stopping in a round are the first ones still running. Returns arrays of
-        shape (rows,): ids, stop (tokens into the step: EOS or the end of the budget, whichever comes first),
-        eos (it stops by EOS), context (prompt and resumed prefix), gpu (the generating GPU that decodes it)."""
-        budgets, prefix = plan.budgets, plan.prefix_tokens
-        listed = list(filter(budgets.__contains__, plan.active))
-        ids = np.array(listed, dtype=np.int64)
-        budget, decoded = _looked_up(budgets, listed), _looked_up(prefix, listed)
-        rest = _looked_up(self.response, listed) - decoded  # tokens to EOS
-        context = _looked_up(self.prompt, listed) + decoded
-        self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch
-        self._decode_width = int(context.max(initial=0))  # its left-padded width
-        if not self.engine.compacts_batch:
-            self._padded_s = self._padded_decode_s(self._decode_rows, self._decode_width, int(budget.max(initial=0)))
-        stop = np.minimum(budget, rest)
-        order = np.argsort(stop, kind="stable")
-        gpu = ids % len(self.device[self.gen].members)
-        return ids[order], stop[order], (rest <= budget)[order], context[order], gpu[order]
-
-    def _hold(self, actor: Device, step: int, seconds: float, fused, rows: int, tokens: int, context: int, busy_s):
-        """One decode round on the generating device (with a colocated scorer's prefill of the previous chunk)."""
-        request = actor.resource.request() if actor.shared else None  # see Device.shared
-        if request is not None:
-            yield request
-        total = self._co_run_fused(step, seconds, fused)
-        actor.record(step, "actor", "decode", self.env.now, seconds, rows, tokens, context, busy_s.tolist())
-        yield self.env.timeout(total)
-        if request is not None:
-            actor.resource.release(request)
-
-    def _stream(self, step: int, chunk):
-        """Hand a complete chunk to the scorers; the actor stalls ``chunk_handoff_s`` to do it."""
-        if self.handoff_s > 0:
-            yield from self.device[self.gen].run(step, "actor", "other", self.handoff_s, chunk[0], chunk[1], 0)
-        for scorer in self.scorers:
-            scorer.submit(step, *chunk)
-
-    def _decode_s(self, k: np.ndarray, context: np.ndarray, n: int, gpu: np.ndarray, offset: int) -> np.ndarray:
-        """Busy seconds of each actor GPU in a round where row i decodes k[i] tokens from context[i] on GPU
-        gpu[i]. The batch shrinks as rows finish: integrated per token position (vectorised, not one event
-        per token); a GPU is busy until its own last row stops (data-parallel generation)."""
-        if self.engine.compacts_batch:  # finished rows leave the batch
-            t = np.arange(1, n + 1)
-            stopped = np.cumsum(np.bincount(k, minlength=n + 1))[:n]  # rows done before position t
-            batch = len(k) - stopped  # rows still decoding at position t
-            ctx = context.sum() - np.cumsum(np.bincount(k, weights=context, minlength=n + 1))[:n] + (t - 1) * batch
-            per_token = np.where(batch > 0, self.costs[self.gen].decode_s(np.maximum(batch, 1), ctx), 0.0)
-        else:  # every row of the left-padded batch is computed until the last one stops: priced once per step
-            per_token = self._padded_s[offset : offset + n]
-        elapsed = np.concatenate([[0.0], np.cumsum(per_token)])  # seconds until position t
-        last = np.zeros(len(self.device[self.gen].members), dtype=np.int64)
-        np.maximum.at(last, gpu, k)
-        return elapsed[last]
-
-    def _padded_decode_s(self, rows: int, width: int, positions: int) -> np.ndarray:
-        """Seconds of each decode position 0, 1, ... of a step's left-padded batch: ``rows`` rows, each attending
-        to ``width`` + position tokens, shape (positions,). Only positions up to the last running row's stop
-        are read (:meth:`_decode_s`), where the batch is still whole."""
-        batch = np.full(positions, rows)
-        return self.costs[self.gen].decode_s(np.maximum(batch, 1), batch * (width + np.arange(positions)))
-
-    def _co_run_fused(self, step: int, decode_s: float, pending) -> float:
-        """Colocated streaming: the previous chunk's prefill shares the device with this round's decode."""
-        if not self.fused or pending is None:
-            return decode_s
-        batch, tokens, context, attended = pending
-        prefill_s = sum(self.costs[r].prefill_s(tokens, attended, rows=batch) for r in self.fused)
-        hidden = self.config.setup.contention.colocated_overlap_frac * min(decode_s, prefill_s)
-        total = decode_s + prefill_s - hidden
-        start = self.env.now + total - prefill_s  # the prefills end with the round, the hidden part under decode
-        for role in self.fused:
-            seconds = self.costs[role].prefill_s(tokens, attended, rows=batch)
-            self.device[role].record(step, role, "prefill", start, seconds, batch, tokens, context)
-            start += seconds
-        return total
-
-    def _fused_prefill(self, step: int, pending):
-        batch, tokens, context, attended = pending
-        for role in self.fused:
-            seconds = self.costs[role].prefill_s(tokens, attended, rows=batch)
-            yield from self.device[role].run(step, role, "prefill", seconds, batch, tokens, context)
 
     def _fixed(self, step: int, stages_by_role: dict[str, tuple[str, ...]]):
         """The framework's per-step seconds of these stages, one ``other`` operation per role."""
         for role, stages in stages_by_role.items():
-            seconds = self.costs[role].fixed_s(stages)
+            if (role, stages) not in self._fixed_s:  # the same every step
+                self._fixed_s[role, stages] = self.costs[role].fixed_s(stages)
+            seconds = self._fixed_s[role, stages]
             if seconds > 0:
                 yield from self.device[role].run(step, role, "other", seconds, 0, 0, 0)
 
@@ -412,10 +327,12 @@ class Trainer:
         setup = self.config.setup
         rows, tokens = len(full) / setup.minibatches, float(full.sum()) / setup.minibatches
         computed = self.framework.pass_tokens(full) / setup.minibatches  # padded to the longest unless packed
+        passes = (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]
+        attended = pass_attended(computed, 0.0, rows)
+        seconds = {role: self.costs[role].train_s(computed, attended, rows=rows) for role, _ in passes}  # alike
         for _ in range(setup.ppo_epochs * setup.minibatches):
-            for role, phase in (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]:
-                seconds = self.costs[role].train_s(computed, pass_attended(computed, 0.0, rows), rows=rows)
-                yield from self.device[role].run(step, role, phase, seconds, round(rows), tokens, 0)
+            for role, phase in passes:
+                yield from self.device[role].run(step, role, phase, seconds[role], round(rows), tokens, 0)
         # weights pushed to the generation engine: its own copy (vLLM) or its own devices
         sync_s = self.costs["actor"].transfer_s() if self.gen == "rollout" else self.costs["actor"].sync_s()
         if sync_s > 0:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 
 import numpy as np
 
 from oppo.lengths import LengthTrace
 from oppo.records import TrainedSeq
+
+_LAG, _FINISHED = attrgetter("policy_lag"), attrgetter("finished")
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ class RewardProgress:
     def step(self, trained: Sequence[TrainedSeq]) -> float:
         """Advance by this step's trained sequences; return the step's mean reward."""
         c = self.curve
-        lags = [t.policy_lag for t in trained if t.finished]
+        lags = list(compress(map(_LAG, trained), map(_FINISHED, trained)))
         worth = {lag: max(0.0, 1.0 - c.lag_cost * lag) for lag in set(lags)}  # a sample's value by its lag
         value = sum(map(worth.__getitem__, lags))  # in training order
         self.progress += value / self.batch

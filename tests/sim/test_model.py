@@ -209,3 +209,17 @@ def test_framework_layer_base_in_a_setup_toml(tmp_path):
     path.write_text('[framework]\nbase = "deepspeed"\n')
     with pytest.raises(ValueError, match="unknown .*base 'deepspeed'"):
         load_setup(str(path))
+
+
+@pytest.mark.parametrize("policy", ["sync", "oppo", "tppo"])
+def test_summary_columns_from_operations_equal_those_of_the_rows(policy):
+    """A summary's columns are built from the recorded operations (a group's fields repeated per member); they
+    must be exactly the columns of the per-GPU rows, on a placement whose devices hold several GPUs."""
+    from oppo.metrics import Columns
+
+    result = simulate(small(policy, steps=6, placement=Placement("disaggregated", 3, 2)))
+    fast, rows = result.columns(), Columns.of(result.trace)
+    assert len(result.trace) > len(result.ops) > 0  # groups of several GPUs: fewer operations than rows
+    for field in ("step", "device", "stage", "start", "end", "tokens"):
+        assert np.array_equal(getattr(fast, field), getattr(rows, field)), field
+    assert (fast.devices, fast.stages) == (rows.devices, rows.stages)
