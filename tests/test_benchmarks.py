@@ -110,7 +110,8 @@ def test_async_speed(tmp_path):
     assert "async K=1, 1 worker(s)" in res.stdout and "cpu1" in res.stdout
     assert re.search(r"(?m)^async K=1, 1 worker\(s\) .* \d+\.\d\dx ", res.stdout), res.stdout
     assert "async K=1, 1 w., in-flight" in res.stdout
-    bound = r"async K=1, 1 worker\(s\): own work a step cpu0 \d+\.\d\d, cpu1 \d+\.\d\d s .* gain <= \d+\.\d\dx if"
+    # (at 2 steps the worker's generation may all fall before the timed span: its device then has no work listed)
+    bound = r"async K=1, 1 worker\(s\): own work a step cpu0 \d+\.\d\d(, cpu1 \d+\.\d\d)? s .* gain <= \d+\.\d\dx if"
     assert re.search(bound, res.stdout), res.stdout
     res = bench("async_speed", *args, "--algo", "grpo", "--group-size", "2", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
