@@ -14,9 +14,9 @@ import time
 import ray
 import torch
 
-from oppo.exec.async_pipeline import shareable, unshared
 from oppo.exec.config import ModelConfig
 from oppo.exec.models import load_role, resolve_device
+from oppo.exec.rollout_worker import shareable, unshared
 
 
 @ray.remote(num_cpus=1)

@@ -1,7 +1,7 @@
 """The actor's generation of a step, timed: one prefill of the rows it decodes, then decode rounds.
 
 Used by a rank of the actor group (:class:`oppo.exec.rank.ActorRank`, which also streams the rounds to its
-scorers) and by an asynchronous rollout worker (:class:`oppo.exec.async_pipeline.RolloutWorker`), so both decode, and
+scorers) and by an asynchronous rollout worker (:class:`oppo.exec.rollout_worker.RolloutWorker`), so both decode, and
 record, alike.
 """
 

@@ -137,7 +137,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
     try:  # a run that cannot start (an unwritable out, a bad checkpoint) leaves no worker and no pinning behind
         log = RunLog(out, config, *stage_costs(config), resume=resume)
         if config.rollout_workers:
-            from oppo.exec.async_pipeline import TokenLag
+            from oppo.exec.rollout_worker import TokenLag
 
             log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
         done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
