@@ -14,6 +14,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from oppo.optrace import rows_of_steps, rows_per_step  # noqa: E402
 from oppo.records import PHASES, StepRecord, TraceRow  # noqa: E402
 
 PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#999999")))
@@ -29,8 +30,8 @@ def _save(fig, path: str | Path) -> Path:
 
 def timeline(trace: Sequence[TraceRow], path: str | Path, steps: Sequence[int] | None = None, title: str = "") -> Path:
     """One lane per device, one bar per operation coloured by phase, for the chosen steps (default: first 3)."""
-    chosen = set(steps if steps is not None else sorted({r.step for r in trace})[:3])
-    rows = [r for r in trace if r.step in chosen]
+    chosen = set(steps if steps is not None else sorted(rows_per_step(trace))[:3])
+    rows = rows_of_steps(trace, chosen)
     devices = sorted({r.device for r in rows}, key=_device_order)
     fig, ax = plt.subplots(figsize=(11, 0.45 * len(devices) + 1.6))
     for lane, device in enumerate(devices):

@@ -9,12 +9,9 @@ re-prefill resumed prefixes, decode in rounds, score, train, sync weights. Time 
 
 from __future__ import annotations
 
-import gc
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from operator import attrgetter, itemgetter
 
 import numpy as np
@@ -22,7 +19,8 @@ import simpy
 
 from oppo.config import ScheduleConfig, check_positive
 from oppo.metrics import Columns, device_count, name_codes
-from oppo.records import StepRecord, TraceRow, TrainedSeq
+from oppo.optrace import OpTrace, cycle_collector_paused
+from oppo.records import StepRecord, TrainedSeq
 from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.cost.engine import CostModel, pass_attended
@@ -32,7 +30,6 @@ from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress
 
 _SEQ_ID, _FINISHED, _RESPONSE = attrgetter("seq_id"), attrgetter("finished"), attrgetter("response_tokens")
-_new_row = partial(tuple.__new__, TraceRow)  # a TraceRow from a tuple in field order, no Python call
 STAGES_OF = {role: tuple(s for s in stages if s) for role, stages in ROLE_STAGES.items()}  # scoring, update
 
 
@@ -57,22 +54,18 @@ class SimResult:
     trained: list[TrainedSeq] = field(default_factory=list)
     stats: dict = field(default_factory=dict)  # run-level figures of some policies (async: mean_token_lag)
     # Operations as devices record them, one per GPU group: (step, member GPUs, role, phase, start_s, each
-    # member's end_s, batch, tokens, context). Expanded into one TraceRow per GPU when :attr:`trace` is read.
+    # member's end_s, batch, tokens, context). Read as one TraceRow per GPU through :attr:`trace`.
     ops: list[tuple] = field(default_factory=list, repr=False)
-    _rows: list[TraceRow] = field(default_factory=list, repr=False)  # the first len(_rows) ops expanded
 
     @property
-    def trace(self) -> list[TraceRow]:
+    def trace(self) -> OpTrace:
         """One :class:`TraceRow` per GPU per operation, in the order the operations were recorded (built when
         first read: an evaluation that reads its summary alone never builds them)."""
-        done = self._expanded_ops
-        if done < len(self.ops):
-            with _cycle_collector_paused():  # ~300k new tuples in a long run
-                self._rows += _expanded(self.ops[done:])
-            self._expanded_ops = len(self.ops)
-        return self._rows
+        if self._trace is None:
+            self._trace = OpTrace(self.ops)
+        return self._trace
 
-    _expanded_ops = 0  # operations already in _rows
+    _trace = None
 
     def columns(self) -> Columns:
         """The trace as the metrics' columns (what :meth:`trace` would give ``Columns.of``), from the operations:
@@ -94,21 +87,6 @@ class SimResult:
         device = name_codes(list(chain.from_iterable(map(itemgetter(1), ops))))
         start, tokens = repeated(4, float), repeated(7, float)
         return Columns.build(repeated(0, np.int64), device, coded(2), coded(3), start, end, tokens)
-
-
-def _expanded(ops: list[tuple]) -> list[TraceRow]:
-    """The TraceRows of recorded operations, built column by column in C (~300k rows in a long run, seven per
-    decode round): a group's fields repeated once per member, its members and end times chained."""
-    counts = list(map(len, map(itemgetter(1), ops)))  # rows per operation
-
-    def repeated(k: int):
-        return chain.from_iterable(map(repeat, map(itemgetter(k), ops), counts))
-
-    def chained(k: int):
-        return chain.from_iterable(map(itemgetter(k), ops))
-
-    columns = (repeated(0), chained(1), repeated(2), repeated(3), repeated(4), chained(5))
-    return list(map(_new_row, zip(*columns, repeated(6), repeated(7), repeated(8))))
 
 
 class Device:
@@ -348,7 +326,7 @@ def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None =
     env = simpy.Environment()
     result = SimResult()
     trainer = Trainer(env, config, costs or config.setup.costs(config.schedule.policy), trace, result)
-    with _cycle_collector_paused():
+    with cycle_collector_paused():
         if progress is None:
             env.run(until=trainer.process)
         else:
@@ -358,17 +336,3 @@ def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None =
                 if len(result.steps) > before:
                     progress(result.steps[-1])
     return result
-
-
-@contextmanager
-def _cycle_collector_paused():
-    """A simulation appends millions of records and makes next to no reference cycles: left on, Python's cyclic
-    garbage collector rescans the growing record lists again and again (~20% of a 1000-step B = 512 run).
-    Memory is still freed by reference counting; the collector runs again afterwards."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
