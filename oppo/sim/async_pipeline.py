@@ -102,7 +102,7 @@ def score_on_rollout(trainer, step: int, trained) -> simpy.events.Event:
     roles = [r for r in FROZEN if r in trainer.scored_by_rollout]
     device = trainer.device[trainer.gen]
     for role in roles:
-        lengths = np.array([trainer.prompt[t.seq_id] + t.response_tokens for t in trained if t.finished])
+        lengths = np.array([int(trainer.lengths.prompt[t.seq_id]) + t.response_tokens for t in trained if t.finished])
         if not len(lengths):
             continue
         computed = trainer.framework.pass_tokens(lengths)
@@ -194,15 +194,14 @@ class ContinuousPipeline:
             self.queue.admit(group)
             ids = list(range(group * size, (group + 1) * size))
             response, prompt = t.sampler.sample(self.queue.taken, size, size)
-            t.response.update(zip(ids, response.tolist()))
-            t.prompt.update(zip(ids, prompt.tolist()))
+            t.lengths.add(np.array(ids), response, prompt)
             self.groups[group], self.left[group] = ids, size
             for i in ids:
                 self.running[i], self.segments[i] = 0, [[self.engine_version, 0]]
             new += ids
             self.admitted += 1
         if new:
-            contexts = np.array([t.prompt[i] for i in new])
+            contexts = t.lengths.prompt[new]
             yield from t._pass("actor", "prefill", self.queue.taken, contexts, on=t.gen)
 
     def _update_weights(self) -> None:
@@ -231,9 +230,9 @@ class ContinuousPipeline:
         t, env = self.trainer, self.trainer.env
         ids = np.array(list(self.running), dtype=np.int64)
         decoded = np.array([self.running[i] for i in ids])
-        rest = np.array([t.response[i] for i in ids]) - decoded
+        rest = t.lengths.response[ids] - decoded
         k = np.minimum(n, rest)
-        context = np.array([t.prompt[i] for i in ids]) + decoded
+        context = t.lengths.prompt[ids] + decoded
         device = t.device[t.gen]
         busy_s = t._decode_s(k, context, n, ids % len(device.members), 0)
         with device.resource.request() as request:
@@ -245,10 +244,10 @@ class ContinuousPipeline:
             )
             yield env.timeout(seconds)
         done = []
-        for i, tokens in zip(ids.tolist(), k.tolist()):
+        for i, tokens, ends in zip(ids.tolist(), k.tolist(), (k == rest).tolist()):
             self.running[i] += tokens
             self.segments[i][-1][1] += tokens
-            if self.running[i] >= t.response[i]:
+            if ends:  # its EOS reached
                 del self.running[i]
                 group = i // t.config.schedule.group_size
                 self.left[group] -= 1
@@ -287,7 +286,7 @@ class ContinuousPipeline:
             t.result.trained.extend(trained)
             for g, _ in chosen:
                 for i in self.groups.pop(g):
-                    del t.response[i], t.prompt[i], self.segments[i]
+                    del self.segments[i]
         t.result.stats.update(
             mean_token_lag=float(np.mean(self.token_lags)),
             trainer_idle_s=self.idle_s["trainer"],  # waiting for B finished groups (or for due ones)
@@ -299,7 +298,7 @@ class ContinuousPipeline:
         segments = np.array(self.segments[seq_id], dtype=float)  # (versions, 2): version, tokens
         tokens = segments[:, 1].sum()
         self.token_lags.append(float(step - (segments[:, 0] * segments[:, 1]).sum() / max(tokens, 1.0)))
-        length = self.trainer.response[seq_id]
+        length = int(self.trainer.lengths.response[seq_id])
         group = seq_id // self.trainer.config.schedule.group_size
         return TrainedSeq(step, seq_id, group, version, step - version, length, length, True, step - version)
 
@@ -311,5 +310,5 @@ def _wake(event: simpy.Event) -> None:
 
 def _finished(trainer, seq_id: int) -> TrainedSeq:
     """A just-finished sequence, as the rollout's scorers see it (only its lengths matter)."""
-    length = trainer.response[seq_id]
+    length = int(trainer.lengths.response[seq_id])
     return TrainedSeq(-1, seq_id, -1, -1, 0, length, length, True, 0)

@@ -115,11 +115,11 @@ class Generation:
         """The rows this step decodes (see :class:`DecodeBatch`) and their contexts in admission order, shape
         (rows,); prices the left-padded batch once per step."""
         budgets, prefix = plan.budgets, plan.prefix_tokens
-        listed = list(filter(budgets.__contains__, plan.active))
+        listed = list(budgets)  # the unfinished active ones, in admission order
         ids = np.array(listed, dtype=np.int64)
-        budget, decoded = looked_up(budgets, listed), looked_up(prefix, listed)
-        rest = looked_up(self.response, listed) - decoded  # tokens to EOS
-        context = looked_up(self.prompt, listed) + decoded
+        budget, decoded = np.fromiter(budgets.values(), np.int64, len(listed)), looked_up(prefix, listed)
+        rest = self.lengths.response[ids] - decoded  # tokens to EOS
+        context = self.lengths.prompt[ids] + decoded
         self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch
         self._decode_width = int(context.max(initial=0))  # its left-padded width
         stop = np.minimum(budget, rest)

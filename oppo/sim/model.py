@@ -9,9 +9,8 @@ re-prefill resumed prefixes, decode in rounds, score, train, sync weights. Time 
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
-from itertools import chain, compress
+from itertools import chain
 from operator import attrgetter, itemgetter
 
 import numpy as np
@@ -25,9 +24,9 @@ from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.cost.engine import CostModel, pass_attended
 from oppo.sim.cost.framework import ROLE_STAGES, StageLoad
-from oppo.sim.decode import Generation, looked_up, new_chunk
+from oppo.sim.decode import Generation, new_chunk
 from oppo.sim.setups import Setup
-from oppo.sim.workload import LengthSampler, RewardProgress
+from oppo.sim.workload import LengthSampler, RewardProgress, SeqLengths
 
 _SEQ_ID, _FINISHED, _RESPONSE = attrgetter("seq_id"), attrgetter("finished"), attrgetter("response_tokens")
 STAGES_OF = {role: tuple(s for s in stages if s) for role, stages in ROLE_STAGES.items()}  # scoring, update
@@ -197,8 +196,7 @@ class Trainer(Generation):
         self.engine = setup.engine_spec
         self.framework = setup.framework
         self._fixed_s: dict[tuple[str, tuple[str, ...]], float] = {}  # a role's per-step stage seconds
-        self.response: dict[int, int] = {}  # seq id -> true response length (EOS position), capped
-        self.prompt: dict[int, int] = {}
+        self.lengths = SeqLengths()  # every admitted sequence's response (EOS position) and prompt lengths
         # async: the rollout devices score with the frozen roles what they generated (the trainer does not)
         scored = config.rollout.rollout_scores and schedule.policy == "async"
         self.scored_by_rollout = {r for r in FROZEN if r in self.roles} if scored else set()
@@ -218,8 +216,7 @@ class Trainer(Generation):
         """Prompts in, generation until the scheduler stops it (streaming chunks to the scorers)."""
         env = self.env
         response, prompt = self.sampler.sample(plan.step, len(plan.new), self.config.schedule.group_size)
-        self.response.update(zip(plan.new, response.tolist()))
-        self.prompt.update(zip(plan.new, prompt.tolist()))
+        self.lengths.add(np.array(plan.new, dtype=np.int64), response, prompt)
         yield from self._fixed(plan.step, {self.gen: ("gen",)})  # e.g. resharding weights into the rollout engine
         # 1. the actor prefills every context it decodes: new prompts, and resumed prefixes (their KV cache went
         #    stale when the weights changed)
@@ -229,7 +226,7 @@ class Trainer(Generation):
                 contexts = np.full_like(contexts, contexts.max())
             yield from self._pass("actor", "prefill", plan.step, contexts, on=self.gen)
         # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
-        new_prompts = np.array(list(map(self.prompt.__getitem__, plan.new + plan.restarted)))
+        new_prompts = self.lengths.prompt[np.array(plan.new + plan.restarted, dtype=np.int64)]
         pending = new_chunk(len(new_prompts), int(new_prompts.sum()), 0)
         for scorer in self.scorers:
             scorer.submit(plan.step, *pending)
@@ -241,16 +238,13 @@ class Trainer(Generation):
         yield from self._update(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
         self.result.steps.append(outcome.record)
-        gone = list(compress(map(_SEQ_ID, outcome.trained), map(_FINISHED, outcome.trained)))
-        for lengths in (self.response, self.prompt):  # gone from the buffer: forget its lengths (deleted in C)
-            deque(map(lengths.__delitem__, gone), maxlen=0)
         self.result.trained.extend(outcome.trained)
 
     def _update(self, step: int, trained):
         """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
         yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
         ids = list(map(_SEQ_ID, trained))  # tokens of each trained one (empty: float, as np.array([]))
-        full = looked_up(self.prompt, ids) + np.fromiter(map(_RESPONSE, trained), np.int64) if ids else np.array([])
+        full = self.lengths.prompt[ids] + np.fromiter(map(_RESPONSE, trained), np.int64) if ids else np.array([])
         yield from self._score(step, trained, full)
         yield from self._train(step, full)
 

@@ -70,6 +70,24 @@ class LengthSampler:
         return response, np.maximum(prompt, 1)
 
 
+class SeqLengths:
+    """Each sequence's true response length (its EOS position, capped) and prompt length, indexed by sequence id:
+    ids are dense (0, 1, 2, ...), so two arrays grown as sequences are admitted, read many ids at a time."""
+
+    def __init__(self) -> None:
+        self.response = np.zeros(0, dtype=np.int64)
+        self.prompt = np.zeros(0, dtype=np.int64)
+
+    def add(self, ids: np.ndarray, response: np.ndarray, prompt: np.ndarray) -> None:
+        """Record new sequences' lengths (capacity doubles: amortised O(1) per sequence)."""
+        needed = int(ids.max(initial=-1)) + 1
+        if needed > len(self.response):
+            size = max(needed, 2 * len(self.response))
+            self.response = np.resize(self.response, size)
+            self.prompt = np.resize(self.prompt, size)
+        self.response[ids], self.prompt[ids] = response, prompt
+
+
 @dataclass(frozen=True)
 class RewardCurve:
     """A model of reward progress, not a measurement:
