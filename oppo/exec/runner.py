@@ -239,7 +239,7 @@ class Executor:
         )
 
     def _new_sequence(self, seq_id: int) -> SeqData:
-        group = self.scheduler.buffer.seqs[seq_id].group_id  # the samples of a group answer one prompt
+        group = self.scheduler.buffer.group_id[seq_id]  # the samples of a group answer one prompt
         if self.prompts is not None:  # the dataset, cycled in order
             prompt = self.prompts[group % len(self.prompts)]
         else:
