@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import gc
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tqdm import tqdm
 from oppo.cli import add_config_args, given_options, run_cli
 from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.lengths import load_lengths
+from oppo.optrace import cycle_collector_paused
 from oppo.record_io import write_json, write_run
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
@@ -194,15 +194,19 @@ def _run(config: SimConfig, trace, label: str) -> Run:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    # One run, its records (~800k acyclic tuples at 1000 x 512) kept until its files and plots are made: the
+    # cyclic garbage collector would only rescan them (~0.2 s CPU at the simulation's end, more while the files
+    # are made). It is back on once they are freed.
+    with cycle_collector_paused():
+        _run_and_write(args)
+
+
+def _run_and_write(args: argparse.Namespace) -> None:
     from oppo import plots
 
     trackers = trackers_from(args)
     trace = _trace(args)
     (config,) = _configs(args, [args.policy])
-    # One run, its records (~800k acyclic tuples at 1000 x 512) kept to the end: the cyclic garbage collector
-    # would only rescan them (~0.2 s CPU at the simulation's end, more while the files are made). Memory is still
-    # freed by reference counting.
-    gc.disable()
     r = _run(config, trace, config.schedule.policy)
     result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)

@@ -1,3 +1,4 @@
+import gc
 import json
 import subprocess
 import sys
@@ -9,6 +10,15 @@ ALPACA = "traces/alpaca_eval_lengths.csv.gz"
 
 def sim(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "oppo.sim", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_run_in_process_leaves_the_cyclic_collector_on(tmp_path):
+    """``run`` pauses the collector while its records live, not for the rest of a process that called it."""
+    from oppo.sim.cli import main
+
+    assert gc.isenabled()
+    main(["run", "--setup", "paper-7b-h200", "--steps", "2", "--batch", "4", "--out", str(tmp_path / "run")])
+    assert gc.isenabled() and (tmp_path / "run" / "trace.csv").exists()
 
 
 def test_run_writes_contract_files(tmp_path):
