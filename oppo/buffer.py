@@ -30,8 +30,8 @@ class SeqState(NamedTuple):
 class RolloutBuffer:
     """Sequences in admission (FIFO) order. Ids come from a per-instance counter: 0, 1, 2, ...
 
-    Invariants: every admitted id is either in the buffer or was returned by :meth:`remove` exactly once;
-    ``generated[i] <= max_new_tokens``.
+    Invariants: every admitted id is held, or was removed exactly once (trained), or is aborted and waiting to be
+    readmitted; ``generated[i] <= max_new_tokens``.
     """
 
     def __init__(self, max_new_tokens: int, group_size: int = 1) -> None:
@@ -41,6 +41,7 @@ class RolloutBuffer:
         self.groups: dict[int, list[int]] = {}  # group id -> its sequence ids held, FIFO
         self.admitted = 0  # sequences
         self.prompts = 0  # groups
+        self._aborted: set[int] = set()  # taken out by abort, waiting to be readmitted
         # per-sequence columns, indexed by id, for every sequence ever admitted
         self.admitted_step: list[int] = []
         self.group_id: list[int] = []
@@ -88,21 +89,26 @@ class RolloutBuffer:
 
     def abort(self, ids: list[int]) -> None:
         """Take sequences out, their tokens discarded (to be generated again from the prompt: :meth:`readmit`)."""
+        ids = list(ids)  # a copy: ``ids`` may be a group's own member list, emptied by remove
         self.remove(ids)
         for seq_id in ids:
-            self.generated[seq_id], self.finished[seq_id] = 0, False
-            self.finish_rank[seq_id] = self.first_version[seq_id] = None
+            self.generated[seq_id], self.finished[seq_id], self.first_version[seq_id] = 0, False, None
+        self._aborted.update(ids)
 
     def readmit(self, ids: list[int]) -> list[int]:
         """Put aborted sequences back (one group, in order); they keep their ids and admission step."""
         for seq_id in ids:
+            self._aborted.remove(seq_id)  # KeyError for one that was not aborted
             self.ids[seq_id] = None
             self.groups.setdefault(self.group_id[seq_id], []).append(seq_id)
         return list(ids)
 
     def remove(self, ids: list[int]) -> None:
-        """Remove sequences (whole groups: a group leaves with its last sequence)."""
+        """Remove sequences (whole groups: a group leaves with its last sequence). Their finish ranks are dropped:
+        only held sequences' are read, and a long run admits millions."""
+        ids = list(ids)  # a copy: ``ids`` may be a group's own member list, emptied below
         deque(map(self.ids.pop, ids), maxlen=0)  # KeyError for one not held (deleted in C)
+        deque(map(self.finish_rank.__setitem__, ids, repeat(None)), maxlen=0)
         groups = map(self.group_id.__getitem__, ids)
         if self.group_size == 1:  # a group of one leaves with its sequence (readmit keeps groups of one)
             deque(map(self.groups.__delitem__, groups), maxlen=0)

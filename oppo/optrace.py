@@ -19,6 +19,7 @@ from operator import itemgetter
 
 from oppo.records import TraceRow
 
+CSV_SPECIAL = frozenset(',"\r\n')  # a field holding one of these is quoted by the csv module
 _new_row = partial(tuple.__new__, TraceRow)  # a TraceRow from a tuple in field order, no Python call
 _STEP, _MEMBERS, _ENDS = itemgetter(0), itemgetter(1), itemgetter(5)
 
@@ -50,8 +51,8 @@ class OpTrace(Sequence[TraceRow]):
     def __iter__(self) -> Iterator[TraceRow]:
         return iter(self.rows())
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and self.rows() == list(other)
+    def __eq__(self, other: object) -> bool:  # as a list of its rows compares
+        return isinstance(other, list | OpTrace) and self.rows() == list(other)
 
     __hash__ = None  # mutable, like a list
 
@@ -61,18 +62,20 @@ class OpTrace(Sequence[TraceRow]):
         write differently: a time that is not a float or int (numpy's repr differs from its str), or a name holding
         a comma, quote or line break."""
         ops = self.ops
-        times = chain(map(itemgetter(4), ops), chain.from_iterable(map(_ENDS, ops)))
+        end_types = set(map(type, chain.from_iterable(map(_ENDS, ops))))
         names = {*chain.from_iterable(map(_MEMBERS, ops)), *map(itemgetter(2), ops), *map(itemgetter(3), ops)}
-        if not set(map(type, times)) <= {float, int} or any(not set(',"\r\n').isdisjoint(n) for n in names):
+        if not set(map(type, map(itemgetter(4), ops))) | end_types <= {float, int} or not all(
+            isinstance(n, str) and CSV_SPECIAL.isdisjoint(n) for n in names
+        ):
             return None
-        return _op_lines(ops)
+        return _op_lines(ops, shared_ends=end_types <= {float})  # 1 == 1.0, but their reprs differ
 
 
-def _op_lines(ops: list[tuple]) -> Iterator[str]:
+def _op_lines(ops: list[tuple], shared_ends: bool) -> Iterator[str]:
     for step, members, role, phase, start, ends, batch, tokens, context in ops:
         head, tail = f"{step},", f",{role},{phase},{start!r},"
         rest = f",{batch},{tokens},{context}\r\n"
-        if ends.count(ends[0]) == len(ends):  # every member ends together: one line format, the device varies
+        if shared_ends and ends.count(ends[0]) == len(ends):  # members end together: the device alone varies
             shared = f"{tail}{ends[0]!r}{rest}"
             yield from (head + member + shared for member in members)
         else:

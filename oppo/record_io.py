@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from oppo.optrace import OpTrace
+from oppo.optrace import CSV_SPECIAL, OpTrace
 from oppo.perfetto import trace_events
 from oppo.records import StepRecord, TraceRow, TrainedSeq
 
@@ -58,9 +58,6 @@ def _replacing(path: str | Path) -> Iterator[TextIO]:
         tmp.unlink(missing_ok=True)
 
 
-_CSV_SPECIAL = frozenset(',"\r\n')  # a field holding one of these is quoted by the csv module
-
-
 def _line_format(cls: type, rows: Iterable[Any]) -> str | None:
     """A ``%`` format writing a NamedTuple row as the csv module does, or None where it would not.
 
@@ -80,7 +77,7 @@ def _line_format(cls: type, rows: Iterable[Any]) -> str | None:
         if kind is float and not set(map(type, column)) <= {float, int}:  # the csv module: repr for a float only
             return None  # (an int's repr is its str: a clock's first reading, 0, is one)
         texts = set(column) if kind is str else ()
-        if any(not isinstance(v, str) or not _CSV_SPECIAL.isdisjoint(v) for v in texts):
+        if any(not isinstance(v, str) or not CSV_SPECIAL.isdisjoint(v) for v in texts):
             return None
     return ",".join("%r" if kind is float else "%s" for kind in kinds) + "\r\n"
 

@@ -323,7 +323,7 @@ class Scheduler:
         buffer.remove(list(compress(map(_SEQ_ID, trained), map(_FINISHED, trained))))
         if self.config.policy == "tailbatch":  # aborted: every unfinished group waits for a long round
             for members in [m for m in buffer.groups.values() if not all(map(buffer.finished.__getitem__, m))]:
-                members = list(members)
+                members = list(members)  # the group's list empties as its sequences leave
                 buffer.abort(members)
                 self.long_queue.append(members)
         left = list(buffer.ids)

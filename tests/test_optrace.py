@@ -37,21 +37,24 @@ def _csv_module(path, rows):
 def test_reads_as_its_rows():
     trace, rows = OpTrace(list(OPS)), _rows(OPS)
     assert len(trace) == len(rows) == 8 and list(trace) == rows and trace[3] == rows[3] and trace == rows
+    assert trace != tuple(rows)  # compares as a list does
     trace.ops.append((3, ["gpu0"], "actor", "sync", 3.0, [3.5], 0, 0, 0))  # recorded after a read: read too
     assert len(trace) == 9 and trace[-1] == TraceRow(3, "gpu0", "actor", "sync", 3.0, 3.5, 0, 0, 0)
 
 
 @pytest.mark.parametrize(
-    "ops",
+    "ops, fast",
     [
-        OPS,
-        [(0, ["gpu0"], "actor, critic", "decode", 0.0, [1.0], 1, 1, 1)],  # quoted by the csv module
-        [(0, ["gpu0", "gpu1"], "actor", "decode", np.float64(2.5), [3.0, 3.0], 1, 1, 1)],  # numpy repr != str
-        [(0, ["gpu0"], "actor", "decode", 0.0, [np.float64(1.5)], 1, 1, 1)],
-        [],
+        (OPS, True),
+        ([(0, ["gpu0"], "actor, critic", "decode", 0.0, [1.0], 1, 1, 1)], False),  # quoted by the csv module
+        ([(0, ["gpu0", "gpu1"], "actor", "decode", np.float64(2.5), [3.0, 3.0], 1, 1, 1)], False),  # numpy repr
+        ([(0, ["gpu0"], "actor", "decode", 0.0, [np.float64(1.5)], 1, 1, 1)], False),
+        ([(0, ["gpu0", "gpu1"], "actor", "decode", 0.0, [1, 1.0], 1, 1, 1)], True),  # equal ends, unequal reprs
+        ([], True),
     ],
 )
-def test_written_as_the_csv_module_writes_its_rows(tmp_path, ops):
+def test_written_as_the_csv_module_writes_its_rows(tmp_path, ops, fast):
+    assert (OpTrace(list(ops)).csv_lines() is not None) == fast  # formatted from the operations, or by the module
     write_rows(tmp_path / "ops.csv", OpTrace(list(ops)), TraceRow)
     _csv_module(tmp_path / "csv.csv", _rows(ops))
     assert (tmp_path / "ops.csv").read_bytes() == (tmp_path / "csv.csv").read_bytes()

@@ -46,3 +46,17 @@ def test_rows_read_back(tmp_path):
     write_rows(tmp_path / "trace.csv", TRACE, TraceRow)
     back = read_rows(tmp_path / "trace.csv", TraceRow)
     assert [tuple(r) for r in back] == [tuple(r) for r in TRACE]  # floats round-trip exactly (repr)
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "trace.csv"
+    write_rows(path, TRACE, TraceRow)
+    before = path.read_bytes()
+
+    def rows():
+        yield TRACE[0]
+        raise RuntimeError("cut off")
+
+    with pytest.raises(RuntimeError):
+        write_rows(path, rows(), TraceRow)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["trace.csv"]

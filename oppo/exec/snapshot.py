@@ -26,6 +26,7 @@ import torch
 
 CHECKPOINT = "checkpoint"
 TRAINED = ("actor", "critic")
+STATE_FORMAT = 2  # the layout of state.pkl's pickled objects; 2: the buffer keeps its sequences by column
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Saved:
     trace: list
     elapsed_s: float  # the run's clock at the save: a resumed run's records go on from there
     versions: list | None = None  # async: the actor's recent versions (state dicts), oldest first
+    format: int = 1  # STATE_FORMAT when saved (a state.pkl written before the field existed reads 1)
 
 
 def save(run_dir: Path, executor, log, recorder) -> None:
@@ -63,6 +65,7 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         recorder.rows,
         recorder.now(),
         None if executor.history is None else list(executor.history.versions),
+        STATE_FORMAT,
     )
     with open(tmp / "state.pkl", "wb") as fh:
         pickle.dump(state, fh)
@@ -83,6 +86,7 @@ def latest(run_dir: Path) -> Path:
 
 def restore(checkpoint: Path, executor, log, recorder) -> int:
     """Load ``checkpoint`` into a freshly built executor, run log and recorder; returns the steps done."""
+    state = load_state(checkpoint / "state.pkl")
     rank = executor.group.rank
     with torch.no_grad():
         for role in TRAINED:
@@ -91,11 +95,9 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
                 saved = type(model).from_pretrained(checkpoint / role, dtype=rank.roles.dtype)
                 model.load_state_dict(saved.state_dict())
     blob = torch.load(checkpoint / "optimizers.pt", weights_only=False)
-    for optimizer, state in zip(rank.learner.optimizers, blob["optimizers"], strict=True):
-        optimizer.load_state_dict(state)
+    for optimizer, saved_state in zip(rank.learner.optimizers, blob["optimizers"], strict=True):
+        optimizer.load_state_dict(saved_state)
     torch.set_rng_state(blob["torch_rng"])
-    with open(checkpoint / "state.pkl", "rb") as fh:
-        state: Saved = pickle.load(fh)
     executor.scheduler, executor.data, executor.rank_of = state.scheduler, state.data, state.rank_of
     if executor.history is not None:  # async: generation goes on with the versions it had
         executor.history.versions.clear()
@@ -105,3 +107,16 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
     recorder.rows = state.trace
     recorder.t0 -= state.elapsed_s  # the clock goes on from the save
     return len(state.steps)
+
+
+def load_state(path: Path) -> Saved:
+    """A checkpoint's ``state.pkl``; refused, naming it, where another version of oppo wrote it (its scheduler's
+    internals are pickled as they were)."""
+    try:
+        with open(path, "rb") as fh:
+            state = pickle.load(fh)
+    except (AttributeError, TypeError, ImportError, pickle.UnpicklingError):
+        state = None
+    if not isinstance(state, Saved) or state.format != STATE_FORMAT:
+        raise ValueError(f"{path} was written by another version of oppo: resume it with that one, or start again")
+    return state

@@ -23,11 +23,6 @@ def new_chunk(batch: int, tokens: int, context: int) -> tuple[int, int, int, flo
     return batch, tokens, context, pass_attended(tokens, context, batch)
 
 
-def looked_up(values: dict[int, int], ids: list[int]) -> np.ndarray:
-    """``values[i]`` for each id, shape (len(ids),), int64: looked up by map, in C."""
-    return np.fromiter(map(values.__getitem__, ids), dtype=np.int64, count=len(ids))
-
-
 class DecodeBatch:
     """A step's decode rows, sorted by the step token at which each stops (stable: admission order among equals),
     so that the rows stopping in a round are the first ones still running. Python lists of length ``rows``:
@@ -117,7 +112,8 @@ class Generation:
         budgets, prefix = plan.budgets, plan.prefix_tokens
         listed = list(budgets)  # the unfinished active ones, in admission order
         ids = np.array(listed, dtype=np.int64)
-        budget, decoded = np.fromiter(budgets.values(), np.int64, len(listed)), looked_up(prefix, listed)
+        budget = np.fromiter(budgets.values(), np.int64, len(listed))
+        decoded = np.fromiter(map(prefix.__getitem__, listed), np.int64, len(listed))  # looked up in C
         rest = self.lengths.response[ids] - decoded  # tokens to EOS
         context = self.lengths.prompt[ids] + decoded
         self._decode_rows = len(ids)  # rows in the (non-compacting) decode batch

@@ -79,12 +79,16 @@ class SeqLengths:
         self.prompt = np.zeros(0, dtype=np.int64)
 
     def add(self, ids: np.ndarray, response: np.ndarray, prompt: np.ndarray) -> None:
-        """Record new sequences' lengths (capacity doubles: amortised O(1) per sequence)."""
+        """Record new sequences' token counts (capacity doubles: amortised O(1) per sequence; an id never added
+        reads -1)."""
+        if not all(np.issubdtype(a.dtype, np.integer) for a in (ids, response, prompt)):
+            raise TypeError("sequence ids and lengths are integers")
         needed = int(ids.max(initial=-1)) + 1
         if needed > len(self.response):
             size = max(needed, 2 * len(self.response))
-            self.response = np.resize(self.response, size)
-            self.prompt = np.resize(self.prompt, size)
+            self.response, self.prompt = (
+                np.concatenate([a, np.full(size - len(a), -1, dtype=np.int64)]) for a in (self.response, self.prompt)
+            )
         self.response[ids], self.prompt[ids] = response, prompt
 
 

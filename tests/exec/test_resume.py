@@ -4,6 +4,7 @@ last complete checkpoint, and a resume that would not be the same run is refused
 import csv
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -98,6 +99,19 @@ def test_a_resume_that_would_be_another_run_is_refused(cut_run):
         res = train("--resume", str(cut_run), "--steps", "4", *args)
         assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert (cut_run / "checkpoint" / "state.pkl").read_bytes() == before  # nothing written
+
+
+def test_a_checkpoint_of_another_version_is_refused(tmp_path, cut_run):
+    """A state.pkl pickles the scheduler's internals as they were: one of another layout is refused, naming it."""
+    cut = tmp_path / "cut"
+    shutil.copytree(cut_run, cut)
+    state_pkl = cut / "checkpoint" / "state.pkl"
+    state = pickle.loads(state_pkl.read_bytes())
+    del state.__dict__["format"]  # as written before the field existed
+    state_pkl.write_bytes(pickle.dumps(state))
+    res = train("--resume", str(cut), "--steps", "4")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"{state_pkl} was written by another version of oppo" in res.stderr
 
 
 def test_no_checkpoint_or_an_unsupported_run_is_bad_input(tmp_path):

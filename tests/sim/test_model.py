@@ -11,6 +11,7 @@ from oppo.metrics import summarize
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.cost.framework import TRL, Framework
 from oppo.sim.setups import Placement
+from oppo.sim.workload import SeqLengths
 
 GOLDEN = Path(__file__).with_name("golden_summary.json")
 
@@ -223,3 +224,13 @@ def test_summary_columns_from_operations_equal_those_of_the_rows(policy):
     for field in ("step", "device", "stage", "start", "end", "tokens"):
         assert np.array_equal(getattr(fast, field), getattr(rows, field)), field
     assert (fast.devices, fast.stages) == (rows.devices, rows.stages)
+
+
+def test_seq_lengths_grow_with_the_ids_and_refuse_non_integers():
+    lengths = SeqLengths()
+    lengths.add(np.arange(3), np.array([5, 6, 7]), np.array([1, 1, 2]))
+    lengths.add(np.array([9, 4]), np.array([50, 40]), np.array([3, 4]))  # past the capacity: grows
+    assert lengths.response.tolist()[:10] == [5, 6, 7, -1, 40, -1, -1, -1, -1, 50]  # never added: -1
+    assert lengths.prompt[[9, 2]].tolist() == [3, 2]
+    with pytest.raises(TypeError):
+        lengths.add(np.array([10]), np.array([2.5]), np.array([1]))
