@@ -125,8 +125,8 @@ def rows_of_steps(trace: Sequence[TraceRow], steps: Collection[int]) -> list[Tra
 def cycle_collector_paused():
     """Building hundreds of thousands of records makes next to no reference cycles: left on, Python's cyclic
     garbage collector rescans the growing record lists again and again (~20% of a 1000-step B = 512
-    simulation). Memory is still freed by reference counting; the collector runs again afterwards (if it ran
-    before: a command may keep it off for its whole run)."""
+    simulation). Memory is still freed by reference counting; the collector runs again afterwards if it ran
+    before (nested pauses, such as a ``run`` command's around its simulation's, restore it once, at the outer)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
