@@ -6,6 +6,7 @@ an installed wheel finds them as a source checkout does (the checkout's ``traces
 
 from __future__ import annotations
 
+import tomllib
 from importlib.resources import files
 from pathlib import Path
 
@@ -34,3 +35,13 @@ def trace_path(name_or_path: str | Path) -> Path:
         return path
     bundled = data_dir() / TRACES.get(str(name_or_path), path.name)
     return bundled if str(name_or_path) in TRACES or (path.parent == Path(".") and bundled.is_file()) else path
+
+
+def read_toml(path: Path, what: str) -> dict:
+    """A TOML file's tables; a missing file (``"<what> not found"``) or invalid TOML is a user error naming it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: invalid TOML ({err})") from None

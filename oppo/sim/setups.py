@@ -15,13 +15,12 @@ A TOML setup names a preset to start from (``base``) and overrides fields by sec
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from oppo.config import ScheduleConfig, schedule_from
-from oppo.data import data_dir
+from oppo.data import data_dir, read_toml
 from oppo.metrics import device_count
 from oppo.sim.cost.engine import ENGINES, CostModel, RooflineCost, model_shape
 from oppo.sim.cost.framework import (
@@ -360,12 +359,7 @@ def load_setup(name_or_file: str) -> Setup:
     if path.suffix != ".toml":
         known = [*PRESETS, *sorted(p.stem for p in (data_dir() / "setups").glob("*.toml"))]
         raise ValueError(f"unknown setup {name_or_file!r}; choose from {', '.join(known)} or a .toml file")
-    if not path.is_file():
-        raise FileNotFoundError(f"setup file not found: {path}")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: invalid TOML ({err})") from None
+    data = read_toml(path, "setup file")
     for role in MODEL_KEYS:  # a model's config.json (or checkpoint folder) is relative to the TOML naming it
         if isinstance(data.get(role), str):
             data[role] = _model_path(data[role], path.parent)

@@ -38,13 +38,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from oppo.data import data_dir
+from oppo.data import data_dir, read_toml
 
 # role of the simulator -> (its scoring stage, its update stage)
 ROLE_STAGES = {
@@ -250,12 +249,7 @@ SHARED_LAYER = data_dir() / "framework" / "verl-shared.toml"  # fitted across th
 def read_layer(path: Path) -> dict[str, dict]:
     """The stage tables of a ``framework.toml`` (what ``calibrate-log`` with several logs writes; a setup's
     ``[framework] base = PATH`` takes it), each a dict of :class:`StageCost` terms."""
-    if not path.is_file():
-        raise FileNotFoundError(f"framework layer not found: {path}")
-    try:
-        layer = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: invalid TOML ({err})") from None
+    layer = read_toml(path, "framework layer")
     unknown = [k for k, v in layer.items() if k not in STAGES or not isinstance(v, dict)]
     if unknown:
         raise ValueError(f"{path}: {unknown[0]!r} is no stage table; a framework layer has [{'], ['.join(STAGES)}]")
