@@ -9,9 +9,12 @@ Two measures, each run in a fresh interpreter with ``PYTHONPATH`` set to the tre
   lengths loaded and a 1-step run done beforehand), ``time.process_time`` around the call: what a plan pays per
   evaluation once its process is warm;
 - command: ``python -m oppo.sim run --setup paper-7b-h200 --policy oppo --steps 1000 --batch 512``, CPU seconds of
-  the child (``resource.getrusage(RUSAGE_CHILDREN)`` user + system deltas): interpreter start, records, plots.
+  the child (``resource.getrusage(RUSAGE_CHILDREN)`` user + system deltas): interpreter start, records, plots;
+- startup: the same command for 1 step: what does not grow with the run (the interpreter, importing numpy, SimPy
+  and matplotlib, drawing two PNGs). The command less its startup is the part that does.
 
-Prints, per measure and tree, the median and the spread (min - max) of the CPU seconds, and the ratio other / this.
+Prints, per measure and tree, the median and the spread (min - max) of the CPU seconds, and the ratio other / this;
+then that ratio for the command less its startup (medians).
 """
 
 import argparse
@@ -82,12 +85,18 @@ def main() -> None:
                 times.setdefault(("evaluation", name), []).append(evaluation)
                 command = command_s(tree, args.command_steps, args.command_batch, Path(tmp) / name)
                 times.setdefault(("command", name), []).append(command)
+                startup = command_s(tree, 1, args.command_batch, Path(tmp) / name)
+                times.setdefault(("startup", name), []).append(startup)
     print(f"{'measure':<11} {'tree':<6} {'median_s':>9} {'min_s':>8} {'max_s':>8}")
-    for measure in ("evaluation", "command"):
+    median = {key: statistics.median(seconds) for key, seconds in times.items()}
+    for measure in ("evaluation", "command", "startup"):
         for name in trees:
             print(_line(measure, name, times[measure, name]))
-        ratio = statistics.median(times[measure, "other"]) / statistics.median(times[measure, "this"])
+        ratio = median[measure, "other"] / median[measure, "this"]
         print(f"{measure:<11} other / this = {ratio:.2f}x (medians, {args.repeats} alternated repeats)")
+    grown = {name: median["command", name] - median["startup", name] for name in trees}
+    ratio = f"{grown['other'] / grown['this']:.2f}x" if grown["this"] > 0 else "n/a (no time above the startup's)"
+    print(f"command less startup: this {grown['this']:.3f} s, other {grown['other']:.3f} s, other / this = {ratio}")
     print(f"load average (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -198,12 +198,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     # cyclic garbage collector would only rescan them (~0.2 s CPU at the simulation's end, more while the files
     # are made). It is back on once they are freed.
     with cycle_collector_paused():
-        _run_and_write(args)
+        # imported here, not where the records are made: importing matplotlib leaves reference cycles through the
+        # importing frames (pyparsing's exceptions), which would keep that frame's records alive until collected
+        from oppo import plots
+
+        _run_and_write(args, plots)
 
 
-def _run_and_write(args: argparse.Namespace) -> None:
-    from oppo import plots
-
+def _run_and_write(args: argparse.Namespace, plots) -> None:
     trackers = trackers_from(args)
     trace = _trace(args)
     (config,) = _configs(args, [args.policy])
