@@ -10,6 +10,7 @@ Each sequence's bookkeeping is kept by column, a list per field indexed by the s
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from itertools import repeat
 from typing import NamedTuple
@@ -82,6 +83,11 @@ class RolloutBuffer:
         self.admitted += n
         self.prompts += count
         return new
+
+    def admitted_after(self, step: int) -> int:
+        """The first id admitted after ``step``: every lower id was admitted at or before it (admission steps never
+        decrease with the id; :meth:`readmit` keeps a sequence's id and step)."""
+        return bisect_right(self.admitted_step, step)
 
     def remaining_tokens(self, seq_id: int) -> int:
         """Response tokens this sequence may still generate (a resumed sequence does not get a fresh budget)."""

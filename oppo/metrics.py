@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from oppo.records import StepRecord, TraceRow, TrainedSeq
+from oppo.records import StepRecord, TraceRow, TrainedColumns, TrainedSeq
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -160,12 +160,10 @@ def time_to_reward(
     return None
 
 
-_FINISHED, _DEFERRALS = operator.attrgetter("finished"), operator.attrgetter("deferrals")
-
-
 def deferral_histogram(trained: Sequence[TrainedSeq]) -> dict[int, float]:
     """Deferral count -> fraction of trained finished sequences (paper Table 2)."""
-    counts = Counter(compress(map(_DEFERRALS, trained), map(_FINISHED, trained)))  # C passes: ~500k rows
+    trained = TrainedColumns.of(trained)
+    counts = Counter(compress(trained.column("deferrals"), trained.column("finished")))  # in C: ~500k rows
     n = sum(counts.values())
     return {k: counts[k] / n for k in sorted(counts)} if n else {}
 
@@ -189,8 +187,9 @@ def summarize(
     util = utilization(cols, total_s)
     weights = {d: device_count(d) for d in util}
     mean_util = sum(util[d] * weights[d] for d in util) / sum(weights.values()) if util else 0.0
+    trained = TrainedColumns.of(trained)  # one columnar view for every metric
     hist = deferral_histogram(trained)
-    lag = np.array(list(map(operator.attrgetter("policy_lag"), trained))) if trained else np.zeros(1)
+    lag = np.array(trained.column("policy_lag")) if len(trained) else np.zeros(1)
     rewards = [s.mean_reward for s in steps[-final_window:]]
     return {
         "policy": policy,
@@ -218,11 +217,12 @@ def summarize(
 def work_done(trained: Sequence[TrainedSeq], total_s: float) -> dict[str, float | int]:
     """Trained work per simulated (or measured) second: ``samples_per_s`` counts finished responses only (a T-PPO
     segment of an unfinished one is not a sample), ``tokens_per_s`` their response tokens, each once."""
-    done = list(compress(trained, map(_FINISHED, trained)))
-    tokens = sum(map(operator.attrgetter("response_tokens"), done))
+    trained = TrainedColumns.of(trained)
+    finished = trained.column("finished")
+    done, tokens = sum(finished), sum(compress(trained.column("response_tokens"), finished))
     return {
-        "trained_samples": len(done),
-        "samples_per_s": len(done) / total_s if total_s > 0 else 0.0,
+        "trained_samples": done,
+        "samples_per_s": done / total_s if total_s > 0 else 0.0,
         "tokens_per_s": tokens / total_s if total_s > 0 else 0.0,
     }
 

@@ -24,18 +24,14 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from itertools import chain, compress, repeat
-from operator import attrgetter, gt, itemgetter, le, not_, sub
+from operator import gt, itemgetter, not_, sub
 
 from oppo.buffer import RolloutBuffer
 from oppo.chunking import make_chunk_policy
 from oppo.config import ScheduleConfig
 from oppo.overcommit import LengthObservation, make_delta_controller
-from oppo.records import StepRecord, TrainedSeq
-
-_SEQ_ID, _FINISHED = attrgetter("seq_id"), attrgetter("finished")
-_new_trained = partial(tuple.__new__, TrainedSeq)  # a TrainedSeq from a tuple in field order, no Python call
+from oppo.records import StepRecord, TrainedColumns
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,7 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    trained: tuple[TrainedSeq, ...]  # in training order (finish order; starved sequences first)
+    trained: TrainedColumns  # in training order (finish order; starved sequences first)
     carried: tuple[int, ...]  # ids left in the buffer for the next step
     record: StepRecord
 
@@ -157,12 +153,15 @@ class Scheduler:
         groups, ranks = buffer.groups, buffer.finish_rank  # complete groups -> rank of their last sample
         complete = set(self._group_left).difference(unfinished)  # every sample finished already
         self._completed = {g: max(map(ranks.__getitem__, groups[g])) for g in complete}
-        self._selection: tuple[TrainedSeq, ...] | None = None
+        self._selection: TrainedColumns | None = None
         self._since_stream = 0  # tokens decoded since the last streamed chunk
         self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
-        oldest = self.step - self.config.max_deferrals  # admitted at or before it: starved, waited for
-        starved = map(le, map(buffer.admitted_step.__getitem__, plan.budgets), repeat(oldest))
-        self._starved_waiting = set(compress(unfinished_groups, starved))
+        # starved: admitted max_deferrals steps ago or earlier (ids below the bound), waited for; usually none
+        starved_below = buffer.admitted_after(self.step - self.config.max_deferrals)
+        self._starved_waiting: set[int] = set()
+        if plan.budgets and min(plan.budgets) < starved_below:
+            starved = map(gt, repeat(starved_below), plan.budgets)
+            self._starved_waiting = set(compress(unfinished_groups, starved))
         self._finished_lengths: list[int] = []  # lengths of the sequences that finish this step
 
     # -- generation -------------------------------------------------------------------------------------
@@ -283,7 +282,7 @@ class Scheduler:
         return len(self._completed) >= plan.target and not self._starved_waiting
 
     # -- closing ----------------------------------------------------------------------------------------
-    def select(self) -> tuple[TrainedSeq, ...]:
+    def select(self) -> TrainedColumns:
         """The sequences this step trains, in training order (call once generation is done; changes nothing).
 
         Sync-like policies train every group; over-commit trains the first B complete groups in the order they
@@ -298,11 +297,12 @@ class Scheduler:
             chosen = list(plan.active)
         else:
             complete = sorted(self._completed, key=self._completed.__getitem__)
-            if self.config.overcommit:  # starved: waited max_deferrals steps or more
-                oldest = self.step - self.config.max_deferrals  # admitted by it: starved
-                firsts = map(itemgetter(0), map(groups.__getitem__, complete))
-                starved = list(map(le, map(self.buffer.admitted_step.__getitem__, firsts), repeat(oldest)))
-                if any(starved):  # starved groups first, each part in completion order
+            if self.config.overcommit:  # starved: waited max_deferrals steps or more (ids below the bound)
+                starved_below = self.buffer.admitted_after(self.step - self.config.max_deferrals)
+                if complete and groups[min(complete)][0] < starved_below:  # lower group ids hold lower seq ids
+                    firsts = map(itemgetter(0), map(groups.__getitem__, complete))
+                    starved = list(map(gt, repeat(starved_below), firsts))
+                    # starved groups first, each part in completion order
                     complete = [*compress(complete, starved), *compress(complete, map(not_, starved))]
                 complete = complete[: plan.target]
             chosen = list(chain.from_iterable(map(groups.__getitem__, complete)))
@@ -311,7 +311,7 @@ class Scheduler:
             return self._selection
         return self._trained(chosen)
 
-    def finish_generation(self) -> tuple[TrainedSeq, ...]:
+    def finish_generation(self) -> TrainedColumns:
         """End generation: the :meth:`select` ed sequences leave the buffer to be trained, the rest is carried (or,
         for tailbatch, aborted). A pipelined backend (``async``) may plan the next step before this one closes;
         :meth:`close_step` closes the oldest finished one. Returns the sequences to train."""
@@ -320,7 +320,7 @@ class Scheduler:
         for seq_id in list(self._running):  # stopped early by over-commit: keep what was decoded
             self._stop(seq_id, self._decoded(seq_id), finished=False)
         buffer = self.buffer
-        buffer.remove(list(compress(map(_SEQ_ID, trained), map(_FINISHED, trained))))
+        buffer.remove(list(compress(trained.column("seq_id"), trained.column("finished"))))
         if self.config.policy == "tailbatch":  # aborted: every unfinished group waits for a long round
             for members in [m for m in buffer.groups.values() if not all(map(buffer.finished.__getitem__, m))]:
                 members = list(members)  # the group's list empties as its sequences leave
@@ -356,7 +356,7 @@ class Scheduler:
             mean_reward=mean_reward,
             delta=plan.delta,
             chunk=plan.chunk,
-            finished=sum(map(_FINISHED, trained)),
+            finished=sum(trained.column("finished")),
             deferred=len(carried),
         )
         self._last_close_s = now
@@ -366,8 +366,8 @@ class Scheduler:
         """Tokens a still-running sequence decoded this step."""
         return min(self._step_tokens, self.plan.budgets[seq_id])
 
-    def _trained(self, chosen: list[int]) -> tuple[TrainedSeq, ...]:
-        """The records of these sequences trained now, built column by column in C (half a million of these in a
+    def _trained(self, chosen: list[int]) -> TrainedColumns:
+        """The records of these sequences trained now, by column, each built in C (half a million of these in a
         long simulation): a running one counts what it decoded so far."""
         buffer, prefix = self.buffer, list(map(self._prefix.__getitem__, chosen))
         if self._running.keys().isdisjoint(chosen):
@@ -376,18 +376,19 @@ class Scheduler:
             running, decoded, generated = self._running, self._decoded, buffer.generated
             total = [p + decoded(i) if i in running else generated[i] for i, p in zip(chosen, prefix)]
         step, admitted = repeat(self.step), list(map(buffer.admitted_step.__getitem__, chosen))
-        columns = (
-            step,
-            chosen,
-            map(buffer.group_id.__getitem__, chosen),
-            admitted,
-            map(sub, step, admitted),  # deferrals
-            total,
-            map(sub, total, prefix),  # decoded this step
-            map(buffer.finished.__getitem__, chosen),
-            map(sub, step, map(buffer.first_version.__getitem__, chosen)),  # policy lag
+        return TrainedColumns(
+            (
+                list(repeat(self.step, len(chosen))),
+                chosen,
+                list(map(buffer.group_id.__getitem__, chosen)),
+                admitted,
+                list(map(sub, step, admitted)),  # deferrals
+                total,
+                list(map(sub, total, prefix)),  # decoded this step
+                list(map(buffer.finished.__getitem__, chosen)),
+                list(map(sub, step, map(buffer.first_version.__getitem__, chosen))),  # policy lag
+            )
         )
-        return tuple(map(_new_trained, zip(*columns)))
 
     def _require_plan(self) -> StepPlan:
         if self.plan is None:

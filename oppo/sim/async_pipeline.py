@@ -20,13 +20,14 @@ frozen roles (reward model, reference) on the rollout devices, as AReaL's rollou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 
 import numpy as np
 import simpy
 
 from oppo.async_queue import GroupQueue
 from oppo.config import opt
-from oppo.records import StepRecord, TrainedSeq
+from oppo.records import StepRecord, TrainedColumns, TrainedSeq
 from oppo.sim.cost.engine import pass_attended
 
 WEIGHTS = ("newest", "oldest")
@@ -97,12 +98,14 @@ def start_pipeline(trainer):
     return (ContinuousPipeline if options.rollout_concurrency else StepPipeline)(trainer, options)
 
 
-def score_on_rollout(trainer, step: int, trained) -> simpy.events.Event:
+def score_on_rollout(trainer, step: int, trained: TrainedColumns) -> simpy.events.Event:
     """The frozen scorers' full passes over ``trained``, on the rollout devices, one after another."""
     roles = [r for r in FROZEN if r in trainer.scored_by_rollout]
     device = trainer.device[trainer.gen]
     for role in roles:
-        lengths = np.array([int(trainer.lengths.prompt[t.seq_id]) + t.response_tokens for t in trained if t.finished])
+        done = trained.column("finished")
+        ids, response = compress(trained.column("seq_id"), done), compress(trained.column("response_tokens"), done)
+        lengths = trainer.lengths.prompt[list(ids)] + np.array(list(response), dtype=np.int64)
         if not len(lengths):
             continue
         computed = trainer.framework.pass_tokens(lengths)
@@ -114,10 +117,6 @@ def _gpus(device: str) -> int:
     """GPUs (or cores) of a device name: "gpu0-6" -> 7, "gpu7" -> 1."""
     first, _, last = device.lstrip("abcdefghijklmnopqrstuvwxyz").partition("-")
     return int(last) - int(first) + 1 if last else 1
-
-
-def _groups(trained) -> int:
-    return len({t.group_id for t in trained})
 
 
 class StepPipeline:
@@ -255,7 +254,8 @@ class ContinuousPipeline:
                     done.append(group)
         for group in done:
             if self.trainer.scored_by_rollout:
-                yield from score_on_rollout(t, self.queue.taken, [_finished(t, i) for i in self.groups[group]])
+                finished = TrainedColumns.of(_finished(t, i) for i in self.groups[group])
+                yield from score_on_rollout(t, self.queue.taken, finished)
             self.queue.finish(group)
         if done:
             _wake(self.wake_trainer)
@@ -273,7 +273,7 @@ class ContinuousPipeline:
             self.queued.append(len(self.queue.finished))
             chosen = self.queue.take()
             _wake(self.wake_engine)  # the taken groups left the queue: room for more
-            trained = [self._trained(step, i, v) for g, v in chosen for i in self.groups[g]]
+            trained = TrainedColumns.of(self._trained(step, i, v) for g, v in chosen for i in self.groups[g])
             yield from t._update(step, trained)
             self.queue.publish()
             _wake(self.wake_engine)

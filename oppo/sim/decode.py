@@ -31,16 +31,16 @@ class DecodeBatch:
     the same (``*_a``) for the compacting engines' per-position pricing."""
 
     def __init__(self, ids: np.ndarray, stop: np.ndarray, eos: np.ndarray, context: np.ndarray, gpus: int) -> None:
-        order = np.argsort(stop, kind="stable")
+        order = stop.argsort(kind="stable")
         self.ids_a, self.stop_a, self.context_a = ids[order], stop[order], context[order]
         self.gpu_a = self.ids_a % gpus
         self.ids, self.stop, self.eos = self.ids_a.tolist(), self.stop_a.tolist(), eos[order].tolist()
         self.rows = len(self.ids)
         self._stop_sum = list(accumulate(self.stop, initial=0))  # [i]: stop summed over rows < i (ints: exact)
         self._context_sum = list(accumulate(self.context_a.tolist(), initial=0))
-        self.last_row = [-1] * gpus  # each GPU's last row in this order (-1: none); it decodes longest there
-        for row, gpu in enumerate(self.gpu_a.tolist()):
-            self.last_row[gpu] = row
+        last = np.full(gpus, -1)  # each GPU's last row in this order (-1: none); it decodes longest there
+        np.maximum.at(last, self.gpu_a, np.arange(self.rows))
+        self.last_row = last.tolist()
 
     def end(self, first: int, until: int) -> int:
         """Rows before it have stopped by step token ``until`` (``first``: the first row still running)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 
 import numpy as np
 import simpy
@@ -19,7 +19,7 @@ import simpy
 from oppo.config import ScheduleConfig, check_positive
 from oppo.metrics import Columns, device_count, name_codes
 from oppo.optrace import OpTrace, cycle_collector_paused
-from oppo.records import StepRecord, TrainedSeq
+from oppo.records import StepRecord, TrainedColumns
 from oppo.scheduler import Scheduler
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.cost.engine import CostModel, pass_attended
@@ -28,7 +28,6 @@ from oppo.sim.decode import Generation, new_chunk
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress, SeqLengths
 
-_SEQ_ID, _FINISHED, _RESPONSE = attrgetter("seq_id"), attrgetter("finished"), attrgetter("response_tokens")
 STAGES_OF = {role: tuple(s for s in stages if s) for role, stages in ROLE_STAGES.items()}  # scoring, update
 
 
@@ -50,7 +49,7 @@ class SimConfig:
 @dataclass
 class SimResult:
     steps: list[StepRecord] = field(default_factory=list)
-    trained: list[TrainedSeq] = field(default_factory=list)
+    trained: TrainedColumns = field(default_factory=TrainedColumns)  # read as a sequence of TrainedSeq
     stats: dict = field(default_factory=dict)  # run-level figures of some policies (async: mean_token_lag)
     # Operations as devices record them, one per GPU group: (step, member GPUs, role, phase, start_s, each
     # member's end_s, batch, tokens, context). Read as one TraceRow per GPU through :attr:`trace`.
@@ -249,11 +248,11 @@ class Trainer(Generation):
         self.result.steps.append(outcome.record)
         self.result.trained.extend(outcome.trained)
 
-    def _update(self, step: int, trained):
+    def _update(self, step: int, trained: TrainedColumns):
         """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
         yield from self._fixed(step, {role: STAGES_OF[role] for role in self.roles})
-        ids = list(map(_SEQ_ID, trained))  # tokens of each trained one (empty: float, as np.array([]))
-        full = self.lengths.prompt[ids] + np.fromiter(map(_RESPONSE, trained), np.int64) if ids else np.array([])
+        ids = trained.column("seq_id")  # tokens of each trained one (empty: float, as np.array([]))
+        full = self.lengths.prompt[ids] + np.array(trained.column("response_tokens")) if ids else np.array([])
         yield from self._score(step, trained, full)
         yield from self._train(step, full)
 
@@ -277,10 +276,10 @@ class Trainer(Generation):
         seconds = pass_s(computed, attended, rows=len(lengths))
         yield from self.device[on or role].run(step, role, phase, seconds, len(lengths), tokens, 0)
 
-    def _score(self, step: int, trained, full: np.ndarray):
+    def _score(self, step: int, trained: TrainedColumns, full: np.ndarray):
         """Full forward passes for the scorers that were not streamed, plus the actor's log-probs under the
         current policy (always recomputed); passes on different devices run in parallel."""
-        finished = full[list(map(_FINISHED, trained))] if len(full) else full
+        finished = full[trained.column("finished")] if len(full) else full
         if "reward" not in self.roles:  # a rule scores the responses on the driver's CPU; the step waits for it
             seconds = self.framework.reward.seconds(StageLoad(units=float(len(finished)), steps=1.0))
             if seconds > 0:

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import attrgetter
 
 import numpy as np
 
 from oppo.lengths import LengthTrace
-from oppo.records import TrainedSeq
-
-_LAG, _FINISHED = attrgetter("policy_lag"), attrgetter("finished")
+from oppo.records import TrainedColumns
 
 
 @dataclass(frozen=True)
@@ -120,10 +116,10 @@ class RewardProgress:
         self.curve, self.batch, self.rng = curve, batch, rng
         self.progress = 0.0  # in steps' worth of fresh samples
 
-    def step(self, trained: Sequence[TrainedSeq]) -> float:
+    def step(self, trained: TrainedColumns) -> float:
         """Advance by this step's trained sequences; return the step's mean reward."""
         c = self.curve
-        lags = list(compress(map(_LAG, trained), map(_FINISHED, trained)))
+        lags = list(compress(trained.column("policy_lag"), trained.column("finished")))
         worth = {lag: max(0.0, 1.0 - c.lag_cost * lag) for lag in set(lags)}  # a sample's value by its lag
         value = sum(map(worth.__getitem__, lags))  # in training order
         self.progress += value / self.batch

@@ -140,7 +140,7 @@ def test_chunk_prefiller_prefills_chunks_in_order_on_its_device():
 
     assert not hasattr(model, "StreamingScorer")
     env, result = simpy.Environment(), SimResult()
-    scorer = ChunkPrefiller(env, "reward", Device(env, "gpu6-7", result), ConstantCost(p=0.5))
+    scorer = ChunkPrefiller(env, "reward", Device(env, "gpu6-7", result.ops), ConstantCost(p=0.5))
     scorer.submit(step=0, batch=4, tokens=64, context=0, attended=512.0)
     first = scorer.last
     scorer.submit(step=0, batch=4, tokens=64, context=256, attended=1e4)
