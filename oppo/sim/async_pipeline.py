@@ -282,8 +282,7 @@ class ContinuousPipeline:
                 step, last, env.now, env.now - last, t.reward.step(trained), 0, 0, len(trained), untaken
             )
             last = env.now
-            t.result.steps.append(record)
-            t.result.trained.extend(trained)
+            t.record_step(record, trained)
             for g, _ in chosen:
                 for i in self.groups.pop(g):
                     del self.segments[i]

@@ -164,8 +164,11 @@ class ChunkPrefiller:
 class Trainer(Generation):
     """Runs PPO steps on the devices of a setup, one after another, as the scheduler plans them."""
 
-    def __init__(self, env: simpy.Environment, config: SimConfig, costs: dict[str, CostModel], trace, result):
+    def __init__(
+        self, env: simpy.Environment, config: SimConfig, costs: dict[str, CostModel], trace, result, progress=None
+    ):
         self.env, self.config, self.costs, self.result = env, config, costs, result
+        self.progress = progress or _ignore  # called with each closed step's record
         setup, schedule = config.setup, config.schedule
         self.scheduler = Scheduler(schedule)
         length_rng, reward_rng = np.random.default_rng(config.seed).spawn(2)
@@ -237,7 +240,7 @@ class Trainer(Generation):
         reference one another: the simulation lives until the cyclic collector's next pass, and records it still
         held would live, and be scanned, with it (~0.2 s at 1000 steps x B = 512); without them the records are
         freed with their :class:`SimResult`."""
-        self.result = None
+        self.result, self.progress = None, _ignore
         for device in self.device.values():
             device.ops = None
 
@@ -245,8 +248,13 @@ class Trainer(Generation):
         """Score what was not streamed, train, push the weights, close the step."""
         yield from self._update(plan.step, trained)
         outcome = self.scheduler.close_step(self.env.now, self.reward.step(trained))
-        self.result.steps.append(outcome.record)
-        self.result.trained.extend(outcome.trained)
+        self.record_step(outcome.record, outcome.trained)
+
+    def record_step(self, record: StepRecord, trained: TrainedColumns) -> None:
+        """Keep a closed step's records (and tell the progress callback)."""
+        self.result.steps.append(record)
+        self.result.trained.extend(trained)
+        self.progress(record)
 
     def _update(self, step: int, trained: TrainedColumns):
         """The trainer's part of a step: the framework's per-step stages, scoring, training, the weight push."""
@@ -319,6 +327,10 @@ class Trainer(Generation):
             yield from self.device["actor"].run(step, "actor", "sync", sync_s, 0, 0, 0)
 
 
+def _ignore(record: StepRecord) -> None:
+    pass
+
+
 def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None = None, progress=None) -> SimResult:
     """Run ``config.steps`` PPO steps and return their records. Pure: same config and trace, same records.
 
@@ -327,15 +339,8 @@ def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None =
     """
     env = simpy.Environment()
     result = SimResult()
-    trainer = Trainer(env, config, costs or config.setup.costs(config.schedule.policy), trace, result)
+    trainer = Trainer(env, config, costs or config.setup.costs(config.schedule.policy), trace, result, progress)
     with cycle_collector_paused():
-        if progress is None:
-            env.run(until=trainer.process)
-        else:
-            while trainer.process.is_alive:
-                before = len(result.steps)
-                env.step()
-                if len(result.steps) > before:
-                    progress(result.steps[-1])
+        env.run(until=trainer.process)
     trainer.release_records()
     return result

@@ -112,6 +112,13 @@ def test_a_finished_simulation_lets_go_of_its_records(policy):
         gc.enable()
 
 
+@pytest.mark.parametrize("policy", ["oppo", "async"])
+def test_progress_is_told_each_step_as_it_closes(policy):
+    seen = []
+    result = simulate(small(policy, steps=5), progress=seen.append)
+    assert seen == result.steps and len(seen) == 5
+
+
 def test_same_seed_same_records_other_seed_differs():
     a, b = simulate(small()), simulate(small())
     assert a.steps == b.steps and a.trace == b.trace and a.trained == b.trained
