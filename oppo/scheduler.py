@@ -145,13 +145,11 @@ class Scheduler:
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         group_of = buffer.group_id.__getitem__
-        self._group_left = dict.fromkeys(map(group_of, plan.active), 0)  # group -> samples to finish
-        # the unfinished ones are exactly those with a budget (counted in C; the order stays the admission order)
-        unfinished_groups = list(map(group_of, plan.budgets))
-        unfinished = Counter(unfinished_groups)  # counted in C
-        self._group_left.update(unfinished)
+        # group -> samples still to finish: the unfinished ones are exactly those with a budget (counted in C)
+        self._group_left = Counter(map(group_of, plan.budgets))
+        # every sample finished already: the groups of the carried finished ones (the active ones without a budget)
+        complete = set(map(group_of, plan.ready)).difference(self._group_left)
         groups, ranks = buffer.groups, buffer.finish_rank  # complete groups -> rank of their last sample
-        complete = set(self._group_left).difference(unfinished)  # every sample finished already
         self._completed = {g: max(map(ranks.__getitem__, groups[g])) for g in complete}
         self._selection: TrainedColumns | None = None
         self._since_stream = 0  # tokens decoded since the last streamed chunk
@@ -161,7 +159,7 @@ class Scheduler:
         self._starved_waiting: set[int] = set()
         if plan.budgets and min(plan.budgets) < starved_below:
             starved = map(gt, repeat(starved_below), plan.budgets)
-            self._starved_waiting = set(compress(unfinished_groups, starved))
+            self._starved_waiting = set(compress(map(group_of, plan.budgets), starved))
         self._finished_lengths: list[int] = []  # lengths of the sequences that finish this step
 
     # -- generation -------------------------------------------------------------------------------------
