@@ -8,24 +8,30 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.collections import PolyCollection  # noqa: E402
-
-from oppo.optrace import rows_of_steps, rows_per_step  # noqa: E402
-from oppo.records import PHASES, StepRecord, TraceRow  # noqa: E402
+from oppo.optrace import rows_of_steps, rows_per_step
+from oppo.records import PHASES, StepRecord, TraceRow
 
 PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#999999")))
+
+
+def _subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **kwargs):
+    """``pyplot.subplots`` without pyplot: a figure of its own on an Agg canvas, in no global registry (nothing to
+    close, nothing left open when a plot fails; and pyplot's import is skipped)."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)  # the figure's canvas: renders text extents (label placement) and the PNG
+    return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -34,7 +40,7 @@ def timeline(trace: Sequence[TraceRow], path: str | Path, steps: Sequence[int] |
     chosen = set(steps if steps is not None else sorted(rows_per_step(trace))[:3])
     rows = rows_of_steps(trace, chosen)
     devices = sorted({r.device for r in rows}, key=_device_order)
-    fig, ax = plt.subplots(figsize=(11, 0.45 * len(devices) + 1.6))
+    fig, ax = _subplots(figsize=(11, 0.45 * len(devices) + 1.6))
     lane = {device: i for i, device in enumerate(devices)}
     for phase in PHASES:  # one collection of boxes per phase, every lane (bars of a lane never overlap)
         boxes = [_box(r.start_s, r.end_s, lane[r.device]) for r in rows if r.phase == phase]
@@ -44,7 +50,7 @@ def timeline(trace: Sequence[TraceRow], path: str | Path, steps: Sequence[int] |
     ax.set_yticks(range(len(devices)), devices)
     ax.set_xlabel("time (s)")
     ax.set_title(title or f"steps {sorted(chosen)}")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[p]) for p in PHASES if any(r.phase == p for r in rows)]
+    handles = [Rectangle((0, 0), 1, 1, color=PHASE_COLORS[p]) for p in PHASES if any(r.phase == p for r in rows)]
     ax.legend(handles, [p for p in PHASES if any(r.phase == p for r in rows)], loc="upper right", fontsize=8)
     return _save(fig, path)
 
@@ -63,7 +69,7 @@ def utilization_bars(utils: Mapping[str, Mapping[str, float]], path: str | Path)
     """Busy fraction per device, one group of bars per policy: ``{policy: {device: fraction}}``."""
     policies = list(utils)
     devices = sorted({d for u in utils.values() for d in u}, key=_device_order)
-    fig, ax = plt.subplots(figsize=(max(6, len(devices) * 0.9), 3.5))
+    fig, ax = _subplots(figsize=(max(6, len(devices) * 0.9), 3.5))
     width = 0.8 / max(len(policies), 1)
     for i, policy in enumerate(policies):
         xs = [j + i * width for j in range(len(devices))]
@@ -79,7 +85,7 @@ def step_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: str | Pa
     """Stacked seconds per step by role/phase, one bar per policy: ``{policy: {"role/phase": s}}``."""
     policies = list(breakdowns)
     keys = sorted({k for b in breakdowns.values() for k in b})
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(policies)), 4))
+    fig, ax = _subplots(figsize=(max(5, 1.2 * len(policies)), 4))
     bottom = [0.0] * len(policies)
     for n, key in enumerate(keys):
         heights = [breakdowns[p].get(key, 0.0) for p in policies]
@@ -93,7 +99,7 @@ def step_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: str | Pa
 
 def reward_curves(runs: Mapping[str, Sequence[StepRecord]], path: str | Path, time_axis: bool = True) -> Path:
     """Mean reward per step against (simulated or wall) time, one line per run; step time below."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=False)
+    fig, (top, bottom) = _subplots(2, 1, figsize=(8, 5.5), sharex=False)
     for name, steps in runs.items():
         xs = [s.end_s for s in steps] if time_axis else [s.step for s in steps]
         top.plot(xs, [s.mean_reward for s in steps], label=name)
@@ -113,7 +119,7 @@ def learning_plot(runs: Mapping[str, Sequence[Sequence[Mapping]]], path: str | P
     """Learning under staleness (:mod:`oppo.exec.learning` rows, per variant a list of runs over seeds): the trained
     samples' reward (top, running mean) and the held-out reward of the trained weights (bottom, where evaluated)
     against samples trained (left) and run seconds (right); mean line and range over seeds."""
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharey="row")
+    fig, axes = _subplots(2, 2, figsize=(11, 7.5), sharey="row")
     for variant, seeds in runs.items():
         samples = np.array([[r["samples"] for r in rows] for rows in seeds], dtype=float)  # (seeds, steps)
         seconds = np.array([[r["end_s"] for r in rows] for rows in seeds])
@@ -157,7 +163,7 @@ def _band(row, label: str, samples, seconds, values, color, marker=None):
 def sweep_plot(
     xs: Sequence[float], ys: Sequence[float], xlabel: str, path: str | Path, ylabel: str = "mean step (s)"
 ) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _subplots(figsize=(6, 3.5))
     ax.plot(xs, ys, marker="o")
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
@@ -176,7 +182,7 @@ def speed_vs_staleness(rows: Sequence[Mapping], path: str | Path, title: str = "
 
 def staleness_figure(rows: Sequence[Mapping], title: str = ""):
     """The figure of :func:`speed_vs_staleness`, laid out, not saved."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = _subplots(figsize=(6.5, 4.2))
     ys = [r["samples_speedup"] or 0.0 for r in rows]
     for r, y in zip(rows, ys):
         ax.plot([r["mean_lag"], r["p99_lag"]], [y] * 2, color="#999999", lw=1, zorder=1)
@@ -233,7 +239,7 @@ def plot_fidelity(measured: Mapping, predicted: Mapping, fitted: int, path: str 
     """Measured and predicted seconds per step, one panel per stage (and the step); the first ``fitted`` steps
     (left of the dashed line) were used to fit."""
     names = ["step", *[k for k in measured if k != "step"]]
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.7 * len(names) + 0.6), sharex=True)
+    fig, axes = _subplots(len(names), 1, figsize=(10, 1.7 * len(names) + 0.6), sharex=True)
     for ax, name in zip(axes, names):
         ax.plot(measured[name], lw=1, color="#333333", label="measured")
         ax.plot(predicted[name], lw=1, color="#dd8452", label="predicted")
@@ -254,7 +260,7 @@ def fidelity_matrix(report: Mapping[str, Mapping], path: str | Path, title: str 
     runs = list(report)
     stages = (s for entry in report.values() for k in kinds for s in entry.get(k, {}).get("stages", {}))
     columns = ["step", *dict.fromkeys(stages)]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(1.1 * len(columns) * len(kinds) + 3, 0.55 * len(runs) + 1.6))
+    fig, axes = _subplots(1, len(kinds), figsize=(1.1 * len(columns) * len(kinds) + 3, 0.55 * len(runs) + 1.6))
     for ax, kind in zip(np.atleast_1d(axes), kinds):
         cells = np.full((len(runs), len(columns)), np.nan)
         for i, run in enumerate(runs):
@@ -282,7 +288,7 @@ def pareto_plot(
     last = max(r["steps"] for r in rows)
     final = [r for r in rows if r["steps"] == last]
     front = sorted((r for r in final if r["pareto"]), key=lambda r: r["mean_lag"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _subplots(figsize=(7, 4.5))
     ax.scatter([r["mean_lag"] for r in final], [r[objective] for r in final], color="#bbbbbb", s=25, label="evaluated")
     ax.plot([r["mean_lag"] for r in front], [r[objective] for r in front], "o-", color="#d62728", label="Pareto front")
     if max_lag is not None:

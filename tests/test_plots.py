@@ -1,5 +1,7 @@
 """Every plot function writes a non-empty PNG."""
 
+import pytest
+
 from oppo import plots
 from oppo.records import StepRecord, TraceRow
 
@@ -21,6 +23,20 @@ def test_plots_write_images(tmp_path):
     for path in paths:
         assert path.stat().st_size > 2000
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plot_that_fails_leaves_no_figure_open(tmp_path):
+    """The plots draw on figures of their own, in no global registry: one that fails midway leaks nothing (a
+    long sweep or notebook would otherwise pile figures up in pyplot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    with pytest.raises(AttributeError):
+        plots.reward_curves({"sync": [object()]}, tmp_path / "r.png")
+    assert plt.get_fignums() == before
 
 
 def test_staleness_labels_do_not_overlap():
@@ -50,4 +66,3 @@ def test_staleness_labels_do_not_overlap():
     for i, a in enumerate(boxes):
         for b in boxes[i + 1 :]:
             assert not a.overlaps(b), (texts[boxes.index(a)].get_text(), texts[boxes.index(b)].get_text())
-    plots.plt.close(fig)
