@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -127,8 +128,7 @@ class Device:
         self.ops.append((step, members, role, phase, start, ends, int(batch), int(tokens), int(context)))
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):  # immutable and cheap to make: one per streamed chunk and scorer
     step: int
     batch: int
     tokens: int

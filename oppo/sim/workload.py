@@ -77,7 +77,7 @@ class SeqLengths:
     def add(self, ids: np.ndarray, response: np.ndarray, prompt: np.ndarray) -> None:
         """Record new sequences' token counts (capacity doubles: amortised O(1) per sequence; an id never added
         reads -1)."""
-        if not all(np.issubdtype(a.dtype, np.integer) for a in (ids, response, prompt)):
+        if not all(a.dtype.kind in "iu" for a in (ids, response, prompt)):  # signed or unsigned integers
             raise TypeError("sequence ids and lengths are integers")
         needed = int(ids.max(initial=-1)) + 1
         if needed > len(self.response):
