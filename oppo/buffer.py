@@ -66,6 +66,8 @@ class RolloutBuffer:
 
     def fill(self, capacity: int, step: int) -> list[int]:
         """Admit new prompt groups until ``capacity`` groups are held (never evicts); returns the new seq ids."""
+        if self.admitted_step and step < self.admitted_step[-1]:  # admitted_after relies on it
+            raise ValueError(f"admission at step {step} after one at step {self.admitted_step[-1]}")
         count = max(capacity - len(self.groups), 0)
         first, size = self.admitted, self.group_size
         new = list(range(first, first + count * size))

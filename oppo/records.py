@@ -68,26 +68,36 @@ _TRAINED_FIELDS = {name: k for k, name in enumerate(TrainedSeq._fields)}
 class TrainedColumns(Sequence[TrainedSeq]):
     """Trained-sequence records held by column, one list per :class:`TrainedSeq` field (in field order), read as a
     sequence of ``TrainedSeq`` built on access. Compares equal to any sequence of the same records. A run's log
-    grows by :meth:`extend`; readers that want a field of every record take its list (:meth:`column`)."""
+    grows by :meth:`extend` (which copies what it is given); ``copy.copy`` copies the columns; the constructor and
+    :meth:`of` hold what they are given."""
 
     __slots__ = ("columns",)
 
-    def __init__(self, columns: Sequence[Iterable] | None = None) -> None:
-        """``columns``: one per field, in field order (lists are held, not copied), or None: no records."""
-        if columns is None:
-            columns = [[] for _ in TrainedSeq._fields]
-        columns = [c if type(c) is list else list(c) for c in columns]
-        if len(columns) != len(TrainedSeq._fields) or len(set(map(len, columns))) > 1:
-            raise ValueError(f"TrainedColumns takes {len(TrainedSeq._fields)} columns of one length")
+    def __init__(self, columns: Sequence[list] | None = None) -> None:
+        """``columns``: one list per field, in field order, of one length (held, not copied), or None: no records.
+        Records one by one go through :meth:`of`."""
+        columns = [[] for _ in TrainedSeq._fields] if columns is None else list(columns)
+        if (
+            len(columns) != len(TrainedSeq._fields)
+            or not all(type(c) is list for c in columns)
+            or len(set(map(len, columns))) > 1
+        ):
+            raise ValueError(
+                f"TrainedColumns takes {len(TrainedSeq._fields)} lists of one length, one per TrainedSeq field "
+                "(records one by one: TrainedColumns.of)"
+            )
         self.columns = columns
 
     @classmethod
     def of(cls, records: Iterable[TrainedSeq]) -> TrainedColumns:
-        """The records given one by one (or already by column: returned as they are)."""
+        """The records given one by one (already by column: returned as they are)."""
         if isinstance(records, TrainedColumns):
             return records
         rows = list(records)
-        return cls(list(zip(*rows)) if rows else None)
+        return cls([list(c) for c in zip(*rows, strict=True)] if rows else None)
+
+    def __copy__(self) -> TrainedColumns:
+        return TrainedColumns([list(c) for c in self.columns])
 
     def column(self, name: str) -> list:
         """Every record's ``name`` field, in record order (the list held: do not change it)."""

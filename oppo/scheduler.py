@@ -208,12 +208,13 @@ class Scheduler:
         return done
 
     def _check_finished(self, tokens: int, finished: Mapping[int, int]) -> None:
-        """Every reported sequence is running and ended within the round and its budget (a loop: a round reports
-        tens, where C passes would pay their setup more than once per sequence)."""
+        """Every reported sequence is running, and ended within the round and its budget (a loop over the tokens:
+        a round reports tens, where C passes would pay their setup more than once per sequence)."""
         running, budgets, step_tokens = self._running, self.plan.budgets, self._step_tokens
+        if not running.keys() >= finished.keys():
+            stray = next(i for i in finished if i not in running)
+            raise ValueError(f"seq {stray} reported finished but is not running")
         for seq_id, used in finished.items():
-            if seq_id not in running:
-                raise ValueError(f"seq {seq_id} reported finished but is not running")
             if not 1 <= used <= tokens or used > budgets[seq_id] - step_tokens:  # budget left at the round's start
                 allowed = min(tokens, budgets[seq_id] - step_tokens)
                 raise ValueError(f"seq {seq_id} finished after {used} tokens; 1..{allowed} allowed")

@@ -37,3 +37,12 @@ def test_abort_discards_tokens_and_readmit_puts_the_group_back_at_the_end():
     assert b.readmit([2, 3]) == [2, 3] and list(b.ids) == [0, 1, 2, 3] and b.groups[1] == [2, 3]
     with pytest.raises(KeyError):
         b.readmit([0])  # held, never aborted
+
+
+def test_admission_steps_never_go_back():
+    """The starvation bound (``admitted_after``) reads the admission steps as sorted by id."""
+    b = RolloutBuffer(max_new_tokens=10)
+    b.fill(2, step=3)
+    assert b.admitted_after(2) == 0 and b.admitted_after(3) == 2
+    with pytest.raises(ValueError, match="admission at step 2 after one at step 3"):
+        b.fill(4, step=2)

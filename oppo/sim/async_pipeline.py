@@ -19,6 +19,7 @@ frozen roles (reward model, reference) on the rollout devices, as AReaL's rollou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 
@@ -98,8 +99,9 @@ def start_pipeline(trainer):
     return (ContinuousPipeline if options.rollout_concurrency else StepPipeline)(trainer, options)
 
 
-def score_on_rollout(trainer, step: int, trained: TrainedColumns) -> simpy.events.Event:
+def score_on_rollout(trainer, step: int, trained: Sequence[TrainedSeq]) -> simpy.events.Event:
     """The frozen scorers' full passes over ``trained``, on the rollout devices, one after another."""
+    trained = TrainedColumns.of(trained)
     roles = [r for r in FROZEN if r in trainer.scored_by_rollout]
     device = trainer.device[trainer.gen]
     for role in roles:

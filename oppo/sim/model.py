@@ -168,7 +168,7 @@ class Trainer(Generation):
         self, env: simpy.Environment, config: SimConfig, costs: dict[str, CostModel], trace, result, progress=None
     ):
         self.env, self.config, self.costs, self.result = env, config, costs, result
-        self.progress = progress or _ignore  # called with each closed step's record
+        self.progress = progress if progress is not None else _ignore  # called with each closed step's record
         setup, schedule = config.setup, config.schedule
         self.scheduler = Scheduler(schedule)
         length_rng, reward_rng = np.random.default_rng(config.seed).spawn(2)
@@ -237,9 +237,10 @@ class Trainer(Generation):
 
     def release_records(self) -> None:
         """Let go of the run's records (call once it has ended). SimPy's processes, events and their owners
-        reference one another: the simulation lives until the cyclic collector's next pass, and records it still
-        held would live, and be scanned, with it (~0.2 s at 1000 steps x B = 512); without them the records are
-        freed with their :class:`SimResult`."""
+        reference one another: the devices (through their resources and waiting processes) and, under ``async``,
+        the trainer (through its pipeline's processes) live until the cyclic collector's next pass, and records
+        they still held would live, and be scanned, with them (~0.2 s at 1000 steps x B = 512); without them the
+        records are freed with their :class:`SimResult`."""
         self.result, self.progress = None, _ignore
         for device in self.device.values():
             device.ops = None

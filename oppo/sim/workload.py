@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 
 import numpy as np
 
 from oppo.lengths import LengthTrace
-from oppo.records import TrainedColumns
+from oppo.records import TrainedColumns, TrainedSeq
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,9 @@ class RewardProgress:
         self.curve, self.batch, self.rng = curve, batch, rng
         self.progress = 0.0  # in steps' worth of fresh samples
 
-    def step(self, trained: TrainedColumns) -> float:
+    def step(self, trained: Sequence[TrainedSeq]) -> float:
         """Advance by this step's trained sequences; return the step's mean reward."""
-        c = self.curve
+        c, trained = self.curve, TrainedColumns.of(trained)
         lags = list(compress(trained.column("policy_lag"), trained.column("finished")))
         worth = {lag: max(0.0, 1.0 - c.lag_cost * lag) for lag in set(lags)}  # a sample's value by its lag
         value = sum(map(worth.__getitem__, lags))  # in training order

@@ -23,11 +23,11 @@ def test_run_in_process_leaves_the_cyclic_collector_on(tmp_path):
 
 FREED = """
 import gc, sys
-from oppo.records import TrainedSeq
 from oppo.sim.cli import main
 gc.disable()  # what reference counting alone frees, in a fresh process (matplotlib imported by run)
 main(["run", "--setup", "paper-7b-h200", "--steps", "3", "--batch", "8", "--out", sys.argv[1]])
-print(sum(type(o) is TrainedSeq for o in gc.get_objects()))
+records = {"SimResult", "TrainedColumns", "StepRecord", "OpTrace"}
+print(sum(type(o).__name__ in records for o in gc.get_objects()))
 """
 
 

@@ -1,6 +1,7 @@
 import dataclasses
 import gc
 import json
+import sys
 import weakref
 from collections import defaultdict
 from pathlib import Path
@@ -104,16 +105,17 @@ def test_a_finished_simulation_lets_go_of_its_records(policy):
     gc.disable()
     try:
         result = simulate(small(policy, "paper-7b-h200", steps=3, batch=8))  # scorers of their own: processes left
-        records = weakref.ref(result)
-        assert result.trained and result.ops
+        records, ops = weakref.ref(result), result.ops
+        assert result.trained and ops
         del result
         assert records() is None, "the finished simulation still holds its result"  # reference counting alone
+        assert sys.getrefcount(ops) == 2, gc.get_referrers(ops)  # ``ops`` and the call's argument: no device
     finally:
         gc.enable()
 
 
 @pytest.mark.parametrize("policy", ["oppo", "async"])
-def test_progress_is_told_each_step_as_it_closes(policy):
+def test_progress_is_told_each_step(policy):
     seen = []
     result = simulate(small(policy, steps=5), progress=seen.append)
     assert seen == result.steps and len(seen) == 5
