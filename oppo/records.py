@@ -8,7 +8,7 @@ Files of a run directory (written by :mod:`oppo.record_io`, summarised by :mod:`
 - ``trace.json``: the operations as a Perfetto timeline (:mod:`oppo.perfetto`).
 
 The three record types are ``NamedTuple``s: immutable like frozen dataclasses and about four times cheaper to
-create (a 1000-step simulation at B = 512 on 8 GPUs makes ~800k of them). The scheduler hands its trained sequences
+create (a 1000-step simulation at B = 512 on 8 GPUs has ~800k records). The scheduler hands its trained sequences
 over by column (:class:`TrainedColumns`, read as ``TrainedSeq``s): half a million of them in such a simulation,
 never one tuple each.
 """
