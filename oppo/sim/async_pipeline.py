@@ -256,8 +256,7 @@ class ContinuousPipeline:
                     done.append(group)
         for group in done:
             if self.trainer.scored_by_rollout:
-                finished = TrainedColumns.of(_finished(t, i) for i in self.groups[group])
-                yield from score_on_rollout(t, self.queue.taken, finished)
+                yield from score_on_rollout(t, self.queue.taken, [_finished(t, i) for i in self.groups[group]])
             self.queue.finish(group)
         if done:
             _wake(self.wake_trainer)
