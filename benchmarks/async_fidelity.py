@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from oppo.catalog.lengths import load_lengths
 from oppo.cli import at_least, integers
 from oppo.fidelity import predict_async
-from oppo.lengths import load_lengths
-from oppo.record_io import read_rows
-from oppo.records import StepRecord, TraceRow
+from oppo.records.io import read_rows
+from oppo.records.schema import StepRecord, TraceRow
 from oppo.sim.cost.fit import fit_trace, save_profile
 
 

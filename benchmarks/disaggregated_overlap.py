@@ -15,9 +15,9 @@ from pathlib import Path
 
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
-from oppo.metrics import hidden_fraction
-from oppo.record_io import read_rows
-from oppo.records import TraceRow
+from oppo.records.io import read_rows
+from oppo.records.metrics import hidden_fraction
+from oppo.records.schema import TraceRow
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from oppo.config import POLICIES
+from oppo.core.config import POLICIES
 from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from oppo.catalog.lengths import load_lengths
 from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
 from oppo.fidelity import fidelity
-from oppo.lengths import load_lengths
 from oppo.sim.cost.gpu import gpu_efficiencies
 
 

@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from oppo.catalog.shapes import HF_SHAPES
 from oppo.cli import run_cli
-from oppo.shapes import HF_SHAPES
 
 POLICIES = ("sync", "intra", "inter", "oppo")
 
@@ -31,7 +31,9 @@ POLICIES = ("sync", "intra", "inter", "oppo")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output directory (checkpoints, runs, gpu_validate.json)")
-    parser.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b", help="comma-separated shapes of oppo.shapes")
+    parser.add_argument(
+        "--models", default="qwen2.5-0.5b,qwen2.5-1.5b", help="comma-separated shapes of oppo.catalog.shapes"
+    )
     parser.add_argument("--steps", type=int, default=5, help="steps per policy (default: 5)")
     parser.add_argument("--batch", type=int, default=32, help="B (default: 32)")
     parser.add_argument("--max-new-tokens", type=int, default=192, help="response cap (default: 192)")
@@ -127,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     models = check_args(args)
     args.dp = require_cuda(args.dp)
+    from oppo.catalog.lengths import load_lengths
     from oppo.fidelity import fidelity
-    from oppo.lengths import load_lengths
     from oppo.sim.cli import format_table
 
     out = Path(args.out)

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 EVALUATION = """
 import time
-from oppo.lengths import load_lengths
+from oppo.catalog.lengths import load_lengths
 from oppo.sim.experiments import run
 from oppo.sim.setups import load_setup
 setup, trace = load_setup("paper-7b-h200"), load_lengths({lengths!r})

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from oppo.exec.learning import VARIANTS, read_run, summary, variant_flags, write_learning_csv
-from oppo.plots import learning_plot
+from oppo.records.plots import learning_plot
 
 
 def main() -> None:

@@ -4,14 +4,12 @@ input files it read, so that a re-run either gives the same records or says why 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from oppo.data import trace_path
+from oppo.data import file_sha256, read_config_json, trace_path
 
 
 def load_stored_config(path: str | Path) -> dict[str, Any]:
@@ -32,23 +30,6 @@ def with_provenance(config: dict[str, Any], resumed_from: str | Path | None = No
         return config | {"provenance": here}
     first = read_config_json(resumed_from, "config").get("provenance", {})
     return config | {"provenance": first | {"resumed": [*first.get("resumed", []), here]}}
-
-
-def read_config_json(path: str | Path, what: str) -> dict[str, Any]:
-    """The JSON object of a ``config.json`` file, or of the one in a folder (a run, a checkpoint); errors name
-    the file: not found (``what``), not JSON, not an object."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a JSON config ({err})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return raw
 
 
 def config_from_dict(cls: type, values: dict[str, Any], where: str, **given: Any) -> Any:
@@ -96,15 +77,6 @@ def _fits(value: Any, hint: Any) -> bool:
 
 def _hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def sources_of(files: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Content digests of the input files a run read, stored beside its config (``sources``)."""
-    return {name: {"path": str(path), "sha256": file_sha256(trace_path(path))} for name, path in files.items()}
 
 
 def check_sources(stored: dict[str, Any], files: dict[str, str], where: str) -> None:

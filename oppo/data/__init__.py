@@ -1,4 +1,5 @@
-"""Data shipped inside the package: real response-length traces and GPU / CPU cost profiles.
+"""Data shipped inside the package (real response-length traces, GPU / CPU cost profiles) and the readers of the
+files oppo takes: TOML setups, JSON configs, content digests of the inputs a run read.
 
 Sources and licenses are in ``README.md`` beside this file. Paths are resolved through ``importlib.resources`` so
 an installed wheel finds them as a source checkout does (the checkout's ``traces/`` is a link to this folder).
@@ -6,9 +7,12 @@ an installed wheel finds them as a source checkout does (the checkout's ``traces
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tomllib
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 # Bundled length traces by short name: ``--lengths alpaca_eval`` works from any directory.
 TRACES = {
@@ -45,3 +49,29 @@ def read_toml(path: Path, what: str) -> dict:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path}: invalid TOML ({err})") from None
+
+
+def read_config_json(path: str | Path, what: str) -> dict[str, Any]:
+    """The JSON object of a ``config.json`` file, or of the one in a folder (a run, a checkpoint); errors name
+    the file: not found (``what``), not JSON, not an object."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a JSON config ({err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return raw
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sources_of(files: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Content digests of the input files a run read, stored beside its config (``sources``)."""
+    return {name: {"path": str(path), "sha256": file_sha256(trace_path(path))} for name, path in files.items()}

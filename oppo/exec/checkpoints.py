@@ -1,7 +1,7 @@
 """Checkpoints of real architectures with random weights, for measuring on hardware without downloads.
 
 A Qwen2 causal LM (actor, reference) and a one-label Qwen2 sequence classifier (critic, reward) built from a
-shape of :data:`oppo.shapes.HF_SHAPES` (or any dict of the same fields), saved with ``save_pretrained`` so that
+shape of :data:`oppo.catalog.shapes.HF_SHAPES` (or any dict of the same fields), saved with ``save_pretrained`` so that
 the executor loads them through ``from_pretrained`` like any local checkpoint (``--preset hf``). Timing does not
 depend on the weights' values; learning does, so these are for speed, not for rewards. ``tied``: the causal LM's
 output head is its input embedding (one parameter), as in Qwen2.5 0.5B-3B, Llama 3.2 and Gemma.
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
-from oppo.shapes import HF_SHAPES
+from oppo.catalog.shapes import HF_SHAPES
 
 PAD = EOS = 0  # id 0 ends and pads: random weights have no vocabulary of their own
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oppo.config import ScheduleConfig, check_positive, opt, schedule_from
+from oppo.core.config import ScheduleConfig, check_positive, opt, schedule_from
 from oppo.stored_config import check_sources, config_from_dict, load_stored_config
 
 PRESETS = ("tiny-cpu", "small-cpu", "hf")

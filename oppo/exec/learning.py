@@ -1,6 +1,6 @@
 """Learning under staleness: the variants a study compares (sync, oppo, async K with or without decoupled PPO),
 the executor options of each, and each run's records read back as one row per step (``benchmarks/staleness.py``
-and ``notebooks/async_learning.ipynb`` run them; :func:`oppo.plots.learning_plot` draws them)."""
+and ``notebooks/async_learning.ipynb`` run them; :func:`oppo.records.plots.learning_plot` draws them)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from oppo.exec.runner import (
 )
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
-from oppo.records import TraceRow
+from oppo.records.schema import TraceRow
 
 
 class WorkerDied(RunAborted):

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from oppo.catalog.lengths import LengthTrace
+from oppo.core.scheduler import Scheduler, StepOutcome
 from oppo.exec import task
 from oppo.exec.config import ExecConfig
 from oppo.exec.evaluation import HeldOut, synthetic_prompts
@@ -27,8 +29,6 @@ from oppo.exec.rank import ActorRank, LocalGroup
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
 from oppo.exec.update import deal, longest_first, minibatches, step_batch
-from oppo.lengths import LengthTrace
-from oppo.scheduler import Scheduler, StepOutcome
 
 
 class RunAborted(RuntimeError):

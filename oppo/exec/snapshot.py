@@ -26,7 +26,9 @@ import torch
 
 CHECKPOINT = "checkpoint"
 TRAINED = ("actor", "critic")
-STATE_FORMAT = 2  # the layout of state.pkl's pickled objects; 2: the buffer keeps its sequences by column
+# The layout of state.pkl's pickled objects (classes are pickled by module path): 2: the buffer keeps its sequences
+# by column; 3: the core's classes live in oppo.core, the records' in oppo.records.schema.
+STATE_FORMAT = 3
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Saved:
     elapsed_s: float  # the run's clock at the save: a resumed run's records go on from there
     versions: list | None = None  # async: the actor's recent versions (state dicts), oldest first
     format: int = 1  # STATE_FORMAT when saved (a state.pkl written before the field existed reads 1)
+    written_by: str | None = None  # "oppo VERSION (commit C)" that saved it; None before format 3
 
 
 def save(run_dir: Path, executor, log, recorder) -> None:
@@ -66,6 +69,7 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         recorder.now(),
         None if executor.history is None else list(executor.history.versions),
         STATE_FORMAT,
+        _this_oppo(),
     )
     with open(tmp / "state.pkl", "wb") as fh:
         pickle.dump(state, fh)
@@ -110,13 +114,69 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
 
 
 def load_state(path: Path) -> Saved:
-    """A checkpoint's ``state.pkl``; refused, naming it, where another version of oppo wrote it (its scheduler's
-    internals are pickled as they were)."""
+    """A checkpoint's ``state.pkl``; refused in one line naming its format and the oppo that wrote it, where that
+    is not this one's (its scheduler's internals are pickled as they were, under the module paths of then)."""
     try:
         with open(path, "rb") as fh:
             state = pickle.load(fh)
-    except (AttributeError, TypeError, ImportError, pickle.UnpicklingError):
+    except (AttributeError, TypeError, ImportError, EOFError, pickle.UnpicklingError):
         state = None
-    if not isinstance(state, Saved) or state.format != STATE_FORMAT:
-        raise ValueError(f"{path} was written by another version of oppo: resume it with that one, or start again")
-    return state
+    if isinstance(state, Saved) and state.format == STATE_FORMAT:
+        return state
+    found, writer = _format_and_writer(path)
+    raise ValueError(
+        f"{path} was written by another version of oppo ({writer}, state format {found}; this one reads format "
+        f"{STATE_FORMAT}): resume it with that version, or start again"
+    )
+
+
+def _this_oppo() -> str:
+    from oppo.provenance import provenance
+
+    here = provenance()
+    return f"oppo {here['oppo']} (commit {here['commit'] or 'unknown'})"
+
+
+class _Unknown:
+    """Stands for a class a checkpoint names that this oppo lacks (moved or gone): read, never used."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __setstate__(self, state) -> None:
+        pass
+
+
+class _TolerantUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            return _Unknown
+
+
+def _format_and_writer(path: Path) -> tuple[str, str]:
+    """The state format a ``state.pkl`` records and the oppo that wrote it (its own note, else the provenance the
+    run's ``config.json`` holds: the last process that resumed it, or the one that started it)."""
+    try:
+        with open(path, "rb") as fh:
+            state = _TolerantUnpickler(fh).load()
+    except Exception:  # noqa: BLE001 - any unreadable file is one we cannot name a writer for
+        return "unknown", "not a checkpoint this oppo can read"
+    if not isinstance(state, Saved):
+        return "unknown", "not a checkpoint this oppo can read"
+    fields = vars(state)
+    if fields.get("written_by"):
+        return str(fields.get("format", 1)), fields["written_by"]
+    return str(fields.get("format", 1)), _writer_from_config(path.parent.parent / "config.json")
+
+
+def _writer_from_config(config_json: Path) -> str:
+    from oppo.data import read_config_json
+
+    try:
+        origin = read_config_json(config_json, "config").get("provenance", {})
+    except (OSError, ValueError):
+        return "oppo of unknown version"
+    last = (origin.get("resumed") or [origin])[-1]
+    return f"oppo {last.get('oppo', '?')} (commit {last.get('commit') or 'unknown'})"

@@ -1,4 +1,4 @@
-"""One timing context manager that turns executed operations into the shared :class:`~oppo.records.TraceRow`."""
+"""One timing context manager that turns executed operations into the shared :class:`~oppo.records.schema.TraceRow`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from oppo.records import TraceRow
+from oppo.records.schema import TraceRow
 
 
 class Recorder:

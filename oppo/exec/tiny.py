@@ -1,7 +1,7 @@
 """The tiny presets (``tiny-cpu``, ``small-cpu``): Llama-architecture checkpoints built from a shape, prepared
 for the default task and saved, so that they load through ``from_pretrained(path)`` like any checkpoint.
 
-Shapes come from :data:`oppo.shapes.HF_SHAPES` (the simulator reads the same entries). Preparation: SFT warm-up
+Shapes come from :data:`oppo.catalog.shapes.HF_SHAPES` (the simulator reads the same entries). Preparation: SFT warm-up
 of the actor and a reward model trained on synthetic preferences (:mod:`oppo.exec.task`); deterministic; cached
 in ``$OPPO_CACHE`` (default ``~/.cache/oppo``).
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
+from oppo.catalog.shapes import HF_SHAPES
 from oppo.exec import task
 from oppo.exec.task import BOS, EOS, PAD
-from oppo.shapes import HF_SHAPES
 
 CACHE_VERSION = "v1"
 PREP_STEPS = {"tiny-cpu": (300, 400, 32), "small-cpu": (60, 80, 16)}  # SFT steps, RM steps, batch

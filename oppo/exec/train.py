@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from oppo.cli import add_config_args, given_options, run_cli
-from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
+from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 from oppo.tracking import add_tracking_args, track_run, trackers_from
 
@@ -107,7 +107,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
     """Run ``config.steps`` steps, writing records to ``out`` as it goes (kept on Ctrl-C); ``resume``: go on from
     the last checkpoint in ``out``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from oppo.lengths import load_lengths
+    from oppo.catalog.lengths import load_lengths
 
     task = config.task
     lengths = load_lengths(task.lengths, model=task.lengths_model) if task.lengths else None  # bad file: no output
@@ -181,9 +181,10 @@ class RunLog:
         self, out: Path, config: ExecConfig, flops_per_token: dict, peak_flops: float | None, resume: bool = False
     ) -> None:
         """``resume``: the run goes on in ``out``; its ``config.json`` keeps where the run started."""
+        from oppo.data import sources_of
         from oppo.exec.config import input_files
-        from oppo.record_io import write_json
-        from oppo.stored_config import sources_of, with_provenance
+        from oppo.records.io import write_json
+        from oppo.stored_config import with_provenance
 
         self.out, self.config = out, config
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops  # for MFU per stage
@@ -205,8 +206,8 @@ class RunLog:
 
     def write(self, trace, wall_s: float, final: bool = False) -> dict:
         from oppo.exec.runner import StepMetrics
-        from oppo.metrics import summarize
-        from oppo.record_io import write_rows, write_run
+        from oppo.records.io import write_rows, write_run
+        from oppo.records.metrics import summarize
 
         summary = summarize(
             self.config.schedule.policy,
@@ -224,27 +225,27 @@ class RunLog:
         for name, (rows, row_type) in self.tables.items():
             write_rows(self.out / name, list(rows), row_type)
         if final and self.steps:
-            from oppo import plots
+            from oppo.records import plots
 
             plots.reward_curves({self.config.schedule.policy: self.steps}, self.out / "curves.png", time_axis=False)
         return summary
 
 
 def stage_costs(config: ExecConfig) -> tuple[dict[str, float], float | None]:
-    """Forward FLOPs per token of each role (:func:`oppo.shapes.role_flops_per_token` of its checkpoint's
+    """Forward FLOPs per token of each role (:func:`oppo.catalog.shapes.role_flops_per_token` of its checkpoint's
     config.json, as the simulator counts them) and the device's datasheet peak FLOP/s (None on a CPU or an
     unknown GPU: MFU is then not reported)."""
     import contextlib
 
     import torch
 
+    from oppo.catalog.gpus import gpu_by_device_name
+    from oppo.catalog.shapes import load_hf_config, role_flops_per_token
     from oppo.exec.models import resolve_device, role_paths
-    from oppo.gpus import gpu_by_device_name
-    from oppo.shapes import load_hf_config, role_flops_per_token
 
     shapes = {}
     for role, path in role_paths(config.model).items():
-        with contextlib.suppress(ValueError):  # not a decoder shape oppo.shapes reads: no MFU for this role
+        with contextlib.suppress(ValueError):  # not a decoder shape oppo.catalog.shapes reads: no MFU for this role
             shapes[role] = load_hf_config(path)
     flops = role_flops_per_token(shapes)
     device = resolve_device(config.model.device)

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from oppo.catalog.lengths import LengthTrace
 from oppo.exec import task
 from oppo.exec.config import ExecConfig
 from oppo.exec.runner import derived_seed, forced_length
-from oppo.lengths import LengthTrace
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from oppo.catalog.lengths import LengthTrace
 from oppo.exec.config import ExecConfig, load_config
 from oppo.exec.runner import forced_length
-from oppo.lengths import LengthTrace
-from oppo.record_io import read_rows
-from oppo.records import StepRecord, TraceRow
+from oppo.records.io import read_rows
+from oppo.records.schema import StepRecord, TraceRow
 from oppo.sim import SimConfig, simulate
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.cost.fit import fit_trace, save_profile

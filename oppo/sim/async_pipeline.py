@@ -7,7 +7,7 @@ Two ways to feed the trainer, chosen by :class:`AsyncConfig`:
   ``weights = "oldest"``, version s - K exactly, as the executor does); the trainer trains the steps in order.
 - :class:`ContinuousPipeline` (``rollout_concurrency = C``, AReaL / PipelineRL): the engine holds up to C groups
   and admits a new one between decode rounds as others finish; finished groups queue; the trainer takes B
-  (:class:`oppo.async_queue.GroupQueue`: the due ones first, then in finish order). Without in-flight updates a
+  (:class:`oppo.core.async_queue.GroupQueue`: the due ones first, then in finish order). Without in-flight updates a
   new version waits until the running sequences drain (one set of weights in the engine); with them
   (``inflight_updates``, PipelineRL) the running sequences switch at the next round and keep their KV cache
   (computed by the older weights: no recompute, as PipelineRL), so one sequence has tokens of several versions.
@@ -26,9 +26,9 @@ from itertools import compress
 import numpy as np
 import simpy
 
-from oppo.async_queue import GroupQueue
-from oppo.config import opt
-from oppo.records import StepRecord, TrainedColumns, TrainedSeq
+from oppo.core.async_queue import GroupQueue
+from oppo.core.config import opt
+from oppo.records.schema import StepRecord, TrainedColumns, TrainedSeq
 from oppo.sim.cost.engine import pass_attended
 
 WEIGHTS = ("newest", "oldest")

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from oppo.catalog.lengths import load_lengths
 from oppo.cli import add_config_args, given_options, run_cli
-from oppo.config import POLICIES, ScheduleConfig, schedule_from, to_dict
-from oppo.lengths import load_lengths
-from oppo.optrace import cycle_collector_paused
-from oppo.record_io import write_json, write_run
+from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
+from oppo.records.io import write_json, write_run
+from oppo.records.optrace import cycle_collector_paused
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
 from oppo.sim.model import SimConfig
@@ -200,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     with cycle_collector_paused():
         # imported here, not where the records are made: importing matplotlib leaves reference cycles through the
         # importing frames (pyparsing's exceptions), which would keep that frame's records alive until collected
-        from oppo import plots
+        from oppo.records import plots
 
         _run_and_write(args, plots)
 
@@ -251,7 +251,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for line in skipped:
         print(f"left out {line}")
     if args.out:
-        from oppo import plots
+        from oppo.records import plots
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -279,7 +279,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from oppo import plots
+    from oppo.records import plots
 
     if bool(args.chunks) == bool(args.deltas):
         raise ValueError("sweep needs exactly one of --chunks or --deltas")
@@ -295,7 +295,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from oppo import plots
+    from oppo.records import plots
     from oppo.sim import plan as planner
 
     policies = tuple(p for p in args.policies.split(",") if p)
@@ -384,8 +384,8 @@ def cmd_fit_gpus(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from oppo.record_io import read_rows
-    from oppo.records import TraceRow
+    from oppo.records.io import read_rows
+    from oppo.records.schema import TraceRow
     from oppo.sim.cost.fit import fit_trace, save_profile
 
     if not Path(args.trace).is_file():
@@ -421,7 +421,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
 def _calibrate_shared(args: argparse.Namespace) -> None:
     """One framework layer fitted across several runs: ``framework.toml``, and per run its within-run and
     leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
-    from oppo import plots
+    from oppo.records import plots
     from oppo.sim.logfit import logged_run, shared_fidelity
     from oppo.sim.setups import framework_toml
 
@@ -455,7 +455,7 @@ def cmd_validate_log(args: argparse.Namespace) -> None:
 
 
 def _log_fidelity(setup, log, first: int, out: Path) -> None:
-    from oppo import plots
+    from oppo.records import plots
     from oppo.sim.logfit import replay_errors
 
     report, measured, predicted = replay_errors(setup, log, first)

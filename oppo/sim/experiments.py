@@ -1,6 +1,6 @@
 """Experiments researchers run in notebooks and the CLI: policies side by side, chunk and Δ sweeps, trace replay.
 
-Each function simulates and returns plain rows (dicts) or step records; plotting is left to :mod:`oppo.plots`.
+Each function simulates and returns plain rows (dicts) or step records; plotting is left to :mod:`oppo.records.plots`.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from oppo import metrics
-from oppo.config import to_dict
-from oppo.lengths import LengthTrace
-from oppo.metrics import summarize
-from oppo.records import StepRecord
-from oppo.shapes import role_flops_per_token
+from oppo.catalog.lengths import LengthTrace
+from oppo.catalog.shapes import role_flops_per_token
+from oppo.core.config import to_dict
+from oppo.records import metrics
+from oppo.records.metrics import summarize
+from oppo.records.schema import StepRecord
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.cost.gpu import GPUS
 from oppo.sim.model import SimConfig, SimResult, simulate
@@ -85,7 +85,7 @@ def summary_of(config: SimConfig, result: SimResult, wall_s: float, trace: Lengt
 
 
 def flops_and_peaks(setup: Setup) -> tuple[dict[str, float], float | None]:
-    """Forward FLOPs per token of each role (:func:`oppo.shapes.role_flops_per_token`, as the executor counts
+    """Forward FLOPs per token of each role (:func:`oppo.catalog.shapes.role_flops_per_token`, as the executor counts
     them) and a GPU's peak FLOP/s (None for the CPU presets, whose "GPU" is a calibrated stand-in without a
     meaningful peak)."""
     roles = ("actor", "critic", "reference", "reward")

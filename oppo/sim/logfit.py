@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oppo.lengths import LengthTrace
+from oppo.catalog.lengths import LengthTrace
 from oppo.sim.cost.fit import fit_problems, fit_stage, slice_load, sum_loads
 from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate

@@ -17,11 +17,11 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
-from oppo.config import ScheduleConfig, check_positive
-from oppo.metrics import Columns, device_count, name_codes
-from oppo.optrace import OpTrace, cycle_collector_paused
-from oppo.records import StepRecord, TrainedColumns
-from oppo.scheduler import Scheduler
+from oppo.core.config import ScheduleConfig, check_positive
+from oppo.core.scheduler import Scheduler
+from oppo.records.metrics import Columns, device_count, name_codes
+from oppo.records.optrace import OpTrace, cycle_collector_paused
+from oppo.records.schema import StepRecord, TrainedColumns
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.cost.engine import CostModel, pass_attended
 from oppo.sim.cost.framework import ROLE_STAGES, StageLoad
@@ -335,7 +335,7 @@ def _ignore(record: StepRecord) -> None:
 def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None = None, progress=None) -> SimResult:
     """Run ``config.steps`` PPO steps and return their records. Pure: same config and trace, same records.
 
-    ``trace``: a :class:`~oppo.lengths.LengthTrace` to replay (else the setup's lognormal); ``costs``: a cost
+    ``trace``: a :class:`~oppo.catalog.lengths.LengthTrace` to replay (else the setup's lognormal); ``costs``: a cost
     model per role (default: the setup's); ``progress``: called with each finished step's record.
     """
     env = simpy.Environment()

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from oppo.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
-from oppo.lengths import LengthTrace
+from oppo.catalog.lengths import LengthTrace
+from oppo.core.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.cost.gpu import GPUS
 from oppo.sim.experiments import config_dict, summarize_config

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oppo.config import ScheduleConfig, schedule_from
+from oppo.core.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir, read_toml
-from oppo.metrics import device_count
+from oppo.records.metrics import device_count
 from oppo.sim.cost.engine import ENGINES, CostModel, RooflineCost, model_shape
 from oppo.sim.cost.framework import (
     FRAMEWORKS,

@@ -9,8 +9,8 @@ from itertools import compress
 
 import numpy as np
 
-from oppo.lengths import LengthTrace
-from oppo.records import TrainedColumns, TrainedSeq
+from oppo.catalog.lengths import LengthTrace
+from oppo.records.schema import TrainedColumns, TrainedSeq
 
 
 @dataclass(frozen=True)

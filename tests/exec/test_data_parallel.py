@@ -20,14 +20,14 @@ import torch
 
 pytest.importorskip("ray")
 
-from oppo.config import POLICIES  # noqa: E402
+from oppo.core.config import POLICIES  # noqa: E402
+from oppo.core.scheduler import Scheduler  # noqa: E402
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule  # noqa: E402
 from oppo.exec.models import load_roles  # noqa: E402
 from oppo.exec.rank import trained_roles  # noqa: E402
 from oppo.exec.runner import Executor, RunAborted, SeqData, run_roles  # noqa: E402
 from oppo.exec.timing import Recorder  # noqa: E402
 from oppo.exec.update import deal, longest_first, minibatches, weights_digest  # noqa: E402
-from oppo.scheduler import Scheduler  # noqa: E402
 from tests.drive import run_step  # noqa: E402
 from tests.exec.test_placement import alive, kill_mid_run  # noqa: E402
 

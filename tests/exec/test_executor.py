@@ -77,9 +77,9 @@ def test_same_seed_same_records():
 
 
 def test_stored_config_roundtrips(tmp_path):
-    from oppo.config import to_dict
+    from oppo.core.config import to_dict
     from oppo.exec.config import load_config
-    from oppo.record_io import write_json
+    from oppo.records.io import write_json
 
     config = ExecConfig(
         schedule=default_schedule(policy="oppo", chunk_candidates=(2, 4)),

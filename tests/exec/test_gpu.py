@@ -24,13 +24,13 @@ def test_short_run_on_cuda_bf16(tmp_path):
     """A known datacenter GPU reports MFU for every stage that processed tokens, each a fraction of its peak."""
     import json
 
+    from oppo.catalog.gpus import gpu_by_device_name
     from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
     from oppo.exec.train import train
-    from oppo.gpus import gpu_by_device_name
 
     name = torch.cuda.get_device_name()
     if gpu_by_device_name(name) is None:
-        pytest.skip(f"{name}: no datasheet peak in oppo.gpus, so no MFU to check")
+        pytest.skip(f"{name}: no datasheet peak in oppo.catalog.gpus, so no MFU to check")
     config = ExecConfig(schedule=default_schedule(policy="oppo", batch=4), model=ModelConfig(device="cuda"), steps=3)
     assert train(config, tmp_path / "run") == 0
     stages = json.loads((tmp_path / "run" / "summary.json").read_text())["stages"]

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from oppo.catalog.shapes import HF_SHAPES
 from oppo.exec.checkpoints import random_checkpoints
-from oppo.shapes import HF_SHAPES
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate.py"
 SMALL = dict(

@@ -15,6 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from oppo.exec.snapshot import load_state
+
 COMMON = (
     "--preset", "tiny-cpu", "--mode", "inter", "--delta", "2", "--check-tokens", "2", "--batch", "4",
     "--max-new-tokens", "24", "--dtype", "float64", "--seed", "5",
@@ -112,6 +114,39 @@ def test_a_checkpoint_of_another_version_is_refused(tmp_path, cut_run):
     res = train("--resume", str(cut), "--steps", "4")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"{state_pkl} was written by another version of oppo" in res.stderr
+    assert "state format 1; this one reads format 3" in res.stderr
+
+
+# Where the classes of a state.pkl lived before the core, the records and the catalog had packages of their own.
+OLD_PATHS = {f"oppo.core.{m}": f"oppo.{m}" for m in ("buffer", "chunking", "config", "overcommit", "scheduler")}
+OLD_PATHS |= {"oppo.core.async_queue": "oppo.async_queue", "oppo.records.schema": "oppo.records"}
+
+
+def test_a_checkpoint_from_before_the_core_moved_is_refused_naming_its_writer(tmp_path, cut_run):
+    """A format-2 state.pkl names its classes at their old module paths: refused in one line that says which oppo
+    wrote it (from the run's provenance: it predates the checkpoint's own note)."""
+    cut = tmp_path / "cut"
+    shutil.copytree(cut_run, cut)
+    state_pkl = cut / "checkpoint" / "state.pkl"
+    state = pickle.loads(state_pkl.read_bytes())
+    state.format = 2
+    del state.__dict__["written_by"]  # format 2 had no such field
+    raw = pickle.dumps(state, protocol=2)  # protocol 2 names each class as text: "c<module>\n<name>\n"
+    for new, old in OLD_PATHS.items():
+        raw = raw.replace(f"c{new}\n".encode(), f"c{old}\n".encode())
+    assert b"coppo.scheduler\n" in raw and b"coppo.core." not in raw
+    state_pkl.write_bytes(raw)
+    with pytest.raises(ValueError, match="state format 2"):
+        load_state(state_pkl)
+    commit = json.loads((cut / "config.json").read_text())["provenance"]["commit"] or "unknown"
+    res = train("--resume", str(cut), "--steps", "4")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"(oppo 0.1.0 (commit {commit}), state format 2; this one reads format 3)" in res.stderr
+
+
+def test_a_checkpoint_names_the_oppo_that_wrote_it(cut_run):
+    state = load_state(cut_run / "checkpoint" / "state.pkl")
+    assert state.format == 3 and state.written_by.startswith("oppo 0.1.0 (commit ")
 
 
 def test_no_checkpoint_or_an_unsupported_run_is_bad_input(tmp_path):

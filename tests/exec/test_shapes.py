@@ -13,10 +13,10 @@ from transformers import (
     Qwen2ForSequenceClassification,
 )
 
+from oppo.catalog.shapes import HF_SHAPES, load_hf_config
 from oppo.exec.config import ExecConfig, ModelConfig
 from oppo.exec.tiny import llama_config
 from oppo.exec.train import stage_costs
-from oppo.shapes import HF_SHAPES, load_hf_config
 from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost, model_shape
 from oppo.sim.cost.gpu import GPUS
 from oppo.sim.experiments import flops_and_peaks

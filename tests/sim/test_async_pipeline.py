@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oppo.lengths import LengthTrace
+from oppo.catalog.lengths import LengthTrace
+from oppo.core.staleness import assumptions_hold, mean_lag, utilization
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.setups import Placement
-from oppo.staleness import assumptions_hold, mean_lag, utilization
 
 
 @dataclasses.dataclass(frozen=True)

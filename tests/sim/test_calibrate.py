@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from oppo.records import TraceRow
+from oppo.records.schema import TraceRow
 from oppo.sim.cost.engine import pass_attended
 from oppo.sim.cost.fit import CalibratedCost, fit_trace, load_profile, nonnegative_lstsq, save_profile
 

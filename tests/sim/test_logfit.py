@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.lengths import LengthTrace
+from oppo.catalog.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
 from oppo.sim.cost.framework import ROLE_STAGES, TRL, StageCost, shared_layer
 from oppo.sim.logfit import (

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.lengths import LengthTrace
-from oppo.metrics import summarize
+from oppo.catalog.lengths import LengthTrace
+from oppo.records.metrics import summarize
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.cost.framework import TRL, Framework
 from oppo.sim.setups import Placement
@@ -243,7 +243,7 @@ def test_framework_layer_base_in_a_setup_toml(tmp_path):
 def test_summary_columns_from_operations_equal_those_of_the_rows(policy):
     """A summary's columns are built from the recorded operations (a group's fields repeated per member); they
     must be exactly the columns of the per-GPU rows, on a placement whose devices hold several GPUs."""
-    from oppo.metrics import Columns
+    from oppo.records.metrics import Columns
 
     result = simulate(small(policy, steps=6, placement=Placement("disaggregated", 3, 2)))
     fast, rows = result.columns(), Columns.of(result.trace)

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.config import DELTA_CONTROLLERS
-from oppo.lengths import load_lengths
-from oppo.metrics import hidden_fraction, stage_throughput, summarize, work_done
-from oppo.records import StepRecord, TraceRow, TrainedSeq
+from oppo.catalog.lengths import load_lengths
+from oppo.core.config import DELTA_CONTROLLERS
+from oppo.records.metrics import hidden_fraction, stage_throughput, summarize, work_done
+from oppo.records.schema import StepRecord, TraceRow, TrainedSeq
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.experiments import compare, compare_rows, flops_and_peaks
 from oppo.sim.workload import LengthModel

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oppo.lengths import load_lengths
+from oppo.catalog.lengths import load_lengths
 from oppo.sim import load_setup
 from oppo.sim.experiments import run
 

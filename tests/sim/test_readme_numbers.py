@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from oppo.lengths import load_lengths
+from oppo.catalog.lengths import load_lengths
 from oppo.sim import load_setup
 from oppo.sim.experiments import run
 

@@ -1,6 +1,6 @@
 """The simulator's cost model, one layer per module, each importing only the layers above it in this list:
 
-1. :mod:`oppo.sim.cost.gpu`: the GPU, its datasheet (:mod:`oppo.gpus`) and the fraction of it achieved
+1. :mod:`oppo.sim.cost.gpu`: the GPU, its datasheet (:mod:`oppo.catalog.gpus`) and the fraction of it achieved
    (:class:`~oppo.sim.cost.gpu.Efficiency`, fitted to measured operator profiles).
 2. :mod:`oppo.sim.cost.engine`: model shapes, generation engines, and the roofline seconds of a role's decode,
    prefill, scoring and training passes and weight sync (:class:`~oppo.sim.cost.engine.RooflineCost`).

@@ -1,8 +1,8 @@
 """The engine layer of the cost stack: seconds of a role's decode, prefill, scoring and training passes and of the
 weight sync, on its GPUs (:mod:`oppo.sim.cost.gpu`), at the roofline. It knows nothing of SimPy.
 
-Model shapes (:class:`ModelShape`) come from :mod:`oppo.shapes` (the models' own ``config.json`` fields) or from a
-user's ``config.json``; generation engines (:class:`Engine`: HF ``generate``, vLLM) say how efficiently decoding
+Model shapes (:class:`ModelShape`) come from :mod:`oppo.catalog.shapes` (the models' own ``config.json`` fields) or
+from a user's ``config.json``; generation engines (:class:`Engine`: HF ``generate``, vLLM) say how efficiently decoding
 uses the GPU. The time of a pass is ``max(bytes / achieved_bandwidth, flops / achieved_flops)`` (a roofline):
 decode is bandwidth-bound (weights + KV cache read once per iteration), prefill and training compute-bound. The
 measured GPU profiles hold the linear layers only; attention is modelled analytically (KV bytes read in decode,
@@ -20,14 +20,21 @@ from typing import Protocol
 
 import numpy as np
 
-from oppo.shapes import BYTES_PER_PARAM, HF_SHAPES, forward_flops_per_token, head_dim, load_hf_config, parameter_count
+from oppo.catalog.shapes import (
+    BYTES_PER_PARAM,
+    HF_SHAPES,
+    forward_flops_per_token,
+    head_dim,
+    load_hf_config,
+    parameter_count,
+)
 from oppo.sim.cost.gpu import GPU, Efficiency
 
 
 @dataclass(frozen=True)
 class ModelShape:
     """A decoder-only transformer (Llama/Qwen family: gated MLP, grouped-query attention) with an LM head; every
-    role is costed as one. Parameters and FLOPs are counted by :mod:`oppo.shapes`."""
+    role is costed as one. Parameters and FLOPs are counted by :mod:`oppo.catalog.shapes`."""
 
     name: str
     layers: int
@@ -46,7 +53,7 @@ class ModelShape:
 
     @classmethod
     def from_hf(cls, name: str, config: dict) -> ModelShape:
-        """The shape of a Hugging Face ``config.json`` (its fields, as in :data:`oppo.shapes.HF_SHAPES`)."""
+        """The shape of a Hugging Face ``config.json`` (its fields, as in :data:`oppo.catalog.shapes.HF_SHAPES`)."""
         return cls(
             name,
             config["num_hidden_layers"],

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oppo.records import TraceRow
+from oppo.records.schema import TraceRow
 from oppo.sim.cost.engine import pass_attended
 from oppo.sim.cost.framework import StageCost, StageLoad
 

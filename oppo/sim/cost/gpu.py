@@ -1,4 +1,4 @@
-"""The GPU layer of the cost stack: datasheet peaks (:mod:`oppo.gpus`) and the fraction of them a GPU achieves.
+"""The GPU layer of the cost stack: datasheet peaks (:mod:`oppo.catalog.gpus`) and the fraction of them a GPU achieves.
 
 The links between GPUs: within a node the datasheet's, between nodes the setup's ``[cluster]`` (:class:`Cluster`).
 The achieved fractions (:class:`Efficiency`) come from the datasheet times default factors, or are fitted by least
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from oppo.catalog.gpus import GPU, GPUS
 from oppo.data import profile_dir
-from oppo.gpus import GPU, GPUS
 
 PROFILE_DIR = profile_dir()  # shipped with the package (oppo/data/profiles)
 
@@ -37,9 +37,9 @@ class Cluster:
     """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
     gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
     per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
-    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.gpus`). GPUs are numbered
-    from the first node's first GPU and nodes split them at multiples of ``gpus_per_node``: GPUs 3 and 4 at 4 per
-    node sit on two nodes."""
+    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.catalog.gpus`). GPUs are
+    numbered from the first node's first GPU and nodes split them at multiples of ``gpus_per_node``: GPUs 3 and 4 at
+    4 per node sit on two nodes."""
 
     gpus_per_node: int = 8
     inter_node_bytes_per_s: float = 25e9

@@ -61,7 +61,7 @@ class ExploringChunk:
 
 
 def make_chunk_policy(config) -> FixedChunk | ExploringChunk:
-    """The chunk policy of a :class:`~oppo.config.ScheduleConfig`."""
+    """The chunk policy of a :class:`~oppo.core.config.ScheduleConfig`."""
     if config.fixed_chunk is not None:
         return FixedChunk(config.fixed_chunk)
     return ExploringChunk(config.chunk_candidates, config.explore_period_steps, config.explore_trials)

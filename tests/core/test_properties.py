@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oppo import ScheduleConfig, Scheduler
-from oppo.chunking import ExploringChunk
-from oppo.lengths import LengthTrace
-from oppo.overcommit import Alg1Delta, SlopeDelta
+from oppo.catalog.lengths import LengthTrace
+from oppo.core.chunking import ExploringChunk
+from oppo.core.overcommit import Alg1Delta, SlopeDelta
 from oppo.sim import SimConfig, load_setup
 from oppo.sim import simulate as sim_run
 from oppo.sim.setups import Placement

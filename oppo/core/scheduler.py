@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import gt, itemgetter, not_, sub
 
-from oppo.buffer import RolloutBuffer
-from oppo.chunking import make_chunk_policy
-from oppo.config import ScheduleConfig
-from oppo.overcommit import LengthObservation, make_delta_controller
-from oppo.records import StepRecord, TrainedColumns
+from oppo.core.buffer import RolloutBuffer
+from oppo.core.chunking import make_chunk_policy
+from oppo.core.config import ScheduleConfig
+from oppo.core.overcommit import LengthObservation, make_delta_controller
+from oppo.records.schema import StepRecord, TrainedColumns
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The record schema shared by the simulator and the executor (docs/design.md section 4).
 
-Files of a run directory (written by :mod:`oppo.record_io`, summarised by :mod:`oppo.metrics`):
+Files of a run directory (written by :mod:`oppo.records.io`, summarised by :mod:`oppo.records.metrics`):
 - ``trace.csv``: one :class:`TraceRow` per executed operation;
 - ``steps.csv``: one :class:`StepRecord` per step;
 - ``sequences.csv``: one :class:`TrainedSeq` per trained sequence (source of the deferral histogram);
-- ``summary.json``: :func:`oppo.metrics.summarize` of the above plus the config;
-- ``trace.json``: the operations as a Perfetto timeline (:mod:`oppo.perfetto`).
+- ``summary.json``: :func:`oppo.records.metrics.summarize` of the above plus the config;
+- ``trace.json``: the operations as a Perfetto timeline (:mod:`oppo.records.perfetto`).
 
 The three record types are ``NamedTuple``s: immutable like frozen dataclasses and about four times cheaper to
 create (a 1000-step simulation at B = 512 on 8 GPUs has ~800k records). The scheduler hands its trained sequences

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from oppo.records import StepRecord, TraceRow, TrainedColumns, TrainedSeq
+from oppo.records.schema import StepRecord, TraceRow, TrainedColumns, TrainedSeq
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -232,8 +232,8 @@ def stage_throughput(
 ) -> dict[str, dict[str, float | None]]:
     """Per "role/phase" that computes (not ``sync``, ``other``): tokens per second of its devices and, where the
     devices' peak FLOP/s is known (``peak_flops`` per device), the model FLOPs utilisation (MFU): analytic FLOPs
-    (``flops_per_token[role]`` per token of a forward pass, :func:`oppo.shapes.role_flops_per_token`, three times
-    that for training; attention left out) over the time and the peak. An operation on a group of devices counts
+    (``flops_per_token[role]`` per token of a forward pass, :func:`oppo.catalog.shapes.role_flops_per_token`, three
+    times that for training; attention left out) over the time and the peak. An operation on a group of devices counts
     once, for its longest member, against the group's summed peak."""
     cols = trace if isinstance(trace, Columns) else Columns.of(trace)
     ops, members = cols.operations()

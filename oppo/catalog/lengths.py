@@ -12,8 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from oppo.data import TRACES, data_dir, trace_path
-from oppo.stored_config import sources_of
+from oppo.data import TRACES, data_dir, sources_of, trace_path
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from oppo.buffer import RolloutBuffer, SeqState
+from oppo.core.buffer import RolloutBuffer, SeqState
 
 
 def test_fill_admits_whole_groups_of_consecutive_ids():

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oppo.stored_config import read_config_json
+from oppo.data import read_config_json
 
 # The keys a shape needs (Llama / Qwen / Mistral naming); num_key_value_heads defaults to num_attention_heads,
 # head_dim to hidden_size / num_attention_heads (Gemma 2 and Qwen3 set it otherwise), dtype (``torch_dtype`` in

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from oppo.records import TrainedColumns, TrainedSeq
+from oppo.records.schema import TrainedColumns, TrainedSeq
 
 A = TrainedSeq(3, 10, 10, 2, 1, 40, 12, True, 1)
 B = A._replace(seq_id=11, group_id=11, response_tokens=7, finished=False)

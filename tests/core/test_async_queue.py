@@ -1,12 +1,12 @@
-"""The continuous-admission queue of asynchronous RL (oppo.async_queue) and the closed-form mean lag
-(oppo.staleness): scripted scenarios and invariants."""
+"""The continuous-admission queue of asynchronous RL (oppo.core.async_queue) and the closed-form mean lag
+(oppo.core.staleness): scripted scenarios and invariants."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oppo.async_queue import GroupQueue
-from oppo.staleness import assumptions_hold, mean_lag, utilization
+from oppo.core.async_queue import GroupQueue
+from oppo.core.staleness import assumptions_hold, mean_lag, utilization
 
 
 def test_admission_stops_at_the_bound_and_steps_take_the_oldest_first():

@@ -5,10 +5,10 @@ import csv
 import numpy as np
 import pytest
 
-from oppo.optrace import OpTrace, devices_of, rows_of_steps, rows_per_step
-from oppo.perfetto import trace_events
-from oppo.record_io import write_rows
-from oppo.records import TraceRow
+from oppo.records.io import write_rows
+from oppo.records.optrace import OpTrace, devices_of, rows_of_steps, rows_per_step
+from oppo.records.perfetto import trace_events
+from oppo.records.schema import TraceRow
 
 OPS = [
     (0, ["gpu0", "gpu1"], "actor", "prefill", 0, [0.5, 0.5], 4, 400, 0),  # an int start: repr == str

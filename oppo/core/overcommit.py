@@ -158,7 +158,7 @@ def kaplan_meier(finished: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray
 
 
 def make_delta_controller(config) -> FixedDelta | SlopeDelta | Alg1Delta | TailDelta:
-    """The Δ controller of a :class:`~oppo.config.ScheduleConfig` (Δ = 0 unless the policy over-commits;
+    """The Δ controller of a :class:`~oppo.core.config.ScheduleConfig` (Δ = 0 unless the policy over-commits;
     ``april`` and ``tailbatch`` over-provision a fixed Δ: ``--delta``, or ``delta_max`` when Δ is auto)."""
     if not config.overcommit:
         return FixedDelta(0)

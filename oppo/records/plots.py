@@ -14,8 +14,8 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from oppo.optrace import rows_of_steps, rows_per_step
-from oppo.records import PHASES, StepRecord, TraceRow
+from oppo.records.optrace import rows_of_steps, rows_per_step
+from oppo.records.schema import PHASES, StepRecord, TraceRow
 
 PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#999999")))
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from oppo import ScheduleConfig
-from oppo.chunking import ExploringChunk, FixedChunk, make_chunk_policy
-from oppo.overcommit import (
+from oppo.core.chunking import ExploringChunk, FixedChunk, make_chunk_policy
+from oppo.core.overcommit import (
     Alg1Delta,
     FixedDelta,
     LengthObservation,

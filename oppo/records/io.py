@@ -15,9 +15,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from oppo.optrace import CSV_SPECIAL, OpTrace
-from oppo.perfetto import trace_events
-from oppo.records import StepRecord, TraceRow, TrainedColumns, TrainedSeq
+from oppo.records.optrace import CSV_SPECIAL, OpTrace
+from oppo.records.perfetto import trace_events
+from oppo.records.schema import StepRecord, TraceRow, TrainedColumns, TrainedSeq
 
 
 def field_names(cls: type) -> list[str]:
@@ -31,8 +31,8 @@ def write_rows(path: str | Path, rows: Iterable[Any], cls: type) -> None:
     Values are written as Python prints them (floats: shortest repr, exact round trip; bools: True/False). The
     rows become tuples in C (``attrgetter``) and the csv module formats them in C: ~1 s per million rows; a
     NamedTuple's rows go through one ``%`` format instead, the same bytes in half the time (records held by column,
-    :class:`~oppo.records.TrainedColumns`, as plain tuples); an :class:`~oppo.optrace.OpTrace` formats each
-    operation once for all its devices, the same bytes again."""
+    :class:`~oppo.records.schema.TrainedColumns`, as plain tuples); an :class:`~oppo.records.optrace.OpTrace`
+    formats each operation once for all its devices, the same bytes again."""
     lines = rows.csv_lines() if isinstance(rows, OpTrace) else None
     if lines is None and (line := _line_format(cls, rows)) is not None:
         lines = map(line.__mod__, rows.tuples() if isinstance(rows, TrainedColumns) else rows)

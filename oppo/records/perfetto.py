@@ -6,8 +6,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from oppo.optrace import devices_of, rows_of_steps, rows_per_step
-from oppo.records import TraceRow
+from oppo.records.optrace import devices_of, rows_of_steps, rows_per_step
+from oppo.records.schema import TraceRow
 
 TRACE_EVENTS_MAX_ROWS = 10_000  # trace.json (Perfetto) holds the first steps up to this many operations
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from oppo import plots
-from oppo.records import StepRecord, TraceRow
+from oppo.records import plots
+from oppo.records.schema import StepRecord, TraceRow
 
 
 def test_plots_write_images(tmp_path):

@@ -17,7 +17,7 @@ from functools import partial
 from itertools import chain, compress, repeat
 from operator import itemgetter
 
-from oppo.records import TraceRow
+from oppo.records.schema import TraceRow
 
 CSV_SPECIAL = frozenset(',"\r\n')  # a field holding one of these is quoted by the csv module
 _new_row = partial(tuple.__new__, TraceRow)  # a TraceRow from a tuple in field order, no Python call
@@ -57,7 +57,7 @@ class OpTrace(Sequence[TraceRow]):
     __hash__ = None  # mutable, like a list
 
     def csv_lines(self) -> Iterator[str] | None:
-        """The rows as ``trace.csv`` lines, as the csv module writes them (see :func:`oppo.record_io.write_rows`):
+        """The rows as ``trace.csv`` lines, as the csv module writes them (see :func:`oppo.records.io.write_rows`):
         each operation's shared fields formatted once, its members' ends by ``repr``. None where the module would
         write differently: a time that is not a float or int (numpy's repr differs from its str), or a name holding
         a comma, quote or line break."""

@@ -5,8 +5,8 @@ import csv
 import numpy as np
 import pytest
 
-from oppo.record_io import read_rows, write_rows
-from oppo.records import StepRecord, TraceRow, TrainedSeq
+from oppo.records.io import read_rows, write_rows
+from oppo.records.schema import StepRecord, TraceRow, TrainedSeq
 
 TRACE = [
     TraceRow(0, "gpu0", "actor", "decode", 0.0, 1 / 3, 512, 9000, 123456),
