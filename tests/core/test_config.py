@@ -15,8 +15,8 @@ def test_core_imports_stdlib_numpy_scipy_and_the_record_schema_only():
     # `oppo` itself is the core's face: importing it (and every core module) must load nothing else
     modules = ", ".join(f"oppo.core.{m}" for m in CORE_MODULES)
     code = (
-        f"import sys, oppo, {modules};"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names))"
+        f"import sys; before = set(sys.modules); import oppo, {modules};"
+        "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in sys.stdlib_module_names))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = ast.literal_eval(out.stdout)
