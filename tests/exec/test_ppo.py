@@ -155,3 +155,15 @@ def test_kl_k3_over_the_policys_samples_estimates_kl_policy_to_reference():
     assert abs(kl_k3(logp, ref_lp, mask).item() - kl) < 4 * stderr
     assert abs(kl_k3(ref_lp, logp, mask).item() - swapped) < 4 * stderr_swapped
     assert abs(swapped - kl) > 40 * max(stderr, stderr_swapped)  # far apart: a swap cannot pass the first check
+
+
+def test_whitening_divides_by_n_minus_1_as_verl_and_trl():
+    # verl (core_algos.masked_whiten) and TRL whiten with the unbiased variance: [3, 5] -> -+1/sqrt(2), not -+1
+    x = torch.tensor([[3.0, 5.0, 100.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    w = masked_whiten(x, mask)
+    torch.testing.assert_close(w, torch.tensor([[-(0.5**0.5), 0.5**0.5, 0.0]], dtype=torch.float64), rtol=0, atol=1e-8)
+    one = masked_whiten(
+        torch.tensor([[7.0, 1.0]], dtype=torch.float64), torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    )
+    assert one.tolist() == [[0.0, 0.0]]  # a single token's advantage stays defined (verl raises on it)

@@ -94,6 +94,7 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_the_run_goes_on(tmp_path):
 
 def test_a_resume_that_would_be_another_run_is_refused(cut_run):
     before = (cut_run / "checkpoint" / "state.pkl").read_bytes()
+    config_before = (cut_run / "config.json").read_bytes()
     for args, message in [
         (("--seed", "9"), "seed differ from the run's; only --steps may change"),
         (("--out", "elsewhere"), "drop --config and --out"),
@@ -101,6 +102,7 @@ def test_a_resume_that_would_be_another_run_is_refused(cut_run):
         res = train("--resume", str(cut_run), "--steps", "4", *args)
         assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert (cut_run / "checkpoint" / "state.pkl").read_bytes() == before  # nothing written
+    assert (cut_run / "config.json").read_bytes() == config_before
 
 
 def test_a_checkpoint_of_another_version_is_refused(tmp_path, cut_run):
@@ -138,10 +140,12 @@ def test_a_checkpoint_from_before_the_core_moved_is_refused_naming_its_writer(tm
     state_pkl.write_bytes(raw)
     with pytest.raises(ValueError, match="state format 2"):
         load_state(state_pkl)
-    commit = json.loads((cut / "config.json").read_text())["provenance"]["commit"] or "unknown"
+    config_before = (cut / "config.json").read_bytes()
+    commit = json.loads(config_before)["provenance"]["commit"] or "unknown"
     res = train("--resume", str(cut), "--steps", "4")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"(oppo 0.1.0 (commit {commit}), state format 2; this one reads format 3)" in res.stderr
+    assert (cut / "config.json").read_bytes() == config_before  # refused before anything is written
 
 
 def test_a_checkpoint_names_the_oppo_that_wrote_it(cut_run):

@@ -87,13 +87,25 @@ def test_every_trained_sample_is_within_k(batch, k, group_size, q_batches, conc,
     lags = [t.policy_lag for t in result.trained]
     assert [s.step for s in result.steps] == list(range(steps))
     assert len(lags) == steps * batch * group_size and min(lags) >= 0 and max(lags) <= k
-    assert all(t.deferrals == t.policy_lag for t in result.trained) or not conc
+    assert all(t.deferrals == t.step - t.admitted_step and t.deferrals <= t.policy_lag for t in result.trained)
     if conc:  # a sequence's tokens are of its first version or newer: their mean lag is at most the first one's
         assert result.stats["mean_token_lag"] <= np.mean(lags) + 1e-12
         if not inflight:
             assert result.stats["mean_token_lag"] == pytest.approx(np.mean(lags))
         last = result.steps[-1].end_s
         assert 0 <= result.stats["trainer_idle_s"] <= last and 0 <= result.stats["rollout_idle_s"] <= last
+
+
+def test_continuous_async_records_admission_steps_and_deferrals_not_the_lag():
+    """A group admitted while step s trains joins the next batch it can: admitted for step s + 1, with weights of
+    version s. Its record says so: ``admitted_step`` is the step it was admitted for, ``deferrals`` the steps it
+    waited beyond it; the lag (versions behind) is ``policy_lag`` alone."""
+    options = AsyncConfig(rollout_concurrency=4, inflight_updates=False)
+    result = simulate_async([10] * 128, 2, 2, options, 0.001, 1.0, 8)  # training is slow: admissions happen in it
+    trained = list(result.trained)
+    assert all(t.deferrals == t.step - t.admitted_step >= 0 for t in trained)
+    assert all(t.deferrals <= t.policy_lag <= 2 for t in trained)
+    assert any(t.deferrals < t.policy_lag for t in trained)  # admitted during a step: not deferred, yet one behind
 
 
 def closed_form_case(batch, staleness, concurrency, rho, sigma, queue_groups=0, steps=150, skip=30):

@@ -169,3 +169,21 @@ def test_the_planner_offers_no_rollout_options_it_would_ignore():
     res = sim("plan", "--help")
     assert res.returncode == 0 and "--max-lag" in res.stdout
     assert "--rollout-concurrency" not in res.stdout and "--queue-groups" not in res.stdout
+
+
+def test_a_budget_that_holds_only_the_baselines_is_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "p"
+    args = ("plan", "--setup", "tiny-cpu", "--policies", "tppo", "--budget", "12", "--rung-steps", "3,3,3")
+    res = sim(*args, "--out", str(out))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "--budget 12 is too small" in res.stderr
+    assert not (out / "plan.csv").exists()
+
+
+def test_with_equal_rung_steps_only_the_last_rung_is_recommended_from():
+    space = Space(policies=("sync", "oppo", "april"), delta_fractions=(0.25, 1.0), controllers=("tail",))
+    result = plan(small_setup(), space, budget=200, seed=3, rungs=Rungs(steps=(6, 6), seeds=(1, 2)))
+    final = result.final()
+    assert final and all(len(e.summaries) == 2 for e in final)  # promoted to the second rung, not dropped at the first
+    assert len(final) < sum(e.searched for e in result.evaluated)
+    assert result.best()[0] in final and all(e in final for e in result.pareto())

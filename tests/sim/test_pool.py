@@ -1,7 +1,11 @@
 """Simulations spread over worker processes or a Ray cluster give the rows of one process, in the same order."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +76,45 @@ def test_a_two_node_ray_cluster_gives_the_rows_of_one_process(monkeypatch):
         assert rows == sweep_config(base_config(), "chunk", values)
     finally:
         cluster.shutdown()
+
+
+def session_processes(sid: int) -> list[int]:
+    """Pids of the live processes of session ``sid`` (a command started with ``start_new_session``: it and its
+    workers), read from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields after the name: state, ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc")
+def test_ctrl_c_cancels_queued_simulations_and_leaves_no_worker(tmp_path):
+    # eight simulations of ~2 s on two workers: ~8 s in all; interrupted once the first ones run
+    args = ["sweep", "--setup", "paper-7b-h200", "--steps", "1200", "--batch", "256", "--workers", "2"]
+    args += ["--chunks", "100,150,200,250,300,350,400,450", "--out", str(tmp_path / "s")]
+    cmd = [sys.executable, "-m", "oppo.sim", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(4.0)
+        assert proc.poll() is None, "the sweep ended before it was interrupted: make it longer"
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        took_s = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = session_processes(proc.pid)
+    for pid in left:  # ours (its session): end them, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers left running: {left}"
+    assert proc.returncode == 130, stderr
+    assert took_s < 4.0, f"exited {took_s:.1f} s after the interrupt"
+    assert "were cancelled; nothing written" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not (tmp_path / "s" / "sweep.csv").exists()

@@ -97,6 +97,7 @@ def test_metric_dumps_csv_and_jsonl(tmp_path):
         (b"step,timing_s_gen,response_length_mean,response_length_max\n0,-3,10,20\n", "non-negative"),
         (b"step,timing_s_gen,response_length_mean,response_length_max\n0,fast,10,20\n", "non-numeric"),
         (bytes(range(256)) * 40, "not a text log"),
+        (b"", "empty file"),  # not "binary": nothing was logged
     ],
 )
 def test_bad_logs_exit_2_with_one_line(tmp_path, content, message):
