@@ -76,10 +76,17 @@ def load_role(config: ModelConfig, role: str, device: torch.device | None = None
     """One role's model from its folder, trainable for the actor and the critic only."""
     device = device or resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    model = role_class(role).from_pretrained(role_paths(config)[role], dtype=dtype, attn_implementation="sdpa")
+    path = role_paths(config)[role]
+    try:
+        model = role_class(role).from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    except ValueError as err:  # a family without sdpa (Gemma 2: soft-capped attention) runs eager
+        if "scaled_dot_product_attention" not in str(err):
+            raise
+        model = role_class(role).from_pretrained(path, dtype=dtype, attn_implementation="eager")
     model = model.to(device)
     model.train(False)
     model.requires_grad_(role in ("actor", "critic"))
+    check_head_outputs(model, f"{role} {path}")
     return model
 
 
@@ -130,6 +137,47 @@ def backbone(model: torch.nn.Module) -> torch.nn.Module:
 def score_head(model: torch.nn.Module) -> torch.nn.Module:
     """The head applied to hidden states: lm_head for causal LMs, score for sequence classification."""
     return model.lm_head if hasattr(model, "lm_head") else model.score
+
+
+def head_outputs(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """What ``model``'s own forward returns for final hidden states ``hidden`` (..., H): its head, then what its
+    family applies after the head (causal LMs: Gemma 2 and 3 soft-cap the logits, ``cap * tanh(logits / cap)``;
+    Cohere multiplies them by ``logit_scale``; Granite divides them by ``logits_scaling``). Shape (..., V), or
+    (..., 1) for a sequence-classification head. :func:`check_head_outputs` proves it for a loaded model."""
+    out = score_head(model)(hidden)
+    if not hasattr(model, "lm_head"):
+        return out
+    config = model.config.get_text_config()
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        out = torch.tanh(out / cap) * cap
+    scale = getattr(model, "logit_scale", None)  # Cohere keeps config.logit_scale on the model, a number
+    if isinstance(scale, int | float):
+        out = out * scale
+    divisor = getattr(config, "logits_scaling", None)
+    if divisor:
+        out = out / divisor
+    return out
+
+
+@torch.no_grad()
+def check_head_outputs(model: torch.nn.Module, name: str) -> None:
+    """Fail, naming the model, if :func:`head_outputs` of its body's hidden states is not what its forward returns
+    (a family that changes its logits after the head in a way oppo does not know): the scorers' log-probs would
+    not be the sampler's and the trainer's, and the PPO ratio would not be 1 at identical weights. Causal LMs
+    only: a sequence-classification forward returns the last real token's score alone."""
+    if not hasattr(model, "lm_head"):
+        return
+    device = next(model.parameters()).device
+    ids = torch.arange(1, 6, device=device)[None, :] % model.config.get_text_config().vocab_size  # (1, 5)
+    full = model(input_ids=ids).logits
+    ours = head_outputs(model, backbone(model)(input_ids=ids).last_hidden_state)
+    gap = float((full.float() - ours.float()).abs().max())
+    if gap > 1e-3 * max(1.0, float(full.float().abs().max())):
+        raise ValueError(
+            f"{name}: {type(model).__name__} changes its outputs after the head in a way oppo does not apply "
+            f"(max difference {gap:.3g}); its scored log-probs would not be its own"
+        )
 
 
 def is_tied(model: torch.nn.Module) -> bool:

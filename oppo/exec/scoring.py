@@ -5,8 +5,10 @@ is computed at the end from those hidden states, so streamed and one-shot scorin
 
 - ``reward``: score head on the hidden state of each sequence's last real token (reward on EOS);
 - ``value``: score head at every position from the last prompt token on: V(s) before each response token;
-- ``logprob``: log-probs of the sampled distribution, softmax(LM head / T) (:func:`oppo.exec.ppo.sampled_logprobs`,
-  T the sampling temperature), at the same positions, gathered at the next (response) token.
+- ``logprob``: log-probs of the sampled distribution, softmax(logits / T) (:func:`oppo.exec.ppo.sampled_logprobs`,
+  T the sampling temperature), at the same positions, gathered at the next (response) token. The logits are the
+  model's own (:func:`oppo.exec.models.head_outputs`: the LM head and what the family applies after it, such as
+  Gemma-2's soft-capping), as the sampler and the trainer get them from the model's forward.
 
 Rows of a batch receive different numbers of tokens per chunk: the chunk is right-padded and the 2-D attention
 mask (past + current) marks the holes, with explicit ``position_ids``; the model's own sequence-classification
@@ -17,12 +19,13 @@ changes every step and re-prefills.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from oppo.exec.models import backbone, cache_arg, score_head
+from oppo.exec.models import backbone, cache_arg, head_outputs
 from oppo.exec.ppo import sampled_logprobs
 
 KINDS = ("reward", "value", "logprob")
@@ -93,7 +96,7 @@ class StreamingScorer:
     @torch.no_grad()
     def outputs(self, seq_ids: list[int]) -> list[torch.Tensor]:
         """Per sequence: reward () scalar; value / logprob (response_len,)."""
-        head = score_head(self.model)
+        head = functools.partial(head_outputs, self.model)  # the head and what the model applies after it
         out = []
         for seq_id in seq_ids:
             row = self.rows[seq_id]
