@@ -22,9 +22,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, total: float | None = None)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked entries; masked-out entries become 0."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    """(x - mean) / std over the masked entries, with the unbiased variance (sum of squares / (n - 1)) as verl's
+    ``masked_whiten`` and TRL's ``whiten`` have it; masked-out entries become 0. One entry whitens to 0 (verl
+    raises there)."""
+    n = mask.sum()
+    mean = (x * mask).sum() / n.clamp(min=1)
+    var = (((x - mean) ** 2) * mask).sum() / (n - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 

@@ -92,7 +92,7 @@ def test_kl_rewards_losses_and_whiten_match_loops(seed):
     assert vl.item() == pytest.approx(naive_v.item())
     w = masked_whiten(adv, mask)
     vals = torch.tensor([adv[b, i] for b in range(5) for i in range(9) if mask[b, i]])
-    ref_w = (vals - vals.mean()) / vals.var(unbiased=False).add(1e-8).sqrt()
+    ref_w = (vals - vals.mean()) / vals.var(unbiased=True).add(1e-8).sqrt()
     torch.testing.assert_close(w[mask.bool()], ref_w)
 
 
