@@ -144,6 +144,7 @@ class Evaluated:
     candidate: Candidate
     steps: int
     summaries: list[dict] = field(default_factory=list)  # one per seed
+    rung: int = 0  # the successive-halving rung it was last evaluated at (0: the first)
     searched: bool = True  # False: a baseline outside the searched policies, simulated for the gains only
 
     def values(self, key: str) -> list[float]:
@@ -180,9 +181,9 @@ class Plan:
     budget_used: int
 
     def final(self) -> list[Evaluated]:
-        """The last rung's searched configurations."""
-        last = max(e.steps for e in self.evaluated)
-        return [e for e in self.evaluated if e.steps == last and e.searched]
+        """The last rung's searched configurations (by rung, not by steps: rungs may simulate equal steps)."""
+        last = max(e.rung for e in self.evaluated)
+        return [e for e in self.evaluated if e.rung == last and e.searched]
 
     def pareto(self) -> list[Evaluated]:
         """The last rung's configurations that no other beats on both work per second and mean lag."""
@@ -211,8 +212,8 @@ class Plan:
 
     def baseline(self, candidate: Candidate) -> Evaluated | None:
         """The last rung's evaluation of a baseline (None: it was skipped by the memory screen)."""
-        last = max(e.steps for e in self.evaluated)
-        return next((e for e in self.evaluated if e.candidate == candidate and e.steps == last), None)
+        last = max(e.rung for e in self.evaluated)
+        return next((e for e in self.evaluated if e.candidate == candidate and e.rung == last), None)
 
 
 def baselines(setup: Setup, schedule: dict) -> list[Candidate]:
@@ -262,7 +263,7 @@ def plan(
             )
         raise ValueError("empty search space: no configuration of the given policies can run this setup")
     fixed = [b for b in baselines(setup, schedule) if b in valid]
-    alive = _within_budget(valid, fixed, rungs, budget, np.random.default_rng(seed))
+    alive = _within_budget(valid, fixed, any(b in searched for b in fixed), rungs, budget, np.random.default_rng(seed))
     evaluated: dict[Candidate, Evaluated] = {}
     used = 0
     for rung, (steps, seeds) in enumerate(zip(rungs.steps, rungs.seeds)):
@@ -270,7 +271,7 @@ def plan(
         summaries = evaluate(_summary, items, pool, desc=f"plan rung {rung + 1}/{len(rungs.steps)}")
         used += len(items)
         for i, c in enumerate(alive):
-            evaluated[c] = Evaluated(c, steps, summaries[i * seeds : (i + 1) * seeds], searched=c in searched)
+            evaluated[c] = Evaluated(c, steps, summaries[i * seeds : (i + 1) * seeds], rung, searched=c in searched)
         if rung + 1 < len(rungs.steps):
             alive = _promote(alive, evaluated, fixed, objective, max_lag, rungs.keep)
     return Plan(list(evaluated.values()), skipped, objective, max_lag, used)
@@ -282,9 +283,10 @@ def _summary(item) -> dict:
     return summary
 
 
-def _within_budget(valid, baselines, rungs: Rungs, budget: int, rng) -> list[Candidate]:
+def _within_budget(valid, baselines, a_baseline_searched: bool, rungs: Rungs, budget: int, rng) -> list[Candidate]:
     """The first rung's candidates: all of them if the whole halving fits ``budget``, else a seeded sample
-    (baselines always in) of the largest size that does."""
+    (baselines always in) of the largest size that does. A plan needs one searched configuration at least: the
+    baselines alone (where the search holds neither) recommend nothing."""
 
     def cost(n: int) -> int:
         total, alive = 0, n
@@ -294,11 +296,12 @@ def _within_budget(valid, baselines, rungs: Rungs, budget: int, rng) -> list[Can
                 alive = _kept(alive, len(baselines), rungs.keep)
         return total
 
-    n = len(valid)
-    while n > len(baselines) and cost(n) > budget:
+    n, least = len(valid), len(baselines) + (0 if a_baseline_searched else 1)
+    while n > least and cost(n) > budget:
         n -= 1
     if cost(n) > budget:
-        raise ValueError(f"--budget {budget} is too small: the baselines alone need {cost(n)} simulations")
+        what = "the baselines alone" if a_baseline_searched else "the baselines and one searched configuration"
+        raise ValueError(f"--budget {budget} is too small: {what} need {cost(n)} simulations")
     if n == len(valid):
         return valid
     others = [c for c in valid if c not in baselines]
@@ -333,11 +336,12 @@ def plan_rows(result: Plan) -> list[dict]:
     key = OBJECTIVES[result.objective]
     front = {id(e) for e in result.pareto()}
     rows = []
-    for e in sorted(result.evaluated, key=lambda e: (-e.steps, -e.mean(key))):
+    for e in sorted(result.evaluated, key=lambda e: (-e.rung, -e.steps, -e.mean(key))):
         c = e.candidate
         rows.append(
             {k: getattr(c, k) for k in KNOBS}
             | {
+                "rung": e.rung + 1,
                 "steps": e.steps,
                 "seeds": len(e.summaries),
                 "samples_per_s": round(e.mean("samples_per_s"), 4),
