@@ -18,15 +18,22 @@ from typing import Any
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what it left behind said in one line: raised where the default line ("records written so far
+    are kept") would not be the whole story (a sweep writes its table only once every simulation is done)."""
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run ``main`` and turn user errors into ``error: <message>`` on stderr with exit code 2."""
+    """Run ``main`` and turn user errors into ``error: <message>`` on stderr with exit code 2, Ctrl-C into one
+    line with exit code 130."""
     try:
         return main(argv) or 0
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: records written so far are kept", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        said = str(err) if isinstance(err, Interrupted) else "records written so far are kept"
+        print(f"interrupted: {said}", file=sys.stderr)
         return 130
 
 

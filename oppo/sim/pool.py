@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import signal
 import socket
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
+
+from oppo.cli import Interrupted
 
 CONNECT_TIMEOUT_S = 5.0  # an unreachable cluster is reported within this, not after Ray's own minute of retries
 
@@ -47,27 +49,35 @@ def pool_from(args: argparse.Namespace) -> Pool:
 
 
 def evaluate(fn: Callable[[Any], Any], items: Sequence[Any], pool: Pool = IN_PROCESS, desc: str = "sims") -> list:
-    """``[fn(item) for item in items]``, computed where ``pool`` says, in the items' order."""
+    """``[fn(item) for item in items]``, computed where ``pool`` says, in the items' order. Ctrl-C cancels what is
+    queued and stops what runs (worker processes are ended), raising :class:`~oppo.cli.Interrupted`."""
     with tqdm(total=len(items), desc=desc, unit="sim", disable=None, leave=False) as bar:
-        if pool.ray_address:
-            return _on_ray(fn, items, pool.ray_address, bar)
-        if pool.workers == 1 or len(items) < 2:
-            results = []
-            for item in items:
-                results.append(fn(item))
-                bar.update()
-            return results
-        return _on_processes(fn, items, min(pool.workers, len(items)), bar)
+        try:
+            if pool.ray_address:
+                return _on_ray(fn, items, pool.ray_address, bar)
+            if pool.workers == 1 or len(items) < 2:
+                results = []
+                for item in items:
+                    results.append(fn(item))
+                    bar.update()
+                return results
+            return _on_processes(fn, items, min(pool.workers, len(items)), bar)
+        except KeyboardInterrupt:
+            done = bar.n
+            raise Interrupted(
+                f"{done} of {len(items)} simulations had finished, the other {len(items) - done} were cancelled; "
+                "nothing written (the command writes its files once all are done)"
+            ) from None
 
 
 def _on_processes(fn, items, workers: int, bar) -> list:
-    # forkserver: workers start from a clean interpreter (no inherited threads or open plots), once each
+    # forkserver: workers start from a clean interpreter (no inherited threads or open plots), once each. They
+    # ignore SIGINT: a Ctrl-C reaches the whole process group, and this process alone decides, ending them all.
     context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
-    with ProcessPoolExecutor(workers, mp_context=context) as executor:
-        futures = [executor.submit(fn, item) for item in items]
-        for future in futures:  # in order: results are the items' rows whichever finished first
-            future.add_done_callback(lambda _: bar.update())
-        return [future.result() for future in futures]
+    with context.Pool(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as workers_pool:
+        pending = [workers_pool.apply_async(fn, (item,), callback=lambda _: bar.update()) for item in items]
+        return [result.get() for result in pending]  # in order: the items' rows whichever finished first
+    # leaving the block (returned, raised or interrupted) terminates the workers: nothing queued runs after it
 
 
 def _on_ray(fn, items, address: str, bar) -> list:
@@ -84,9 +94,14 @@ def _on_ray(fn, items, address: str, bar) -> list:
         task = ray.remote(num_cpus=1)(fn)
         refs = [task.remote(item) for item in items]
         pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            bar.update(len(done))
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                bar.update(len(done))
+        except KeyboardInterrupt:
+            for ref in pending:  # queued ones never start, running ones are stopped (on a cluster we did not start)
+                ray.cancel(ref, force=True)
+            raise
         return ray.get(refs)
     finally:
         if started_here:
