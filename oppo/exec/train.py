@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def resume_dir(args: argparse.Namespace) -> Path:
     """The run ``--resume`` names; its stored config becomes the base of the options given beside it."""
-    from oppo.exec.snapshot import latest
+    from oppo.exec.snapshot import latest, load_state
 
     run_dir = Path(args.resume)
     if args.config or (args.out and Path(args.out).resolve() != run_dir.resolve()):
         raise ValueError("--resume RUN_DIR goes on in RUN_DIR with its own config: drop --config and --out")
-    latest(run_dir)  # no checkpoint: nothing to resume
+    load_state(latest(run_dir) / "state.pkl")  # no checkpoint, or one of another oppo: refused before any change
     args.config = str(run_dir / "config.json")
     return run_dir
 
