@@ -108,8 +108,10 @@ def _read_text(path: Path) -> str:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as err:
             raise ValueError(f"{path}: not a readable gzip file ({err})") from None
+    if not raw.strip():
+        raise ValueError(f"{path}: empty file (no steps logged)")
     text = raw.decode("utf-8", errors="replace")
-    if not text or text.count("\ufffd") + text.count("\x00") > 0.01 * len(text):
+    if text.count("\ufffd") + text.count("\x00") > 0.01 * len(text):
         raise ValueError(f"{path}: not a text log (binary content)")
     return text
 
