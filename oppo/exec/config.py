@@ -47,6 +47,13 @@ class ModelConfig:
 
 
 OFFPOLICY = ("none", "decoupled")
+# verl's loss_agg_mode names; TRL's loss_type maps onto them: "dapo" (and PPO's default) -> token-mean, "grpo" ->
+# seq-mean-token-mean, "dr_grpo" -> seq-mean-token-sum-norm
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# per-token estimators of KL(pi || ref) (Schulman, "Approximating KL divergence"); verl's kl_loss_type / kl_penalty
+# names: kl = k1, mse = k2, low_var_kl = k3, abs
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+KL_PLACES = ("auto", "reward", "loss")
 
 
 @dataclass(frozen=True)
@@ -70,10 +77,46 @@ class PPOConfig:
         "(proximal) log-probs, each token weighted by proximal / behaviour (the sampling weights' log-probs)",
     )
     max_importance_ratio: float = opt(5.0, "decoupled: cap on a token's proximal / behaviour weight")
+    clip_low: float | None = opt(None, "ratio clipped below at 1 - this (verl clip_ratio_low; None: --clip)")
+    clip_high: float | None = opt(
+        None, "ratio clipped above at 1 + this (clip-higher: verl clip_ratio_high, TRL epsilon_high; None: --clip)"
+    )
+    dual_clip: float = opt(
+        0.0, "dual clip C > 1: a negative-advantage token's loss at most -A * C (verl clip_ratio_c, 3 there); 0: off"
+    )
+    kl_estimator: str = opt(
+        "auto", "k1, k2, k3 or abs (verl kl_loss_type: kl, mse, low_var_kl, abs); auto: k1 for PPO, k3 for GRPO"
+    )
+    kl_in: str = opt("auto", "where the KL to the reference goes: reward, loss; auto: reward for PPO, loss for GRPO")
+    kl_clamp: float = opt(0.0, "bound each token's KL estimate to [-X, X] (verl clamps k3 at 10); 0: no bound")
+    loss_agg: str = opt(
+        "token-mean",
+        "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm (verl loss_agg_mode; "
+        "the -norm divisor is --max-new-tokens)",
+    )
+    entropy_coef: float = opt(0.0, "entropy bonus weight in the actor loss (verl entropy_coeff); the entropy is logged")
+    norm_adv_by_std: bool = opt(
+        True, "GRPO: divide by the group's std (verl norm_adv_by_std_in_grpo; Dr. GRPO: --no-norm-adv-by-std)"
+    )
 
     def __post_init__(self) -> None:
         for name in ("lr", "critic_lr", "epochs", "minibatches", "temperature", "max_grad_norm"):
             check_positive(name, getattr(self, name))
+        for name in ("clip_low", "clip_high"):
+            if getattr(self, name) is not None and not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        if self.dual_clip and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 (or 0: off), got {self.dual_clip}")
+        if self.kl_estimator not in ("auto", *KL_ESTIMATORS):
+            raise ValueError(
+                f"unknown kl_estimator {self.kl_estimator!r}; choose from auto, {', '.join(KL_ESTIMATORS)}"
+            )
+        if self.kl_in not in KL_PLACES:
+            raise ValueError(f"unknown kl_in {self.kl_in!r}; choose from {', '.join(KL_PLACES)}")
+        if self.loss_agg not in LOSS_AGGS:
+            raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
+        if self.kl_clamp < 0 or self.entropy_coef < 0:
+            raise ValueError("kl_clamp and entropy_coef must be >= 0")
         if self.offpolicy not in OFFPOLICY:
             raise ValueError(f"unknown offpolicy {self.offpolicy!r}; choose from {', '.join(OFFPOLICY)}")
         if self.max_importance_ratio < 1:

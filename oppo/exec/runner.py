@@ -28,7 +28,7 @@ from oppo.exec.models import Roles, load_prompts
 from oppo.exec.rank import ActorRank, LocalGroup
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
-from oppo.exec.update import deal, longest_first, minibatches, step_batch
+from oppo.exec.update import deal, longest_first, minibatch_totals, minibatches, step_batch
 
 
 class RunAborted(RuntimeError):
@@ -57,6 +57,7 @@ class StepMetrics:
     value_loss: float
     actor_grad_norm: float  # before clipping, mean over the step's minibatches
     critic_grad_norm: float
+    entropy: float  # mean per-token entropy of the sampled distribution over the trained tokens (nats)
     response_len: float  # mean response tokens of the trained sequences
     # --eval-every: the trained weights' greedy answers to held-out prompts after this step's update (NaN: none)
     held_out_reward: float = math.nan
@@ -329,19 +330,21 @@ class Executor:
         }
 
     def _train(self, step: int, trained, scores: dict) -> tuple[float, ...]:
-        """``epochs`` x ``minibatches`` synchronous data-parallel steps; the mean (policy, value) loss and (actor,
-        critic) gradient norm."""
+        """``epochs`` x ``minibatches`` synchronous data-parallel steps; the means of the (policy, value) loss, the
+        (actor, critic) gradient norm and the policy's entropy over its minibatches."""
         batch = step_batch(self.config, trained, self.data, scores, self.pad_id)
         losses = []
         for mb in minibatches(len(trained), self.config.ppo, self._seed(4, step)):
-            totals = {k: float(batch[k][mb].sum()) for k in ("mask", "value_mask") if k in batch}
+            totals = minibatch_totals(batch, mb)
             shares = deal(mb, batch["attn"][mb].sum(1), self.group.size)
             if self.config.shard and not all(len(share) for share in shares):  # (the config check rules it out)
                 raise RunAborted(f"step {step}: a rank has no row of a minibatch of {len(mb)}; sharded, it would hang")
             parts = [(step, {k: v[share] for k, v in batch.items()}, totals) for share in shares]
             results = self.group.call("train", parts)
-            losses.append((*np.sum(results, axis=0)[:2], *results[0][2:]))  # the ranks' loss terms; rank 0's norms
-        return tuple(float(x) for x in np.mean(losses, axis=0))
+            # the ranks' loss and entropy terms summed; rank 0's norms (every rank's are the same)
+            p_loss, v_loss, mean_entropy = np.sum(results, axis=0)[:3]
+            losses.append((p_loss, v_loss, *results[0][3:], mean_entropy))
+        return tuple(float(x) for x in np.mean(losses, axis=0))  # StepMetrics' order
 
     def _check_ranks(self, step: int) -> None:
         digests = self.group.call("digest", [()] * self.group.size)

@@ -19,11 +19,14 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from oppo.exec.config import ExecConfig, PPOConfig
 from oppo.exec.models import Roles
 from oppo.exec.ppo import (
+    Aggregate,
     behaviour_weight,
+    entropy,
     gae,
     group_advantages,
-    kl_k3,
+    kl_estimate,
     kl_shaped_rewards,
+    masked_mean,
     masked_whiten,
     policy_loss,
     sampled_logprobs,
@@ -49,49 +52,90 @@ class Learner:
 
     def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, ...]:
         """One minibatch step. ``part``: this rank's rows of the minibatch (:func:`step_batch` tensors, maybe no
-        rows); ``totals``: the minibatch's token counts over all ranks (``mask``, ``value_mask``), the loss
-        denominators. Returns this rank's terms of the (policy, value) losses (the ranks' terms sum to the loss)
-        and the (actor, critic) gradient norms before clipping (the same on every rank)."""
+        rows); ``totals``: the minibatch's token and row counts over all ranks (:func:`minibatch_totals`), the
+        loss denominators. Returns this rank's terms of the (policy, value) losses and of the token-mean entropy
+        (the ranks' terms sum to the minibatch's), and the (actor, critic) gradient norms before clipping (the
+        same on every rank)."""
         part = {k: v.to(self.roles.device) for k, v in part.items()}
         rows, tokens = part["ids"].shape[0], int(part["attn"].sum())
         with self.rec.op(step, self.device, "actor", "train_actor", batch=rows, tokens=tokens):
-            p_loss, p_norm = self._actor_step(part, totals["mask"])
+            p_loss, p_entropy, p_norm = self._actor_step(part, totals)
         v_loss = v_norm = 0.0
         if not self.grpo:
             with self.rec.op(step, self.device, "critic", "train_critic", batch=rows, tokens=tokens):
-                v_loss, v_norm = self._critic_step(part, totals["value_mask"])
-        return p_loss, v_loss, p_norm, v_norm
+                v_loss, v_norm = self._critic_step(part, totals)
+        return p_loss, v_loss, p_entropy, p_norm, v_norm
 
-    def _actor_step(self, part: dict, total: float) -> tuple[float, float]:
+    def _actor_step(self, part: dict, totals: dict[str, float]) -> tuple[float, float, float]:
         cfg, actor = self.config.ppo, self.roles.actor
         self.actor_opt.zero_grad()
-        loss = 0.0
+        loss = mean_entropy = 0.0
         if len(part["ids"]):
             logits = actor(input_ids=part["ids"], attention_mask=part["attn"]).logits  # (b, L, V)
-            logp = gather_logprobs(logits.to(part["adv"].dtype), part["pos"], part["targets"], cfg.temperature)
+            picked = at_positions(logits.to(part["adv"].dtype), part["pos"])  # (b, T, V)
+            logp = sampled_logprobs(picked, cfg.temperature).gather(2, part["targets"][:, :, None]).squeeze(2)
             weight = None
             if cfg.offpolicy == "decoupled":  # the old log-probs are the proximal policy's
                 weight = behaviour_weight(part["old_lp"], part["behav_lp"], cfg.max_importance_ratio)
-            loss, _ = policy_loss(logp, part["old_lp"], part["adv"], part["mask"], cfg.clip, total, weight)
-            if self.grpo:  # GRPO keeps the policy near the reference through a loss term, not the reward
-                loss = loss + cfg.kl_coef * kl_k3(logp, part["ref_lp"], part["mask"], total)
+            agg = aggregate(self.config, totals, "mask")
+            clip_low = cfg.clip if cfg.clip_low is None else cfg.clip_low
+            clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
+            loss, _ = policy_loss(
+                logp, part["old_lp"], part["adv"], part["mask"], clip_low, agg, weight, clip_high, cfg.dual_clip
+            )
+            estimator, place = kl_use(self.config)
+            if place == "loss":  # keep the policy near the reference through a loss term (GRPO's way)
+                loss = loss + cfg.kl_coef * agg(
+                    kl_estimate(logp, part["ref_lp"], estimator, cfg.kl_clamp), part["mask"]
+                )
+            with torch.set_grad_enabled(cfg.entropy_coef > 0):
+                token_entropy = entropy(picked, cfg.temperature)  # (b, T)
+            if cfg.entropy_coef > 0:
+                loss = loss - cfg.entropy_coef * agg(token_entropy, part["mask"])
+            mean_entropy = float(masked_mean(token_entropy.detach(), part["mask"], totals["mask"]))
             loss.backward()
             loss = loss.item()
-        return loss, apply_gradients(self.actor_opt, actor, cfg.max_grad_norm)
+        return loss, mean_entropy, apply_gradients(self.actor_opt, actor, cfg.max_grad_norm)
 
-    def _critic_step(self, part: dict, total: float) -> tuple[float, float]:
+    def _critic_step(self, part: dict, totals: dict[str, float]) -> tuple[float, float]:
         cfg, critic = self.config.ppo, self.roles.critic
         self.critic_opt.zero_grad()
         loss = 0.0
         if len(part["ids"]):
             hidden = critic.base_model(input_ids=part["ids"], attention_mask=part["attn"]).last_hidden_state
             values = critic.score(hidden).squeeze(-1).to(part["adv"].dtype).gather(1, part["pos"])  # (b, T)
+            agg = aggregate(self.config, totals, "value_mask")
             loss = cfg.value_coef * value_loss(
-                values, part["old_values"], part["returns"], part["value_mask"], cfg.value_clip, total
+                values, part["old_values"], part["returns"], part["value_mask"], cfg.value_clip, agg
             )
             loss.backward()
             loss = loss.item()
         return loss, apply_gradients(self.critic_opt, critic, cfg.max_grad_norm)
+
+
+def kl_use(config: ExecConfig) -> tuple[str, str]:
+    """The KL estimator and where it goes (``reward`` or ``loss``), with ``auto`` resolved: PPO pays k1 in the
+    reward (OpenRLHF, TRL), GRPO adds k3 to the loss (DeepSeekMath, verl)."""
+    grpo = config.schedule.algo == "grpo"
+    estimator = config.ppo.kl_estimator if config.ppo.kl_estimator != "auto" else "k3" if grpo else "k1"
+    return estimator, config.ppo.kl_in if config.ppo.kl_in != "auto" else "loss" if grpo else "reward"
+
+
+def minibatch_totals(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:
+    """The loss denominators of the minibatch ``rows`` over all ranks: masked tokens (``mask``, ``value_mask``) and
+    rows with a masked token (``mask_rows``, ``value_mask_rows``)."""
+    totals = {}
+    for key in ("mask", "value_mask"):
+        if key in batch:
+            totals[key] = float(batch[key][rows].sum())
+            totals[f"{key}_rows"] = float((batch[key][rows].sum(1) > 0).sum())
+    return totals
+
+
+def aggregate(config: ExecConfig, totals: dict[str, float], mask_key: str) -> Aggregate:
+    """The configured loss aggregation with the minibatch's denominators (``mask_key``: the loss's mask)."""
+    norm = float(config.schedule.max_new_tokens)  # seq-mean-token-sum-norm: a constant, the response cap
+    return Aggregate(config.ppo.loss_agg, totals[mask_key], totals[f"{mask_key}_rows"], norm)
 
 
 def adam(model: torch.nn.Module, lr: float) -> torch.optim.Adam:
@@ -158,7 +202,7 @@ def step_batch(config: ExecConfig, trained, data, scores: dict, pad_id: int) -> 
         dtype = scores["old_logprobs"][0].dtype
         batch["behav_lp"] = pad_rows(scores["behaviour_logprobs"], batch["mask"].shape[1]).to(dtype)
     if config.schedule.algo == "grpo":
-        return batch | grpo_targets(trained, scores, batch["mask"])
+        return batch | grpo_targets(config, trained, scores, batch["mask"])
     return batch | ppo_targets(config, trained, scores, batch["mask"])
 
 
@@ -202,10 +246,14 @@ def ppo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) -
     # The score counts where a sequence has finished (EOS or the length cap: the core marks a capped one finished);
     # only T-PPO trains unfinished segments, which get no score and bootstrap (EGAE).
     finished = torch.tensor([t.finished for t in trained])
-    rewards = kl_shaped_rewards(scores["score"].to(dtype), old_lp, ref_lp, mask, cfg.kl_coef, finished)
+    estimator, place = kl_use(config)
+    kl_coef = cfg.kl_coef if place == "reward" else 0.0  # else the actor's loss carries it
+    rewards = kl_shaped_rewards(
+        scores["score"].to(dtype), old_lp, ref_lp, mask, kl_coef, finished, estimator, cfg.kl_clamp
+    )
     adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~finished if truncated else None)  # EGAE
     value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
-    return {
+    targets = {
         "old_lp": old_lp,
         "old_values": old_values,
         "adv": masked_whiten(adv, mask),
@@ -213,21 +261,23 @@ def ppo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) -
         "mask": mask,
         "value_mask": value_mask,
     }
+    return targets | ({"ref_lp": ref_lp} if place == "loss" else {})
 
 
-def grpo_targets(trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Old and reference log-probs and the group-relative advantage of each sample on all its tokens."""
-    dtype = scores["old_logprobs"][0].dtype
+def grpo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Old and reference log-probs and the group-relative advantage of each sample on all its tokens. With the KL
+    in the reward (``--kl-in reward``), a sample's score is its reward less kl_coef times its summed KL estimate
+    (verl's ``use_kl_in_reward``: the outcome is the sum of the token-level rewards)."""
+    cfg, dtype = config.ppo, scores["old_logprobs"][0].dtype
     pad = lambda rows: pad_rows(rows, mask.shape[1]).to(dtype)  # noqa: E731
+    old_lp, ref_lp, mask = pad(scores["old_logprobs"]), pad(scores["ref_logprobs"]), mask.to(dtype)
+    score = scores["score"].to(dtype)
+    estimator, place = kl_use(config)
+    if place == "reward":
+        score = score - cfg.kl_coef * (kl_estimate(old_lp, ref_lp, estimator, cfg.kl_clamp) * mask).sum(1)
     groups = torch.tensor([t.group_id for t in trained])
-    adv = group_advantages(scores["score"].to(dtype), groups)  # (B,)
-    mask = mask.to(dtype)
-    return {
-        "old_lp": pad(scores["old_logprobs"]),
-        "ref_lp": pad(scores["ref_logprobs"]),
-        "adv": adv[:, None] * mask,
-        "mask": mask,
-    }
+    adv = group_advantages(score, groups, norm_by_std=cfg.norm_adv_by_std)  # (B,)
+    return {"old_lp": old_lp, "ref_lp": ref_lp, "adv": adv[:, None] * mask, "mask": mask}
 
 
 def padded_batch(trained, data, pad_id: int, drop: int, truncated: bool) -> dict[str, torch.Tensor]:
@@ -257,8 +307,6 @@ def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
-def gather_logprobs(logits: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log pi(target | prefix) at the given positions, pi = softmax(logits / T) the sampled distribution (the one
-    the old and reference log-probs are of). logits (B, L, V), pos/targets (B, T) -> (B, T)."""
-    picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
-    return sampled_logprobs(picked, temperature).gather(2, targets[:, :, None]).squeeze(2)
+def at_positions(logits: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The logits at the given positions: (B, L, V) and (B, T) -> (B, T, V)."""
+    return logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))
