@@ -48,7 +48,7 @@ class ModelConfig:
 
 OFFPOLICY = ("none", "decoupled")
 # verl's loss_agg_mode names; TRL's loss_type maps onto them: "dapo" (and PPO's default) -> token-mean, "grpo" ->
-# seq-mean-token-mean, "dr_grpo" -> seq-mean-token-sum-norm
+# seq-mean-token-mean, "dr_grpo" -> seq-mean-token-sum-norm divided by the minibatch's rows
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 # per-token estimators of KL(pi || ref) (Schulman, "Approximating KL divergence"); verl's kl_loss_type / kl_penalty
 # names: kl = k1, mse = k2, low_var_kl = k3, abs
@@ -85,7 +85,7 @@ class PPOConfig:
         0.0, "dual clip C > 1: a negative-advantage token's loss at most -A * C (verl clip_ratio_c, 3 there); 0: off"
     )
     kl_estimator: str = opt(
-        "auto", "k1, k2, k3 or abs (verl kl_loss_type: kl, mse, low_var_kl, abs); auto: k1 for PPO, k3 for GRPO"
+        "auto", "k1, k2, k3 or abs (verl kl_loss_type: kl, mse, low_var_kl, abs); auto: k1 in a reward, k3 in a loss"
     )
     kl_in: str = opt("auto", "where the KL to the reference goes: reward, loss; auto: reward for PPO, loss for GRPO")
     kl_clamp: float = opt(0.0, "bound each token's KL estimate to [-X, X] (verl clamps k3 at 10); 0: no bound")
@@ -102,9 +102,10 @@ class PPOConfig:
     def __post_init__(self) -> None:
         for name in ("lr", "critic_lr", "epochs", "minibatches", "temperature", "max_grad_norm"):
             check_positive(name, getattr(self, name))
-        for name in ("clip_low", "clip_high"):
-            if getattr(self, name) is not None and not 0 < getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        if self.clip_low is not None and not 0 < self.clip_low < 1:
+            raise ValueError(f"clip_low must be in (0, 1), got {self.clip_low}")
+        if self.clip_high is not None and self.clip_high <= 0:  # clip-higher: above 1 is allowed, as in verl
+            raise ValueError(f"clip_high must be > 0, got {self.clip_high}")
         if self.dual_clip and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or 0: off), got {self.dual_clip}")
         if self.kl_estimator not in ("auto", *KL_ESTIMATORS):
@@ -238,6 +239,8 @@ class ExecConfig:
             raise ValueError("--eval-every scores the actor in this process: --dp 1 and colocated placement only")
         if self.shard and self.dp < 2:
             raise ValueError("--shard needs --dp 2 or more")
+        if not self.ppo.norm_adv_by_std and self.schedule.algo != "grpo":
+            raise ValueError("--no-norm-adv-by-std changes GRPO's group advantages: give --algo grpo")
         # Every executor policy trains B x G rows a step (T-PPO: a segment of each of the B in flight; over-commit:
         # the first B complete groups), cut into minibatches whose sizes differ by one row at most: the smallest
         # holds floor(rows / minibatches).

@@ -199,10 +199,10 @@ def group_advantages(
     return (score - mean[group]) / (std[group] + eps)
 
 
-def entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of the sampled distribution softmax(logits / T) over the last dimension: (..., V) -> (...)."""
-    logp = sampled_logprobs(logits, temperature)
-    return -(logp.exp() * logp).sum(-1)
+def entropy(logprobs: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the distributions whose log-probs over the last dimension are given (the sampled one:
+    :func:`sampled_logprobs`): (..., V) -> (...)."""
+    return -(logprobs.exp() * logprobs).sum(-1)
 
 
 def kl_k3(

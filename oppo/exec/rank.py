@@ -97,7 +97,7 @@ class ActorRank:
             out["actor"] = score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id, self.config.ppo.temperature)
         return {role: [t.cpu() for t in outputs] for role, outputs in out.items()}
 
-    def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, float]:
+    def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, ...]:
         if self.gathered:  # the update gathers one layer at a time
             for model in self.trained:
                 sharding.release(model)

@@ -57,8 +57,10 @@ class StepMetrics:
     value_loss: float
     actor_grad_norm: float  # before clipping, mean over the step's minibatches
     critic_grad_norm: float
-    entropy: float  # mean per-token entropy of the sampled distribution over the trained tokens (nats)
     response_len: float  # mean response tokens of the trained sequences
+    # mean per-token entropy of the sampled distribution over the trained tokens (nats; NaN in records written
+    # before it was logged)
+    entropy: float = math.nan
     # --eval-every: the trained weights' greedy answers to held-out prompts after this step's update (NaN: none)
     held_out_reward: float = math.nan
     held_out_rule_score: float = math.nan
@@ -220,8 +222,9 @@ class Executor:
             scores["mean_reward"],
             scores["rule_score"],
             scores["kl"],
-            *losses,
+            *losses[:4],
             response_len=float(np.mean([t.response_tokens for t in trained])),
+            entropy=losses[4],
         )
         return outcome, self._held_out_metrics(plan.step, metrics)
 
@@ -344,7 +347,7 @@ class Executor:
             # the ranks' loss and entropy terms summed; rank 0's norms (every rank's are the same)
             p_loss, v_loss, mean_entropy = np.sum(results, axis=0)[:3]
             losses.append((p_loss, v_loss, *results[0][3:], mean_entropy))
-        return tuple(float(x) for x in np.mean(losses, axis=0))  # StepMetrics' order
+        return tuple(float(x) for x in np.mean(losses, axis=0))  # policy, value loss; actor, critic norm; entropy
 
     def _check_ranks(self, step: int) -> None:
         digests = self.group.call("digest", [()] * self.group.size)

@@ -116,14 +116,17 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
 def load_state(path: Path) -> Saved:
     """A checkpoint's ``state.pkl``; refused in one line naming its format and the oppo that wrote it, where that
     is not this one's (its scheduler's internals are pickled as they were, under the module paths of then)."""
+    problem = None
     try:
         with open(path, "rb") as fh:
             state = pickle.load(fh)
-    except (AttributeError, TypeError, ImportError, EOFError, pickle.UnpicklingError):
-        state = None
+    except (AttributeError, TypeError, ImportError, EOFError, pickle.UnpicklingError) as err:
+        state, problem = None, f"{type(err).__name__}: {err}"
     if isinstance(state, Saved) and state.format == STATE_FORMAT:
         return state
     found, writer = _format_and_writer(path)
+    if found in ("unknown", str(STATE_FORMAT)):  # not another layout: a damaged file or a library that moved
+        raise ValueError(f"{path}: unreadable checkpoint ({problem or 'not a checkpoint'})")
     raise ValueError(
         f"{path} was written by another version of oppo ({writer}, state format {found}; this one reads format "
         f"{STATE_FORMAT}): resume it with that version, or start again"
@@ -162,9 +165,9 @@ def _format_and_writer(path: Path) -> tuple[str, str]:
         with open(path, "rb") as fh:
             state = _TolerantUnpickler(fh).load()
     except Exception:  # noqa: BLE001 - any unreadable file is one we cannot name a writer for
-        return "unknown", "not a checkpoint this oppo can read"
+        return "unknown", ""
     if not isinstance(state, Saved):
-        return "unknown", "not a checkpoint this oppo can read"
+        return "unknown", ""
     fields = vars(state)
     if fields.get("written_by"):
         return str(fields.get("format", 1)), fields["written_by"]

@@ -73,26 +73,8 @@ class Learner:
         if len(part["ids"]):
             logits = actor(input_ids=part["ids"], attention_mask=part["attn"]).logits  # (b, L, V)
             picked = at_positions(logits.to(part["adv"].dtype), part["pos"])  # (b, T, V)
-            logp = sampled_logprobs(picked, cfg.temperature).gather(2, part["targets"][:, :, None]).squeeze(2)
-            weight = None
-            if cfg.offpolicy == "decoupled":  # the old log-probs are the proximal policy's
-                weight = behaviour_weight(part["old_lp"], part["behav_lp"], cfg.max_importance_ratio)
-            agg = aggregate(self.config, totals, "mask")
-            clip_low = cfg.clip if cfg.clip_low is None else cfg.clip_low
-            clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
-            loss, _ = policy_loss(
-                logp, part["old_lp"], part["adv"], part["mask"], clip_low, agg, weight, clip_high, cfg.dual_clip
-            )
-            estimator, place = kl_use(self.config)
-            if place == "loss":  # keep the policy near the reference through a loss term (GRPO's way)
-                loss = loss + cfg.kl_coef * agg(
-                    kl_estimate(logp, part["ref_lp"], estimator, cfg.kl_clamp), part["mask"]
-                )
-            with torch.set_grad_enabled(cfg.entropy_coef > 0):
-                token_entropy = entropy(picked, cfg.temperature)  # (b, T)
-            if cfg.entropy_coef > 0:
-                loss = loss - cfg.entropy_coef * agg(token_entropy, part["mask"])
-            mean_entropy = float(masked_mean(token_entropy.detach(), part["mask"], totals["mask"]))
+            loss, token_entropy = actor_loss(self.config, picked, part, totals)
+            mean_entropy = float(masked_mean(token_entropy, part["mask"], totals["mask"]))
             loss.backward()
             loss = loss.item()
         return loss, mean_entropy, apply_gradients(self.actor_opt, actor, cfg.max_grad_norm)
@@ -113,12 +95,44 @@ class Learner:
         return loss, apply_gradients(self.critic_opt, critic, cfg.max_grad_norm)
 
 
+def actor_loss(
+    config: ExecConfig, picked: torch.Tensor, part: dict[str, torch.Tensor], totals: dict[str, float]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The actor's loss on a rank's share of a minibatch, and each token's entropy (no gradient), from the logits
+    at the response positions ``picked`` (b, T, V): the clipped surrogate (clip-higher, dual clip, decoupled
+    weights), plus kl_coef x the KL estimate where the KL goes in the loss, minus entropy_coef x the entropy, each
+    aggregated alike (:func:`aggregate`: the ranks' terms sum to the minibatch's loss)."""
+    cfg = config.ppo
+    logp_all = sampled_logprobs(picked, cfg.temperature)  # (b, T, V), once for the log-probs and the entropy
+    logp = logp_all.gather(2, part["targets"][:, :, None]).squeeze(2)  # (b, T)
+    weight = None
+    if cfg.offpolicy == "decoupled":  # the old log-probs are the proximal policy's
+        weight = behaviour_weight(part["old_lp"], part["behav_lp"], cfg.max_importance_ratio)
+    agg = aggregate(config, totals, "mask")
+    clip_low = cfg.clip if cfg.clip_low is None else cfg.clip_low
+    clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
+    loss, _ = policy_loss(
+        logp, part["old_lp"], part["adv"], part["mask"], clip_low, agg, weight, clip_high, cfg.dual_clip
+    )
+    estimator, place = kl_use(config)
+    if place == "loss":  # the policy kept near the reference by a loss term (GRPO's way)
+        loss = loss + cfg.kl_coef * agg(kl_estimate(logp, part["ref_lp"], estimator, cfg.kl_clamp), part["mask"])
+    with torch.set_grad_enabled(cfg.entropy_coef > 0 and torch.is_grad_enabled()):
+        token_entropy = entropy(logp_all)  # (b, T) nats
+    if cfg.entropy_coef > 0:  # a bonus: the loss falls as the entropy rises
+        loss = loss - cfg.entropy_coef * agg(token_entropy, part["mask"])
+    return loss, token_entropy.detach()
+
+
 def kl_use(config: ExecConfig) -> tuple[str, str]:
-    """The KL estimator and where it goes (``reward`` or ``loss``), with ``auto`` resolved: PPO pays k1 in the
-    reward (OpenRLHF, TRL), GRPO adds k3 to the loss (DeepSeekMath, verl)."""
+    """The KL estimator and where it goes (``reward`` or ``loss``), with ``auto`` resolved: the place by the
+    algorithm (PPO pays the KL in the reward as OpenRLHF and TRL do, GRPO adds it to the loss as DeepSeekMath and
+    verl do), the estimator by the place: k1 in a reward, k3 in a loss (k1's gradient is zero in expectation over
+    the policy's own samples, so as a loss term it would not pull towards the reference)."""
     grpo = config.schedule.algo == "grpo"
-    estimator = config.ppo.kl_estimator if config.ppo.kl_estimator != "auto" else "k3" if grpo else "k1"
-    return estimator, config.ppo.kl_in if config.ppo.kl_in != "auto" else "loss" if grpo else "reward"
+    place = config.ppo.kl_in if config.ppo.kl_in != "auto" else "loss" if grpo else "reward"
+    estimator = config.ppo.kl_estimator if config.ppo.kl_estimator != "auto" else "k3" if place == "loss" else "k1"
+    return estimator, place
 
 
 def minibatch_totals(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:

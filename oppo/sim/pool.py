@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +75,24 @@ def _on_processes(fn, items, workers: int, bar) -> list:
     # forkserver: workers start from a clean interpreter (no inherited threads or open plots), once each. They
     # ignore SIGINT: a Ctrl-C reaches the whole process group, and this process alone decides, ending them all.
     context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
-    with context.Pool(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as workers_pool:
-        pending = [workers_pool.apply_async(fn, (item,), callback=lambda _: bar.update()) for item in items]
-        return [result.get() for result in pending]  # in order: the items' rows whichever finished first
-    # leaving the block (returned, raised or interrupted) terminates the workers: nothing queued runs after it
+    executor = ProcessPoolExecutor(
+        workers, mp_context=context, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    )
+    try:
+        futures = [executor.submit(fn, item) for item in items]
+        for future in futures:
+            future.add_done_callback(lambda _: bar.update())
+        results = [future.result() for future in futures]  # in order: the items' rows whichever finished first
+    except BaseException:  # Ctrl-C, or a simulation's error: cancel what is queued, stop what runs
+        workers_left = list((executor._processes or {}).values())  # no public handle on them; stable since 3.8
+        executor.shutdown(wait=False, cancel_futures=True)
+        for process in workers_left:
+            process.terminate()
+        for process in workers_left:
+            process.join(timeout=5)
+        raise
+    executor.shutdown()
+    return results  # a worker that dies mid-task (killed, out of memory) raises BrokenProcessPool: no hang
 
 
 def _on_ray(fn, items, address: str, bar) -> list:

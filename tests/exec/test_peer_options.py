@@ -11,7 +11,10 @@ import sys
 import pytest
 import torch
 
-from oppo.exec.ppo import Aggregate, entropy, group_advantages, kl_estimate, policy_loss
+from oppo.exec.config import ExecConfig, PPOConfig, default_schedule
+from oppo.exec.ppo import Aggregate, entropy, group_advantages, kl_estimate, policy_loss, sampled_logprobs
+from oppo.exec.update import actor_loss, deal, kl_use, minibatch_totals
+from oppo.records.schema import TrainedSeq
 from tests.exec.test_ppo import random_batch
 
 
@@ -93,7 +96,7 @@ def test_entropy_is_the_sampled_distributions():
     logits = torch.tensor([[2.0, 0.0, -1.0, 0.5]], dtype=torch.float64)
     t = 0.7
     p = torch.softmax(logits / t, -1)[0].tolist()
-    assert entropy(logits, t).item() == pytest.approx(-sum(q * math.log(q) for q in p), rel=1e-12)
+    assert entropy(sampled_logprobs(logits, t)).item() == pytest.approx(-sum(q * math.log(q) for q in p), rel=1e-12)
 
 
 def test_dr_grpo_advantages_are_not_divided_by_the_groups_std():
@@ -130,7 +133,9 @@ def test_a_run_with_the_peer_options_trains_and_logs_entropy(tmp_path, flags):
     "flags, message",
     [
         (("--dual-clip", "0.5"), "dual_clip must be > 1"),
-        (("--clip-high", "1.5"), "clip_high must be in (0, 1)"),
+        (("--clip-high", "0"), "clip_high must be > 0"),
+        (("--clip-low", "1.5"), "clip_low must be in (0, 1)"),
+        (("--no-norm-adv-by-std",), "give --algo grpo"),
         (("--kl-estimator", "k9"), "unknown kl_estimator 'k9'"),
         (("--loss-agg", "sum"), "unknown loss_agg 'sum'"),
         (("--kl-in", "prompt"), "unknown kl_in 'prompt'"),
@@ -139,3 +144,137 @@ def test_a_run_with_the_peer_options_trains_and_logs_entropy(tmp_path, flags):
 def test_bad_peer_options_exit_2_in_one_line(tmp_path, flags, message):
     res = train(*flags, "--out", str(tmp_path / "run"))
     assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+# -- the actor's loss as the trainer computes it (update.actor_loss), against a hand-written one -----------------
+
+
+def minibatch(seed: int, rows: int = 6, width: int = 7, vocab: int = 5):
+    """A minibatch's tensors as step_batch makes them, with the logits at the response positions (rows, T, V)."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(rows, width, dtype=torch.float64)
+    for r, n in enumerate(torch.randint(1, width + 1, (rows,), generator=g).tolist()):
+        mask[r, :n] = 1
+    mask[2] = 0  # a row with nothing in the loss (a T-PPO segment dropped whole)
+    rand = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    part = {
+        "targets": torch.randint(0, vocab, (rows, width), generator=g),
+        "old_lp": rand(rows, width) - 1.5,
+        "ref_lp": rand(rows, width) - 1.5,
+        "adv": rand(rows, width) * mask,
+        "mask": mask,
+    }
+    return rand(rows, width, vocab) * 2, part
+
+
+def hand_written_loss(ppo: PPOConfig, picked, part, cap: int) -> torch.Tensor:
+    """The loss of docs/executor.md's table, token by token (PPO options on, KL in the loss)."""
+    logp_all = torch.log_softmax(picked / ppo.temperature, -1)
+    rows = []
+    for b in range(picked.shape[0]):
+        terms = []
+        for t in range(picked.shape[1]):
+            if not part["mask"][b, t]:
+                continue
+            lp = logp_all[b, t, part["targets"][b, t]]
+            a, ratio = part["adv"][b, t], torch.exp(lp - part["old_lp"][b, t])
+            term = torch.maximum(-a * ratio, -a * ratio.clamp(1 - ppo.clip_low, 1 + ppo.clip_high))
+            if a < 0:
+                term = torch.minimum(term, -a * ppo.dual_clip)
+            d = lp - part["ref_lp"][b, t]
+            term = term + ppo.kl_coef * (torch.exp(-d) + d - 1).clamp(-ppo.kl_clamp, ppo.kl_clamp)  # k3
+            term = term - ppo.entropy_coef * -(logp_all[b, t].exp() * logp_all[b, t]).sum()
+            terms.append(term)
+        if terms:
+            rows.append(terms)
+    if ppo.loss_agg == "token-mean":
+        return sum(sum(r) for r in rows) / sum(len(r) for r in rows)
+    if ppo.loss_agg == "seq-mean-token-mean":
+        return sum(sum(r) / len(r) for r in rows) / len(rows)
+    if ppo.loss_agg == "seq-mean-token-sum":
+        return sum(sum(r) for r in rows) / len(rows)
+    return sum(sum(r) for r in rows) / cap
+
+
+LOSS_AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def options(loss_agg: str) -> ExecConfig:
+    ppo = PPOConfig(
+        clip_low=0.2, clip_high=0.3, dual_clip=2.0, kl_in="loss", kl_clamp=1.5, kl_coef=0.2, entropy_coef=0.05,
+        loss_agg=loss_agg, temperature=0.8,
+    )  # fmt: skip
+    return ExecConfig(ppo=ppo)
+
+
+@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
+def test_the_actor_loss_and_its_gradient_are_the_hand_written_ones(loss_agg):
+    config = options(loss_agg)
+    picked, part = minibatch(0)
+    assert kl_use(config) == ("k3", "loss")  # auto: k3 where the KL is a loss term
+    mine = picked.clone().requires_grad_(True)
+    theirs = picked.clone().requires_grad_(True)
+    loss, token_entropy = actor_loss(config, mine, part, minibatch_totals(part, torch.arange(6)))
+    want = hand_written_loss(config.ppo, theirs, part, config.schedule.max_new_tokens)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    loss.backward()
+    want.backward()
+    torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-10, atol=1e-12)
+    assert not token_entropy.requires_grad and token_entropy.shape == part["mask"].shape
+
+
+@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
+def test_data_parallel_shares_sum_to_the_minibatchs_loss_and_gradient(loss_agg):
+    """Two ranks' shares, each with the minibatch's denominators (minibatch_totals), add up to one rank's loss and
+    gradient: what --dp N relies on, for every aggregation."""
+    config = options(loss_agg)
+    picked, part = minibatch(1)
+    rows = torch.arange(6)
+    totals = minibatch_totals(part, rows)
+    whole = picked.clone().requires_grad_(True)
+    actor_loss(config, whole, part, totals)[0].backward()
+    shared = picked.clone().requires_grad_(True)
+    summed = 0.0
+    for share in deal(rows, part["mask"].sum(1) + 1, 2):
+        loss, _ = actor_loss(config, shared[share], {k: v[share] for k, v in part.items()}, totals)
+        summed = summed + loss
+    summed.backward()
+    assert summed.item() == pytest.approx(actor_loss(config, picked, part, totals)[0].item(), rel=1e-12)
+    torch.testing.assert_close(shared.grad, whole.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_the_entropy_bonus_raises_the_entropy():
+    config = ExecConfig(ppo=PPOConfig(entropy_coef=1.0))
+    picked, part = minibatch(2)
+    part["adv"] = torch.zeros_like(part["adv"])  # the bonus alone
+    logits = picked.clone().requires_grad_(True)
+    loss, before = actor_loss(config, logits, part, minibatch_totals(part, torch.arange(6)))
+    loss.backward()
+    after = actor_loss(config, (logits - 0.1 * logits.grad).detach(), part, minibatch_totals(part, torch.arange(6)))[1]
+    mask = part["mask"].bool()
+    assert after[mask].mean() > before[mask].mean()
+
+
+def test_where_the_kl_goes():
+    """PPO with the KL in the loss pays none in the reward; GRPO with the KL in the reward takes each sample's
+    summed KL estimate off its score before the group statistics."""
+    from oppo.exec.update import grpo_targets, ppo_targets
+
+    g = torch.Generator().manual_seed(3)
+    rows, width = 4, 5
+    mask = torch.ones(rows, width)
+    lp = lambda: [torch.randn(width, generator=g, dtype=torch.float64) - 1 for _ in range(rows)]  # noqa: E731
+    scores = {"old_logprobs": lp(), "ref_logprobs": lp(), "values": lp(), "score": torch.randn(rows, generator=g)}
+    trained = [TrainedSeq(0, i, i // 2, 0, 0, width, width, True, 0) for i in range(rows)]
+    in_loss = ppo_targets(ExecConfig(ppo=PPOConfig(kl_in="loss")), trained, scores, mask)
+    no_kl = ppo_targets(ExecConfig(ppo=PPOConfig(kl_coef=0.0)), trained, scores, mask)
+    torch.testing.assert_close(in_loss["adv"], no_kl["adv"], rtol=0, atol=0)
+    assert "ref_lp" in in_loss and "ref_lp" not in no_kl
+    grpo = lambda **kw: ExecConfig(schedule=default_schedule(algo="grpo", group_size=2), ppo=PPOConfig(**kw))  # noqa: E731
+    in_reward = grpo_targets(grpo(kl_in="reward", kl_estimator="k2", kl_coef=0.3), trained, scores, mask)
+    old, ref = torch.stack(scores["old_logprobs"]), torch.stack(scores["ref_logprobs"])
+    penalised = scores["score"].double() - 0.3 * (0.5 * (old - ref) ** 2).sum(1)
+    want = group_advantages(penalised, torch.tensor([0, 0, 1, 1]))
+    torch.testing.assert_close(in_reward["adv"][:, 0], want, rtol=1e-12, atol=1e-12)
+    in_loss_grpo = grpo_targets(grpo(), trained, scores, mask)
+    assert not torch.allclose(in_loss_grpo["adv"], in_reward["adv"])

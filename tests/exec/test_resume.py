@@ -160,3 +160,12 @@ def test_no_checkpoint_or_an_unsupported_run_is_bad_input(tmp_path):
     assert res.returncode == 2 and "--save-every supports one-process runs only" in res.stderr
     res = train("--steps", "2")
     assert res.returncode == 2 and "--out is required" in res.stderr
+
+
+def test_a_damaged_checkpoint_of_this_format_is_called_unreadable_not_another_version(tmp_path, cut_run):
+    state_pkl = tmp_path / "checkpoint" / "state.pkl"
+    state_pkl.parent.mkdir()
+    state_pkl.write_bytes((cut_run / "checkpoint" / "state.pkl").read_bytes()[:-40])  # cut short
+    with pytest.raises(ValueError, match="unreadable checkpoint") as refused:
+        load_state(state_pkl)
+    assert "another version" not in str(refused.value)

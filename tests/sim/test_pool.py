@@ -102,7 +102,7 @@ def test_ctrl_c_cancels_queued_simulations_and_leaves_no_worker(tmp_path):
     try:
         time.sleep(4.0)
         assert proc.poll() is None, "the sweep ended before it was interrupted: make it longer"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group, workers too
         interrupted = time.monotonic()
         _, stderr = proc.communicate(timeout=60)
         took_s = time.monotonic() - interrupted
@@ -118,3 +118,16 @@ def test_ctrl_c_cancels_queued_simulations_and_leaves_no_worker(tmp_path):
     assert took_s < 4.0, f"exited {took_s:.1f} s after the interrupt"
     assert "were cancelled; nothing written" in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert not (tmp_path / "s" / "sweep.csv").exists()
+
+
+def die_on_one(x: int) -> int:
+    if x == 1:
+        os._exit(3)  # as a worker killed by the OOM killer: no exception, the process is gone
+    return x
+
+
+def test_a_worker_that_dies_ends_the_evaluation_with_an_error_not_a_hang():
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        evaluate(die_on_one, [0, 1, 2, 3], Pool(workers=2))

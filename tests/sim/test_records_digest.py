@@ -2,7 +2,9 @@
 of four small runs' record files (PPO and GRPO, HF and vLLM engines, oppo, tailbatch and async) as written by that
 code (``python benchmarks/sim_records_match.py --digest --tree DIR`` on its tree); this tree must write the same
 bytes. A change that moves a record on purpose regenerates the file from the tree that should be trusted, and the
-full comparison is ``benchmarks/sim_records_match.py --other DIR`` (34 cases)."""
+full comparison is ``benchmarks/sim_records_match.py --other DIR`` (34 cases). The digests were last written with
+numpy 2.4.6 and scipy 1.17.1: a library upgrade that moves them (floating-point results of the cost fits) is
+checked with the full comparison against the trusted tree on the new libraries, then the digests regenerated."""
 
 import json
 import subprocess
