@@ -25,7 +25,6 @@ from oppo.sim.logfit import (
     replay_errors,
     shared_fidelity,
     step_lengths,
-    with_layer,
 )
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setups import load_setup
@@ -248,20 +247,32 @@ def test_several_logs_fit_one_layer_that_a_setup_takes_by_path(tmp_path):
         assert dataclasses.asdict(framework.stage(stage)) == terms, stage
 
 
+def scaled(log: TrainingLog, factor: float) -> TrainingLog:
+    """The log with every stage time (and the step's) multiplied by ``factor``: another run of the same loads."""
+    steps = tuple(dataclasses.replace(s, stages={k: v * factor for k, v in s.stages.items()}) for s in log.steps)
+    return TrainingLog(log.source, steps)
+
+
 def test_leave_one_run_out_predicts_a_run_with_the_layer_of_the_others_alone():
-    runs = [
-        logged_run(load_setup("verl-gemma-2-2b-gsm8k"), load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz"), 0.6),
-        logged_run(
-            load_setup("verl-qwen2.5-0.5b-gsm8k"), load_run_log(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz"), 0.6
-        ),
-    ]
-    layer, report = shared_fidelity(runs)
-    assert layer == fit_layer(runs)  # one fit over both runs' fitted steps
-    others = fit_layer(runs[:1], whole=True)  # every step of the Gemma run, none of Qwen's
-    assert others != layer
-    expected = replay_errors(with_layer(runs[1].setup, others), runs[1].log, 0)[0]
-    assert report[runs[1].name]["leave_one_out"]["step"] == expected["step"]
-    assert report[runs[1].name]["leave_one_out"]["not_fitted"] == []
+    """Held out means held out: doubling the held-out run's own times moves its measured times and nothing of its
+    prediction, while every prediction whose fit sees that run moves."""
+    gemma = logged_run(load_setup("verl-gemma-2-2b-gsm8k"), load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz"), 0.6)
+    qwen_log = load_run_log(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz")
+    qwen = logged_run(load_setup("verl-qwen2.5-0.5b-gsm8k"), qwen_log, 0.6)
+    slower = logged_run(qwen.setup, scaled(qwen_log, 2.0), 0.6)
+    _, report = shared_fidelity([gemma, qwen])
+    _, again = shared_fidelity([gemma, slower])
+    held_out, held_out_slower = report[qwen.name]["leave_one_out"], again[qwen.name]["leave_one_out"]
+    assert held_out["not_fitted"] == [] and held_out["stages"]
+    for entry, moved in [(held_out["step"], held_out_slower["step"])] + [
+        (held_out["stages"][s], held_out_slower["stages"][s]) for s in held_out["stages"]
+    ]:
+        assert moved["predicted_s"] == entry["predicted_s"]  # the same computation on the same inputs: exact
+        assert moved["measured_s"] == pytest.approx(2 * entry["measured_s"], rel=1e-12)
+    # the fits that see the run move with it: its within-run fit, and the other run's leave-one-out
+    assert again[qwen.name]["within"]["step"]["predicted_s"] > 1.3 * report[qwen.name]["within"]["step"]["predicted_s"]
+    gemma_loo = report[gemma.name]["leave_one_out"]["step"]["predicted_s"]
+    assert abs(again[gemma.name]["leave_one_out"]["step"]["predicted_s"] - gemma_loo) > 0.05 * gemma_loo
 
 
 @pytest.mark.parametrize(

@@ -187,3 +187,35 @@ def test_with_equal_rung_steps_only_the_last_rung_is_recommended_from():
     assert final and all(len(e.summaries) == 2 for e in final)  # promoted to the second rung, not dropped at the first
     assert len(final) < sum(e.searched for e in result.evaluated)
     assert result.best()[0] in final and all(e in final for e in result.pareto())
+
+
+def test_best_and_pareto_of_a_scripted_plan():
+    """best() and pareto() on evaluations whose answer is known by construction (not re-derived from the code):
+    the fastest configuration breaks the lag bound, one that ran only the first rung is faster still, and a
+    baseline outside the search is fastest of all."""
+    from oppo.sim.plan import Evaluated, Plan
+
+    def row(policy, samples, lag, rung=1, searched=True, **knobs):
+        summary = {"samples_per_s": samples, "mean_policy_lag": lag}
+        return Evaluated(Candidate(policy, **knobs), 12 if rung else 6, [summary, summary], rung, searched)
+
+    rows = [
+        row("sync", 1.0, 0.0),
+        row("oppo", 1.6, 0.2, chunk="256"),
+        row("oppo", 1.5, 0.1, chunk="512"),  # on the front: less lag than the chunk-256 one
+        row("oppo", 1.4, 0.3, chunk="128"),  # dominated by chunk 256
+        row("async", 2.5, 1.4, staleness=2),  # fastest, over the bound
+        row("april", 9.0, 0.0, rung=0),  # dropped at the first rung: never recommended
+        row("tppo", 9.0, 0.0, searched=False),  # a baseline the search did not hold
+    ]
+    plan_ = Plan(rows, [], "samples", 0.5, 0)
+    best, met = plan_.best()
+    assert met and best.candidate == Candidate("oppo", chunk="256")
+    assert [e.candidate.policy for e in plan_.pareto()] == ["sync", "oppo", "oppo", "async"]
+    assert [e.candidate.chunk for e in plan_.pareto()][1:3] == ["512", "256"]
+    unbounded, _ = Plan(rows, [], "samples", None, 0).best()
+    assert unbounded.candidate.policy == "async"
+    closest, met = Plan(rows, [], "samples", 0.01, 0).best()  # only sync has no lag; it is the closest
+    assert met and closest.candidate.policy == "sync"
+    nearest, met = Plan(rows[1:5], [], "samples", 0.01, 0).best()
+    assert not met and nearest.candidate == Candidate("oppo", chunk="512")  # the least lagging
