@@ -32,10 +32,8 @@ import numpy as np
 
 from oppo.catalog.lengths import load_lengths
 from oppo.cli import at_least, integers
-from oppo.fidelity import predict_async
 from oppo.records.io import read_rows
 from oppo.records.schema import StepRecord, TraceRow
-from oppo.sim.cost.fit import fit_trace, save_profile
 
 
 def executor(args, flags: list[str], out: Path, core: int | None) -> None:
@@ -58,6 +56,8 @@ def one_repeat(args, root: Path, repeat: int, ks: list[int]) -> dict[int, dict[s
         executor(args, ["--mode", "sync", "--threads", "1"], sync, args.core)
     profile = calibrate(sync, root / f"r{repeat}-profile.json")
     lengths = load_lengths("alpaca_eval", model=args.lengths_model)
+    from oppo.fidelity import predict_async  # here, not at the top: a usage error is told before torch loads
+
     out = {}
     for k in ks:
         run = root / f"r{repeat}-async{k}"
@@ -79,6 +79,8 @@ def one_repeat(args, root: Path, repeat: int, ks: list[int]) -> dict[int, dict[s
 
 def calibrate(run: Path, profile: Path) -> Path:
     """``python -m oppo.sim calibrate`` on ``run``'s trace."""
+    from oppo.sim.cost.fit import fit_trace, save_profile
+
     save_profile(fit_trace(read_rows(run / "trace.csv", TraceRow)), profile, str(run))
     return profile
 

@@ -79,6 +79,7 @@ def test_sim_eval_speed(tmp_path):
     assert "load average" in res.stdout
 
 
+@pytest.mark.slow  # learning is checked by tests/exec/test_learning.py, stale samples by tests/exec/test_async.py
 def test_staleness(tmp_path):
     args = (
         "--variants",
@@ -104,6 +105,7 @@ def test_staleness(tmp_path):
     assert [r["held_out_reward"] != "" for r in rows] == [False, True, False] * 2  # evaluated after step 1 only
 
 
+@pytest.mark.slow  # ~2 min: rollout workers, in-flight updates and GRPO async run in tests/exec/test_rollout_workers.py
 def test_async_speed(tmp_path):
     args = ("--preset", "tiny-cpu", "--batch", "2", "--steps", "2", "--max-new-tokens", "8", "--repeats", "1")
     res = bench("async_speed", *args, "--inflight", cwd=tmp_path)
@@ -138,6 +140,7 @@ def test_async_fidelity(tmp_path):
     assert re.search(r"(?m)^ 1 .*\d%  (met|NOT met) \(lag off by \d+\.\d\d, goal", res.stdout), res.stdout
 
 
+@pytest.mark.slow  # fused Adam trains in every tests/exec run; numpy publishing: tests/exec/test_rollout_workers.py
 def test_trainer_ops(tmp_path):
     res = bench("trainer_ops", "--preset", "tiny-cpu", "--repeats", "1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

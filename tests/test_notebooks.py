@@ -10,6 +10,9 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# The two that run the executor for ~40 s each run with -m slow; their library calls are tested in the default run
+# (oppo.fidelity by tests/test_benchmarks.py::test_fidelity, the async learners by tests/exec/test_async.py).
+SLOW = {"sim_vs_exec", "async_learning"}
 
 
 def test_notebooks_are_stripped():
@@ -18,7 +21,9 @@ def test_notebooks_are_stripped():
         assert all(not c.get("outputs") and not c.get("execution_count") for c in book.cells if c.cell_type == "code")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p for p in NOTEBOOKS], ids=lambda p: p.stem
+)
 def test_notebook_runs(path, tmp_path, monkeypatch):
     """Run from a temporary folder standing for the notebook's own (Jupyter's working directory)."""
     monkeypatch.setenv("MPLBACKEND", "Agg")

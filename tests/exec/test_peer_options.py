@@ -5,6 +5,7 @@ unnormalised group advantages; then a run with each of them on."""
 
 import csv
 import math
+import re
 import subprocess
 import sys
 
@@ -130,20 +131,27 @@ def test_a_run_with_the_peer_options_trains_and_logs_entropy(tmp_path, flags):
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "kwargs, message",
     [
-        (("--dual-clip", "0.5"), "dual_clip must be > 1"),
-        (("--clip-high", "0"), "clip_high must be > 0"),
-        (("--clip-low", "1.5"), "clip_low must be in (0, 1)"),
-        (("--no-norm-adv-by-std",), "give --algo grpo"),
-        (("--kl-estimator", "k9"), "unknown kl_estimator 'k9'"),
-        (("--loss-agg", "sum"), "unknown loss_agg 'sum'"),
-        (("--kl-in", "prompt"), "unknown kl_in 'prompt'"),
+        ({"dual_clip": 0.5}, "dual_clip must be > 1"),
+        ({"clip_high": 0.0}, "clip_high must be > 0"),
+        ({"clip_low": 1.5}, "clip_low must be in (0, 1)"),
+        ({"kl_estimator": "k9"}, "unknown kl_estimator 'k9'"),
+        ({"loss_agg": "sum"}, "unknown loss_agg 'sum'"),
+        ({"kl_in": "prompt"}, "unknown kl_in 'prompt'"),
     ],
 )
-def test_bad_peer_options_exit_2_in_one_line(tmp_path, flags, message):
-    res = train(*flags, "--out", str(tmp_path / "run"))
-    assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+def test_bad_peer_options_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        PPOConfig(**kwargs)
+    assert PPOConfig(clip_high=1.5).clip_high == 1.5  # clip-higher may pass 1, as verl allows
+
+
+def test_a_bad_peer_option_exits_2_in_one_line(tmp_path):
+    res = train("--no-norm-adv-by-std", "--out", str(tmp_path / "run"))  # PPO: no group to normalise
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "--no-norm-adv-by-std changes GRPO's group advantages" in res.stderr
+    assert not (tmp_path / "run").exists()
 
 
 # -- the actor's loss as the trainer computes it (update.actor_loss), against a hand-written one -----------------

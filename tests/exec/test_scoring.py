@@ -147,9 +147,9 @@ def test_logprob_scorer_scores_softmax_of_logits_over_temperature(tiny_models):
 
 def first_minibatch(monkeypatch, algo):
     """One float64 step at T = 0.7 from weights equal to the reference's; the arguments of the first minibatch's
-    ``policy_loss`` and (GRPO) ``kl_k3`` calls, taken before any update."""
+    ``policy_loss`` and (GRPO, whose KL is a loss term) ``kl_estimate`` calls, taken before any update."""
     calls = {}
-    for name in ("policy_loss", "kl_k3"):
+    for name in ("policy_loss", "kl_estimate"):
         original = getattr(update, name)
 
         def spy(*args, _name=name, _original=original, **kwargs):
@@ -183,7 +183,7 @@ def test_ratio_is_one_and_k3_zero_before_any_update_at_a_temperature(monkeypatch
     ratio = torch.exp(logp - old_lp)[mask.bool()]
     assert float((ratio - 1).abs().max()) <= 1e-12
     if algo == "grpo":
-        logp, ref_lp, mask = calls["kl_k3"]  # (logprobs, ref_logprobs, mask)
+        logp, ref_lp = calls["kl_estimate"]  # (logprobs, ref_logprobs)
         assert float((logp - ref_lp)[mask.bool()].abs().max()) <= 1e-12
         assert float(kl_k3(logp, ref_lp, mask)) <= 1e-12
 
