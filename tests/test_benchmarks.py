@@ -133,7 +133,10 @@ def test_sim_records_match(tmp_path):
 def test_async_fidelity(tmp_path):
     pytest.importorskip("ray")
     args = ("--preset", "tiny-cpu", "--batch", "2", "--steps", "2", "--max-new-tokens", "8", "--staleness", "1")
-    res = bench("async_fidelity", *args, "--repeats", "1", "--out", str(tmp_path), cwd=tmp_path)
+    # calibrated on a one-process sync run (no Ray): the async run alone starts a rollout worker (~60 s in all)
+    res = bench(
+        "async_fidelity", *args, "--repeats", "1", "--calibration", "one-core", "--out", str(tmp_path), cwd=tmp_path
+    )
     assert res.returncode == 0, res.stderr
     assert "lag measured" in res.stdout and "load average" in res.stdout
     # a smoke test: the K = 1 row is printed with its grade and both errors (whatever the grade on 2 steps)
