@@ -51,7 +51,9 @@ def test_the_score_is_of_the_weights_alone():
 def test_greedy_answers_take_the_most_likely_token():
     executor = executor_for(eval_every=1, eval_decoding="greedy", eval_prompts=3)
     held_out = executor.held_out
+    held_out.eos_id = -1  # no token ends an answer (they end at 1-5 tokens otherwise): 24 tokens checked per prompt
     answers = held_out.answers()
+    assert [len(a) for a in answers] == [24] * 3
     actor = executor.group.rank.roles.actor
     with torch.no_grad():
         for prompt, answer in zip(held_out.prompts, answers):
