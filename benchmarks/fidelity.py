@@ -10,6 +10,7 @@ measured mean step time (median over repeats and its interquartile range), the p
 error, and the measured and predicted speedup over sync (medians over repeats). A speedup is graded (predicted
 within ``--tolerance`` of measured) only where the measured step time's interquartile range is at most
 ``--max-spread`` of its median, sync's included: a noisier measurement than the error it grades grades nothing.
+Exits 1 when a graded speedup fails.
 """
 
 import argparse
@@ -66,10 +67,12 @@ def main() -> None:
             runs[policy] = Path(args.out) / f"{args.preset}-r{repeat}-{policy}"
             train(config, runs[policy])
         reports.append(fidelity(runs, lengths, Path(args.out) / f"{args.preset}-r{repeat}-profile.json"))
-    report(reports, policies, args)
+    if not report(reports, policies, args):
+        raise SystemExit(1)
 
 
-def report(reports: list[dict], policies: list[str], args) -> None:
+def report(reports: list[dict], policies: list[str], args) -> bool:
+    """Print the table; False if a graded speedup failed."""
     print(
         f"\n{args.preset} on core {args.core}: calibrated on each repeat's sync run; B={args.batch}, "
         f"{args.lengths_model} lengths cap {args.max_new_tokens}, chunk {args.chunk}, delta {args.delta}, "
@@ -80,6 +83,7 @@ def report(reports: list[dict], policies: list[str], args) -> None:
         f"{'speedup':>8} {'predicted':>10} {'err':>6}  grade"
     )
     spread = {p: _iqr([r[p]["measured_step_s"] for r in reports]) for p in policies}
+    passed = True
     for policy in policies:
         rows = [r[policy] for r in reports]
         measured, predicted = (statistics.median(x[k] for x in rows) for k in ("measured_step_s", "predicted_step_s"))
@@ -89,6 +93,7 @@ def report(reports: list[dict], policies: list[str], args) -> None:
         err = abs(predicted_speedup - speedup) / speedup
         noisy = max(spread[policy], spread["sync"]) > args.max_spread
         grade = "not graded (spread)" if noisy else "pass" if err <= args.tolerance else "FAIL"
+        passed &= grade != "FAIL"
         print(
             f"{policy:<7} {measured:>11.3f} {spread[policy]:>6.1%} {predicted:>12.3f} "
             f"{statistics.median(x['median_step_err'] for x in rows):>10.1%} {speedup:>7.2f}x "
@@ -100,6 +105,7 @@ def report(reports: list[dict], policies: list[str], args) -> None:
             f"  {name:<10} median error {fit.heldout_median_abs_err:.1%}, "
             f"p90 {fit.heldout_p90_abs_err:.1%} (from {fit.gpu})"
         )
+    return passed
 
 
 def _iqr(values: list[float]) -> float:

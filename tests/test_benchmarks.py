@@ -34,9 +34,12 @@ def test_exec_policies(tmp_path):
 def test_fidelity(tmp_path):
     args = (*TINY, "--policies", "sync,oppo", "--chunk", "4", "--repeats", "2", "--out", str(tmp_path))
     res = bench("fidelity", *args, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 0, res.stdout + res.stderr  # exit 1: a graded speedup failed
     assert "predicted_s" in res.stdout and "IQR" in res.stdout and "GPU profile fits" in res.stdout
-    assert any(grade in res.stdout for grade in ("pass", "FAIL", "not graded (spread)"))
+    assert "FAIL" not in res.stdout
+    # the calibration run predicted from its own trace: a fit that does not describe it fails here, noisy or not
+    sync = re.search(r"(?m)^sync +\S+ +\S+ +\S+ +(\d+\.\d)%", res.stdout)
+    assert sync and float(sync.group(1)) <= 25.0, res.stdout
 
 
 def test_trl_baseline(tmp_path):
