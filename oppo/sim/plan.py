@@ -360,6 +360,46 @@ def plan_rows(result: Plan) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class Confirmed:
+    """The best configuration's gain over a baseline on seeds the search never simulated (its winner was chosen on
+    the search's seeds, where its gain is flattered by that choice): per fresh seed, the ratio of the objective."""
+
+    baseline: Candidate
+    ratios: tuple[float, ...]  # best / baseline on each fresh seed, paired (same seed, same lengths)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def fresh_seeds(seed: int, rungs: Rungs, n: int) -> list[int]:
+    """``n`` seeds after every seed a rung simulated (rung r simulates ``seed .. seed + rungs.seeds[r] - 1``)."""
+    first = seed + max(rungs.seeds)
+    return list(range(first, first + n))
+
+
+def confirm(
+    result: Plan,
+    setup: Setup,
+    trace: LengthTrace | None,
+    schedule: dict,
+    seeds: list[int],
+    pool: Pool = IN_PROCESS,
+) -> list[Confirmed]:
+    """Re-simulate the best configuration and each baseline the search ran to its last rung on ``seeds``, at the
+    last rung's steps; the per-seed gains over each baseline."""
+    best, _ = result.best()
+    others = [b.candidate for b in map(result.baseline, baselines(setup, schedule)) if b is not None]
+    others = [c for c in others if c != best.candidate]
+    runs = [best.candidate, *others]
+    items = [(sim_config(setup, c, schedule, best.steps, s), trace) for c in runs for s in seeds]
+    key = OBJECTIVES[result.objective]
+    values = [s[key] for s in evaluate(_summary, items, pool, desc="fresh seeds")]
+    per_run = [values[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(runs))]
+    return [Confirmed(c, tuple(b / o for b, o in zip(per_run[0], v))) for c, v in zip(others, per_run[1:])]
+
+
 def best_config(result: Plan, setup: Setup, trace: LengthTrace | None, schedule: dict, seed: int) -> dict:
     """The best configuration as ``run --config`` reads it (its last rung's steps, the plan's first seed)."""
     best, _ = result.best()

@@ -6,9 +6,12 @@ import dataclasses
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from oppo.sim.experiments import summarize_config
 from oppo.sim.plan import Candidate, Rungs, Space, baselines, candidates, fits_memory, plan, plan_rows, sim_config
 from oppo.sim.pool import Pool
 from oppo.sim.setups import load_setup
@@ -219,3 +222,22 @@ def test_best_and_pareto_of_a_scripted_plan():
     assert met and closest.candidate.policy == "sync"
     nearest, met = Plan(rows[1:5], [], "samples", 0.01, 0).best()
     assert not met and nearest.candidate == Candidate("oppo", chunk="512")  # the least lagging
+
+
+def test_the_gain_is_confirmed_on_seeds_the_search_never_used():
+    from oppo.sim.plan import confirm, fresh_seeds
+
+    result = small_plan(budget=60)
+    seeds = fresh_seeds(3, SMALL, 2)
+    assert seeds == [5, 6]  # the rungs simulated seeds 3 and 4
+    confirmed = confirm(result, small_setup(), None, {}, seeds)
+    best, _ = result.best()
+    assert {c.baseline for c in confirmed} == set(baselines(small_setup(), {})) - {best.candidate}
+    for c in confirmed:  # each ratio is the two configurations simulated on that seed, independently of the plan
+        for seed, ratio in zip(seeds, c.ratios):
+            ours = summarize_config((sim_config(small_setup(), best.candidate, {}, best.steps, seed), None))
+            theirs = summarize_config((sim_config(small_setup(), c.baseline, {}, best.steps, seed), None))
+            assert ratio == pytest.approx(ours["samples_per_s"] / theirs["samples_per_s"], rel=1e-12)
+    res = sim(*PLAN_ARGS, "--budget", "40", "--fresh-seeds", "2", "--out", str(Path(tempfile.mkdtemp()) / "p"))
+    assert res.returncode == 0, res.stderr
+    assert "on the seeds it was chosen with (optimistic)" in res.stdout and "on 2 fresh seeds (2..3)" in res.stdout
