@@ -6,8 +6,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -224,7 +222,7 @@ def test_best_and_pareto_of_a_scripted_plan():
     assert not met and nearest.candidate == Candidate("oppo", chunk="512")  # the least lagging
 
 
-def test_the_gain_is_confirmed_on_seeds_the_search_never_used():
+def test_the_gain_is_confirmed_on_seeds_the_search_never_used(tmp_path):
     from oppo.sim.plan import confirm, fresh_seeds
 
     result = small_plan(budget=60)
@@ -238,6 +236,6 @@ def test_the_gain_is_confirmed_on_seeds_the_search_never_used():
             ours = summarize_config((sim_config(small_setup(), best.candidate, {}, best.steps, seed), None))
             theirs = summarize_config((sim_config(small_setup(), c.baseline, {}, best.steps, seed), None))
             assert ratio == pytest.approx(ours["samples_per_s"] / theirs["samples_per_s"], rel=1e-12)
-    res = sim(*PLAN_ARGS, "--budget", "40", "--fresh-seeds", "2", "--out", str(Path(tempfile.mkdtemp()) / "p"))
+    res = sim(*PLAN_ARGS, "--budget", "40", "--fresh-seeds", "2", "--out", str(tmp_path / "p"))
     assert res.returncode == 0, res.stderr
     assert "on the seeds it was chosen with (optimistic)" in res.stdout and "on 2 fresh seeds (2..3)" in res.stdout
