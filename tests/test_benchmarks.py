@@ -2,7 +2,9 @@
 directory, records under it: the checkout is left as it was). gpu_validate.py needs CUDA for minutes: its
 arguments and its refusal without CUDA are tested in tests/exec/test_gpu_validate.py."""
 
+import argparse
 import csv
+import importlib.util
 import re
 import subprocess
 import sys
@@ -180,3 +182,23 @@ def test_bad_arguments_are_usage_errors(name, args, says, tmp_path):
     """Bad arguments end a benchmark with exit 2 and the problem named, before anything runs (no traceback)."""
     done = bench(name, *args, cwd=tmp_path)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_fidelity_report_fails_a_graded_speedup_off_by_more_than_the_tolerance(capsys):
+    spec = importlib.util.spec_from_file_location("fidelity_benchmark", BENCHMARKS / "fidelity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(
+        preset="tiny-cpu", core=0, batch=4, lengths_model="m", max_new_tokens=8, chunk=4, delta=2, steps=4,
+        repeats=3, max_spread=0.05, tolerance=0.10,
+    )  # fmt: skip
+
+    def reports(predicted_speedup):  # three repeats measured alike (no spread): graded
+        row = {"measured_step_s": 1.0, "predicted_step_s": 1.0, "median_step_err": 0.01}
+        sync = row | {"measured_speedup": 1.0, "predicted_speedup": 1.0}
+        oppo = row | {"measured_speedup": 1.5, "predicted_speedup": predicted_speedup}
+        return [{"sync": sync, "oppo": oppo}] * 3
+
+    assert module.report(reports(1.6), ["sync", "oppo"], args)  # 6.7% off: pass
+    assert not module.report(reports(1.8), ["sync", "oppo"], args)  # 20% off: FAIL
+    assert "FAIL" in capsys.readouterr().out

@@ -120,7 +120,7 @@ def load_state(path: Path) -> Saved:
     try:
         with open(path, "rb") as fh:
             state = pickle.load(fh)
-    except (AttributeError, TypeError, ImportError, EOFError, pickle.UnpicklingError) as err:
+    except Exception as err:  # noqa: BLE001 - a damaged pickle raises almost anything (ValueError, KeyError, ...)
         state, problem = None, f"{type(err).__name__}: {err}"
     if isinstance(state, Saved) and state.format == STATE_FORMAT:
         return state

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         help="re-simulate the best and the baselines on this many seeds the search never used, for a gain that "
-        "was not chosen on its own noise (0: none; default: 3)",
+        "was not chosen on its own noise (0: none; default: 3; outside --budget: up to 3 x N more simulations)",
     )
     plan.add_argument("--out", required=True, help="directory for plan.csv, pareto.png and best/config.json")
     add_pool_args(plan)
@@ -332,20 +332,19 @@ def cmd_plan(args: argparse.Namespace) -> None:
     )
     key = planner.OBJECTIVES[args.objective]
     rows = planner.plan_rows(result)
+    fresh = planner.fresh_seeds(seed, rungs, args.fresh_seeds)  # simulated before any file is written (Ctrl-C)
+    confirmed = planner.confirm(result, setup, trace, schedule, fresh, pool_from(args)) if fresh else []
     out = Path(args.out)
     (out / "best").mkdir(parents=True, exist_ok=True)
     _write_csv(out / "plan.csv", rows)
     plots.pareto_plot(rows, out / "pareto.png", key, args.max_lag, f"plan on {setup.name}")
     write_json(out / "best" / "config.json", with_provenance(planner.best_config(result, setup, trace, schedule, seed)))
     _print_plan(result, rows, key, setup, schedule)
-    if args.fresh_seeds:
-        seeds = planner.fresh_seeds(seed, rungs, args.fresh_seeds)
-        confirmed = planner.confirm(result, setup, trace, schedule, seeds, pool_from(args))
-        for c in confirmed:
-            print(
-                f"  vs {c.baseline.label} on {len(seeds)} fresh seeds ({seeds[0]}..{seeds[-1]}): "
-                f"{c.median:.3f}x, per seed {min(c.ratios):.3f}x to {max(c.ratios):.3f}x"
-            )
+    for c in confirmed:
+        print(
+            f"  vs {c.baseline.label} on {len(fresh)} fresh seeds ({fresh[0]}..{fresh[-1]}): "
+            f"{c.median:.3f}x, per seed {min(c.ratios):.3f}x to {max(c.ratios):.3f}x"
+        )
     print(
         f"-> {out / 'plan.csv'}, {out / 'pareto.png'}; re-run the best: python -m oppo.sim run --config "
         f"{out / 'best' / 'config.json'} --out DIR"

@@ -392,6 +392,8 @@ def confirm(
     best, _ = result.best()
     others = [b.candidate for b in map(result.baseline, baselines(setup, schedule)) if b is not None]
     others = [c for c in others if c != best.candidate]
+    if not others:  # the best is the only baseline that ran: nothing to compare it with
+        return []
     runs = [best.candidate, *others]
     items = [(sim_config(setup, c, schedule, best.steps, s), trace) for c in runs for s in seeds]
     key = OBJECTIVES[result.objective]

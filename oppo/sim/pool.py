@@ -52,26 +52,42 @@ def pool_from(args: argparse.Namespace) -> Pool:
 def evaluate(fn: Callable[[Any], Any], items: Sequence[Any], pool: Pool = IN_PROCESS, desc: str = "sims") -> list:
     """``[fn(item) for item in items]``, computed where ``pool`` says, in the items' order. Ctrl-C cancels what is
     queued and stops what runs (worker processes are ended), raising :class:`~oppo.cli.Interrupted`."""
+    finished = _Count()  # results computed (the bar counts nothing when it is disabled: no terminal)
     with tqdm(total=len(items), desc=desc, unit="sim", disable=None, leave=False) as bar:
+        progress = finished.then(bar.update)
         try:
             if pool.ray_address:
-                return _on_ray(fn, items, pool.ray_address, bar)
+                return _on_ray(fn, items, pool.ray_address, progress)
             if pool.workers == 1 or len(items) < 2:
                 results = []
                 for item in items:
                     results.append(fn(item))
-                    bar.update()
+                    progress()
                 return results
-            return _on_processes(fn, items, min(pool.workers, len(items)), bar)
+            return _on_processes(fn, items, min(pool.workers, len(items)), progress)
         except KeyboardInterrupt:
-            done = bar.n
+            done = finished.n
             raise Interrupted(
                 f"{done} of {len(items)} simulations had finished, the other {len(items) - done} were cancelled; "
                 "nothing written (the command writes its files once all are done)"
             ) from None
 
 
-def _on_processes(fn, items, workers: int, bar) -> list:
+class _Count:
+    """How many results have been computed; ``then(f)``: a callback that counts one and calls ``f``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def then(self, also: Callable[[], Any]) -> Callable[[], None]:
+        def one() -> None:
+            self.n += 1
+            also()
+
+        return one
+
+
+def _on_processes(fn, items, workers: int, progress: Callable[[], None]) -> list:
     # forkserver: workers start from a clean interpreter (no inherited threads or open plots), once each. They
     # ignore SIGINT: a Ctrl-C reaches the whole process group, and this process alone decides, ending them all.
     context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
@@ -80,22 +96,24 @@ def _on_processes(fn, items, workers: int, bar) -> list:
     )
     try:
         futures = [executor.submit(fn, item) for item in items]
-        for future in futures:
-            future.add_done_callback(lambda _: bar.update())
+        for future in futures:  # counted when a result came back, not when cancelled or broken
+            future.add_done_callback(lambda f: None if f.cancelled() or f.exception() else progress())
         results = [future.result() for future in futures]  # in order: the items' rows whichever finished first
     except BaseException:  # Ctrl-C, or a simulation's error: cancel what is queued, stop what runs
-        workers_left = list((executor._processes or {}).values())  # no public handle on them; stable since 3.8
+        workers_left = list(executor._processes.values())  # no public handle on them before 3.14; stable since 3.8
         executor.shutdown(wait=False, cancel_futures=True)
         for process in workers_left:
             process.terminate()
         for process in workers_left:
             process.join(timeout=5)
+            if process.is_alive():  # deaf to SIGTERM: the manager thread must not wait on it at exit
+                process.kill()
         raise
     executor.shutdown()
     return results  # a worker that dies mid-task (killed, out of memory) raises BrokenProcessPool: no hang
 
 
-def _on_ray(fn, items, address: str, bar) -> list:
+def _on_ray(fn, items, address: str, progress: Callable[[], None]) -> list:
     import ray
 
     check_reachable(address)
@@ -112,7 +130,8 @@ def _on_ray(fn, items, address: str, bar) -> list:
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
-                bar.update(len(done))
+                for _ in done:
+                    progress()
         except KeyboardInterrupt:
             for ref in pending:  # queued ones never start, running ones are stopped (on a cluster we did not start)
                 ray.cancel(ref, force=True)

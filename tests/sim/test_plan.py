@@ -216,7 +216,7 @@ def test_best_and_pareto_of_a_scripted_plan():
     assert [e.candidate.chunk for e in plan_.pareto()][1:3] == ["512", "256"]
     unbounded, _ = Plan(rows, [], "samples", None, 0).best()
     assert unbounded.candidate.policy == "async"
-    closest, met = Plan(rows, [], "samples", 0.01, 0).best()  # only sync has no lag; it is the closest
+    closest, met = Plan(rows, [], "samples", 0.01, 0).best()  # only sync has no lag: the one feasible
     assert met and closest.candidate.policy == "sync"
     nearest, met = Plan(rows[1:5], [], "samples", 0.01, 0).best()
     assert not met and nearest.candidate == Candidate("oppo", chunk="512")  # the least lagging

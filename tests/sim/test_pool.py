@@ -1,6 +1,7 @@
 """Simulations spread over worker processes or a Ray cluster give the rows of one process, in the same order."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from oppo.cli import Interrupted
 from oppo.sim.experiments import sweep_config
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import Pool, evaluate
@@ -116,7 +118,11 @@ def test_ctrl_c_cancels_queued_simulations_and_leaves_no_worker(tmp_path):
     assert not left, f"workers left running: {left}"
     assert proc.returncode == 130, stderr
     assert took_s < 4.0, f"exited {took_s:.1f} s after the interrupt"
-    assert "were cancelled; nothing written" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    said = re.search(
+        r"interrupted: (\d+) of 8 simulations had finished, the other (\d+) were cancelled; nothing", stderr
+    )
+    assert said and int(said[1]) + int(said[2]) == 8 and int(said[1]) < 8, stderr  # counted from results, not a bar
+    assert len(stderr.strip().splitlines()) == 1, stderr
     assert not (tmp_path / "s" / "sweep.csv").exists()
 
 
@@ -131,3 +137,16 @@ def test_a_worker_that_dies_ends_the_evaluation_with_an_error_not_a_hang():
 
     with pytest.raises(BrokenProcessPool):
         evaluate(die_on_one, [0, 1, 2, 3], Pool(workers=2))
+
+
+def test_an_interrupt_counts_the_results_that_came_back(monkeypatch):
+    calls = []
+
+    def second_interrupts(x: int) -> int:
+        calls.append(x)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return x
+
+    with pytest.raises(Interrupted, match="2 of 5 simulations had finished, the other 3 were cancelled"):
+        evaluate(second_interrupts, list(range(5)))
