@@ -182,8 +182,12 @@ class Plan:
 
     def final(self) -> list[Evaluated]:
         """The last rung's searched configurations (by rung, not by steps: rungs may simulate equal steps)."""
-        last = max(e.rung for e in self.evaluated)
+        last = self.last_rung
         return [e for e in self.evaluated if e.rung == last and e.searched]
+
+    @property
+    def last_rung(self) -> int:
+        return max(e.rung for e in self.evaluated)
 
     def pareto(self) -> list[Evaluated]:
         """The last rung's configurations that no other beats on both work per second and mean lag."""
@@ -212,7 +216,7 @@ class Plan:
 
     def baseline(self, candidate: Candidate) -> Evaluated | None:
         """The last rung's evaluation of a baseline (None: it was skipped by the memory screen)."""
-        last = max(e.rung for e in self.evaluated)
+        last = self.last_rung
         return next((e for e in self.evaluated if e.candidate == candidate and e.rung == last), None)
 
 
