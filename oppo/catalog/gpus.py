@@ -6,7 +6,12 @@ AMD Instinct MI300X.
 The link is the GPU-to-GPU bandwidth within a node, per GPU and per direction (half the bidirectional figure the
 datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
 MI300X Infinity Fabric 896 GB/s over its seven peer links; A40 and L40S talk over PCIe 4.0 x16 (64 GB/s).
-The link between nodes is a setup's (``[cluster]``, :class:`oppo.sim.cost.gpu.Cluster`), not a GPU's.
+Between nodes each GPU has a network card of its own in the vendors' reference systems (``nic_bytes_per_s``, per GPU
+per direction): DGX H100 / H200 / GH200 NVL and DGX B200 one ConnectX-7 400 Gb/s NDR per GPU (50 GB/s); DGX A100 one
+ConnectX-6 200 Gb/s HDR per GPU (25 GB/s); MI300X platforms (AMD Instinct MI300X platform guide) one 400 Gb/s NIC per
+GPU (50 GB/s); PCIe servers with A40 / L40S commonly one 200 Gb/s NIC per two GPUs (12.5 GB/s per GPU). A node's
+bandwidth is eight of them. A setup's ``[cluster] inter_node_bytes_per_s`` overrides it
+(:class:`oppo.sim.cost.gpu.Cluster`).
 
 The simulator's cost stack (:mod:`oppo.sim.cost`) starts from this datasheet.
 """
@@ -23,20 +28,21 @@ class GPU:
     peak_flops: float  # datasheet dense BF16 FLOP/s
     memory_bytes: float
     link_bytes_per_s: float  # intra-node GPU-to-GPU link, per GPU per direction (NVLink, Infinity Fabric, PCIe)
+    nic_bytes_per_s: float = 0.0  # inter-node network per GPU per direction, the reference system's (0: none known)
 
 
 GPUS = {
     g.name: g
     for g in (
-        GPU("b200", 8.0e12, 2250e12, 180e9, 900e9),
-        GPU("h200", 4.8e12, 989e12, 141e9, 450e9),
-        GPU("h100", 3.35e12, 989e12, 80e9, 450e9),
-        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9),
-        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9),
-        GPU("a100", 2.039e12, 312e12, 80e9, 300e9),
-        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9),
-        GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9),
-        GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9),
+        GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9),
+        GPU("h200", 4.8e12, 989e12, 141e9, 450e9, 50e9),
+        GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9),
+        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9),
+        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9),
+        GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9),
+        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9),
+        GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9),
+        GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9),
         # One CPU core of this project's development machine running the executor's tiny models (float32):
         # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile; its "link"
         # is the cores' shared memory.

@@ -50,12 +50,17 @@ STAGE_OPS = {
     "update_critic": (("critic", "train_critic"),),
 }
 LENGTH_SIGMA = 0.5  # spread (log scale) of the synthetic lengths between a step's logged min and max
-# a load measured by simulating with one term alone, each adding exactly its load (roofline / 0.5 - roofline ...)
+# A load is measured by simulating with one term alone, each adding exactly its load (roofline / 0.5 - roofline,
+# the gathers / 0.5 - the gathers, ...): every probe sums compute and gathers (exposed_gather_frac = 1), so the
+# step's seconds stay linear in the terms while they are measured.
+SERIAL = dict(exposed_gather_frac=1.0)
+BARE = StageCost(**SERIAL)
 PROBES = {
-    "roofline_s": StageCost(efficiency=0.5),
-    "small_s": StageCost(half_efficiency_tokens=1.0),
-    "units": StageCost(per_unit_s=1.0),
-    "row_tokens": StageCost(per_token_s=1.0),
+    "roofline_s": StageCost(efficiency=0.5, **SERIAL),
+    "small_s": StageCost(half_efficiency_tokens=1.0, **SERIAL),
+    "units": StageCost(per_unit_s=1.0, **SERIAL),
+    "row_tokens": StageCost(per_token_s=1.0, **SERIAL),
+    "gather_s": StageCost(gather_bandwidth_frac=0.5, **SERIAL),
 }
 
 
@@ -94,14 +99,15 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     response = np.concatenate([step_lengths(s, n, cap) for s in steps])
     prompt = np.repeat([max(1, round(s.prompt_mean or setup.lengths.prompt_tokens)) for s in steps], n)
     trace = LengthTrace("log-replay", response, prompt, ordered=True)
-    bare = _stage_seconds(setup, StageCost(), trace, len(steps))
+    bare = _stage_seconds(setup, BARE, trace, len(steps))
     added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
     runs = _stages_run(setup)
     loads = {}
     for stage in STAGE_OPS:
         terms = {term: added[term][stage] - bare[stage] for term in PROBES}
         steps_run = np.full(len(steps), float(stage in runs))  # fixed_s: charged once per step by a stage that runs
-        loads[stage] = StageLoad(**terms, steps=steps_run, extra_s=bare[stage] - terms["roofline_s"])
+        extra_s = bare[stage] - terms["roofline_s"] - terms["gather_s"]
+        loads[stage] = StageLoad(**terms, steps=steps_run, extra_s=extra_s)
     return Replay(loads)
 
 

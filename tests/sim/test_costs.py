@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -90,26 +92,54 @@ def test_padding_and_the_critics_own_micro_batch():
 def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_batch():
     """FSDP / ZeRO-3: each scoring micro-batch all-gathers the (n - 1) / n of the weights a GPU lacks, each training
     micro-batch gathers for forward and backward and reduce-scatters the gradients (3x), over the collective's
-    link; the difference to the unsharded pass is exactly those bytes over that link (to 1e-9)."""
-    from oppo.sim.cost.framework import Framework, FrameworkCost
+    link. Serial (exposed_gather_frac 1) the difference to the unsharded pass is exactly those bytes over that link
+    (to 1e-9); with prefetch the pass costs the larger of compute and gathers plus the exposed share of the
+    smaller; a slower achieved link (gather_bandwidth_frac) stretches the gathers by its inverse."""
+    from oppo.sim.cost.framework import Framework, FrameworkCost, StageCost
 
     model, gpu = MODELS["deepseek-llm-7b"], GPUS["mi300x"]
     base = RooflineCost(model, gpu, 8, ENGINES["vllm"])
-    fw = Framework(forward_micro_batch=4, train_micro_batch=2)
-    flat = FrameworkCost(base, "critic", fw, gpu.link_bytes_per_s)
-    sharded = FrameworkCost(
-        base, "critic", Framework(forward_micro_batch=4, train_micro_batch=2, sharded=True), gpu.link_bytes_per_s
-    )
     gather = model.weight_bytes * 7 / 8 / gpu.link_bytes_per_s  # seconds, one all-gather
     rows, tokens = 64.0, 64.0 * 300  # 8 rows per GPU: 2 forward micro-batches, 4 training micro-batches
-    assert sharded.score_s(tokens, tokens * 150, rows) - flat.score_s(tokens, tokens * 150, rows) == pytest.approx(
-        2 * gather, rel=1e-9
-    )
-    assert sharded.train_s(tokens, tokens * 150, rows) - flat.train_s(tokens, tokens * 150, rows) == pytest.approx(
-        4 * 3 * gather, rel=1e-9
-    )
-    one_gpu = FrameworkCost(RooflineCost(model, gpu, 1, ENGINES["vllm"]), "critic", sharded.framework, 1e9)
+
+    def extra(values: StageCost, link: float = gpu.link_bytes_per_s) -> tuple[float, float, float, float]:
+        """(scoring, training) seconds of the sharded pass minus the unsharded one, and the unsharded ones."""
+        stages = dict(values=values, update_critic=values)
+        flat = FrameworkCost(base, "critic", Framework(forward_micro_batch=4, train_micro_batch=2, **stages), link)
+        sharded = FrameworkCost(base, "critic", dataclasses.replace(flat.framework, sharded=True), link)
+        score, train = (tokens, tokens * 150, rows), (tokens, tokens * 150, rows)
+        return (
+            sharded.score_s(*score) - flat.score_s(*score),
+            sharded.train_s(*train) - flat.train_s(*train),
+            flat.score_s(*score),
+            flat.train_s(*train),
+        )
+
+    score, train, _, _ = extra(StageCost(exposed_gather_frac=1.0))
+    assert score == pytest.approx(2 * gather, rel=1e-9)
+    assert train == pytest.approx(4 * 3 * gather, rel=1e-9)
+    score, train, flat_score, flat_train = extra(StageCost(exposed_gather_frac=0.25))
+    assert score == pytest.approx(max(flat_score, 2 * gather) + 0.25 * min(flat_score, 2 * gather) - flat_score)
+    assert train == pytest.approx(max(flat_train, 12 * gather) + 0.25 * min(flat_train, 12 * gather) - flat_train)
+    # a 1 GB/s link: gather-bound, the pass costs its gathers (at half the link: twice them) plus 25% of compute
+    slow = gpu.link_bytes_per_s / 1e9
+    score, _, flat_score, _ = extra(StageCost(exposed_gather_frac=0.25, gather_bandwidth_frac=0.5), link=1e9)
+    assert score + flat_score == pytest.approx(2 * 2 * gather * slow + 0.25 * flat_score, rel=1e-9)
+    one_gpu = FrameworkCost(RooflineCost(model, gpu, 1, ENGINES["vllm"]), "critic", Framework(sharded=True), 1e9)
     assert one_gpu._gather_s() == 0.0  # nothing to gather from
+
+
+def test_across_nodes_each_gpu_gathers_over_its_own_network_card():
+    """Without [cluster] inter_node_bytes_per_s, a collective across nodes runs at the GPU's reference system's card
+    per GPU (DGX H100: 400 Gb/s NDR, 50 GB/s; DGX A100: 200 Gb/s HDR, 25 GB/s); the setup's figure overrides it; a
+    GPU that names no card asks for the setup's."""
+    from oppo.sim.setups import Cluster
+
+    assert Cluster().link_bytes_per_s(GPUS["h100"], first=0, n_gpus=16) == 50e9
+    assert Cluster().link_bytes_per_s(GPUS["a100"], first=0, n_gpus=16) == 25e9
+    assert Cluster(inter_node_bytes_per_s=100e9).link_bytes_per_s(GPUS["h100"], first=0, n_gpus=16) == 100e9
+    with pytest.raises(ValueError, match="inter_node_bytes_per_s"):
+        Cluster().link_bytes_per_s(GPUS["cpu-core"], first=0, n_gpus=16)
 
 
 def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
@@ -155,7 +185,8 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
         "rollout_tensor_parallel = 4\n"
     )
     setup = load_setup(str(path))
-    assert setup.costs()["actor"].base.allreduce_bytes_per_s == 25e9  # the engine on GPUs 4-7 spans nodes
+    # the engine on GPUs 4-7 spans nodes: each GPU's own network card (the MI300X platform's 400 Gb/s)
+    assert setup.costs()["actor"].base.allreduce_bytes_per_s == GPUS["mi300x"].nic_bytes_per_s == 50e9
 
 
 def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):

@@ -51,7 +51,8 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
     - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a)), and
       with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
       model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
-      its micro-batch count is constant);
+      its micro-batch count is constant); where the stage gathers sharded parameters, also the achieved share of
+      the link and the share of the overlap left exposed (:func:`_fit_overlapped`);
     - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps.
     A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
     sequences, unbiased by that rounding, where dropping the zeros would keep only the steps rounded up. A step of
@@ -75,12 +76,62 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
     else:
         columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
-    a, *rest = nonnegative_lstsq(x, (measured - load.extra_s - load.roofline_s) / measured)
+    prior = StageCost()  # the gather terms' priors (sharded passes only)
+    serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)  # the prior's gathers, all hidden
+    a, *rest = nonnegative_lstsq(x, (measured - serial - load.roofline_s) / measured)
     inverse = 1.0 + a  # 1 / efficiency
     if gen:
         return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
-    return StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
+    linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
+    return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
+
+
+# Weight of the gather terms' priors against the steps' relative errors: a log that times enough steps moves them
+# as far as its data says (the datasheet link and the assumed overlap are priors, never bounds); a log that cannot
+# tell them from the compute terms (gathers far smaller than compute) leaves them where the priors are.
+PRIOR_WEIGHT = 0.01
+GATHER_SCALE_BOUNDS = (1 / 50, 50)  # achieved / nominal link bandwidth
+
+
+def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool) -> StageCost:
+    """The terms of a stage whose passes gather sharded parameters: ``max(compute, gathers) + exposed ·
+    min(compute, gathers)`` is not linear in the terms, so they are fitted by bounded nonlinear least squares of
+    the relative error (:func:`scipy.optimize.least_squares`) from the linear fit ``start``, with weak priors pulling
+    the gather terms to :class:`StageCost`'s defaults. Parameters: 1 / efficiency - 1, half / efficiency,
+    per_unit_s (with ``per_unit``), exposed_gather_frac, log gather_bandwidth_frac."""
+    from scipy.optimize import least_squares
+
+    prior = StageCost()
+    n = len(measured)
+
+    def cost(theta: np.ndarray) -> StageCost:
+        a, h, u, exposed, log_scale = (float(v) for v in theta)
+        return StageCost(
+            efficiency=1 / (1 + a),
+            half_efficiency_tokens=h / (1 + a),
+            per_unit_s=u if per_unit else 0.0,
+            exposed_gather_frac=min(max(exposed, 0.0), 1.0),
+            gather_bandwidth_frac=float(np.exp(log_scale)),
+        )
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        fitted = cost(theta)
+        errors = (fitted.seconds(load) - measured) / measured
+        weight = PRIOR_WEIGHT * np.sqrt(n)  # per step, so the prior weighs the same against any number of steps
+        priors = [weight * (fitted.exposed_gather_frac - prior.exposed_gather_frac), weight * theta[4]]
+        return np.concatenate([errors, priors])
+
+    a0 = 1 / start.efficiency - 1
+    theta0 = np.array([a0, start.half_efficiency_tokens * (1 + a0), start.per_unit_s, prior.exposed_gather_frac, 0.0])
+    low, high = np.log(GATHER_SCALE_BOUNDS)
+    bounds = ([0, 0, 0, 0, low], [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high])
+    best = None
+    for scale0 in (0.0, low / 2, high / 2):  # max() has kinks: start from a slow, the nominal and a fast link
+        theta0[4] = scale0
+        found = least_squares(residuals, np.clip(theta0, bounds[0], bounds[1]), bounds=bounds, x_scale="jac")
+        best = found if best is None or found.cost < best.cost else best
+    return cost(best.x)
 
 
 def fit_problems(problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]]) -> dict[str, StageCost]:

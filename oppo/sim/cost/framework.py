@@ -5,25 +5,32 @@ below the roofline (micro-batches of a few sequences, eager decoding, padding, r
 parameters, weight resharding between the training and the rollout engine); each operation of a stage costs
 :meth:`StageCost.seconds` of its :class:`StageLoad`,
 
-    seconds = roofline_s / efficiency × (1 + half_efficiency_tokens / micro-batch tokens)
-              + units × per_unit_s + row_tokens × per_token_s + steps × fixed_s + extra_s
+    compute = roofline_s / efficiency × (1 + half_efficiency_tokens / micro-batch tokens) + units × per_unit_s
+    gathers = gather_s / gather_bandwidth_frac
+    seconds = max(compute, gathers) + exposed_gather_frac × min(compute, gathers)
+              + row_tokens × per_token_s + steps × fixed_s + extra_s
 
 The first term is a micro-batched pass whose efficiency grows with the tokens of a micro-batch and reaches half
 its best at ``half_efficiency_tokens`` (a model-size-proportional cost per micro-batch: it transfers between
 models, a fixed time per micro-batch would not); generation has no micro-batch term. The unit is a decode
-iteration for ``gen`` and a micro-batch for the others. ``per_token_s`` (``gen`` only) is charged per row of
-the decode batch per iteration: per generated token on an engine that compacts the batch (vLLM), per row of the
+iteration for ``gen`` and a micro-batch for the others. ``gather_s`` are the parameter gathers of a sharded pass
+(FSDP / ZeRO-3) at the nominal link: FSDP prefetches the next layer's parameters while the current one computes,
+so a pass costs the larger of its compute and its gathers plus the share of the smaller that does not overlap
+(``exposed_gather_frac``; 1 is the serial sum); ``gather_bandwidth_frac`` is the achieved share of the nominal link
+(a fitted factor: the datasheet's link is a prior, never a floor). ``per_token_s`` (``gen`` only) is charged per row
+of the decode batch per iteration: per generated token on an engine that compacts the batch (vLLM), per row of the
 padded batch, finished rows included, on one that does not (HF generate); a rollout engine whose KV memory cannot
 hold the whole batch runs it in waves, so its time follows the tokens decoded rather than the longest response.
-``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales
-(the host transfer of offloaded parameters, the gathers of sharded ones: bytes over a link). Every term is
-linear in the load, so the loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by
-simulating a step with this very class.
+``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales (the
+host transfer of offloaded parameters: bytes over a link). Every term but the overlap is linear in the load, so the
+loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very
+class (with ``exposed_gather_frac`` = 1, where the overlap is a sum too).
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
-of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages; ``per_unit_s`` (and any term)
-can be set by hand in a setup's ``[framework.STAGE]`` tables; the structural settings (micro-batch sizes,
-gradient checkpointing, offload) are the run's configuration.
+of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages, and where a stage gathers
+sharded parameters its two gather terms; ``per_unit_s`` (and any term) can be set by hand in a setup's
+``[framework.STAGE]`` tables; the structural settings (micro-batch sizes, gradient checkpointing, offload) are the
+run's configuration.
 
 The cost stack (:mod:`oppo.sim.cost`): GPU -> engine -> this layer -> its fitted terms (:mod:`oppo.sim.cost.fit`,
 fed by :mod:`oppo.sim.logfit`'s replays of logs; ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
@@ -68,6 +75,7 @@ class StageLoad:
     row_tokens: float | np.ndarray = 0.0
     steps: float | np.ndarray = 0.0
     extra_s: float | np.ndarray = 0.0
+    gather_s: float | np.ndarray = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,28 +83,36 @@ class StageCost:
     """One stage's framework terms: ``efficiency`` (fraction of the roofline the framework achieves, (0, 1]),
     ``half_efficiency_tokens`` (micro-batch tokens per GPU at which a pass runs at half that), ``per_unit_s``
     (seconds per decode iteration or micro-batch), ``per_token_s`` (seconds per decode row per iteration, ``gen``
-    only), ``fixed_s`` (seconds per step)."""
+    only), ``fixed_s`` (seconds per step), ``gather_bandwidth_frac`` (achieved share of the nominal link of the
+    sharded parameters' gathers, > 0; above 1 where the nominal link was set too low) and ``exposed_gather_frac``
+    (share of the smaller of compute and gathers that prefetch does not hide, [0, 1])."""
 
     efficiency: float = 1.0
     half_efficiency_tokens: float = 0.0
     per_unit_s: float = 0.0
     per_token_s: float = 0.0
     fixed_s: float = 0.0
+    gather_bandwidth_frac: float = 1.0
+    # PyTorch FSDP issues a layer's all-gather while the previous layer computes; what stays exposed is the first
+    # gather and the collectives' contention for the GPU [assumed prior; the fit moves it where gathers are timed]
+    exposed_gather_frac: float = 0.1
 
     def __post_init__(self) -> None:
         terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s)
         if not 0 < self.efficiency <= 1 or min(terms) < 0:
             raise ValueError("a stage needs 0 < efficiency <= 1 and its other terms >= 0")
+        if self.gather_bandwidth_frac <= 0 or not 0 <= self.exposed_gather_frac <= 1:
+            raise ValueError("a stage needs gather_bandwidth_frac > 0 and 0 <= exposed_gather_frac <= 1")
 
     def seconds(self, load: StageLoad):
         """Seconds of ``load`` under these terms: the one formula the simulator charges and the log fit fits."""
-        return (
-            (load.roofline_s + self.half_efficiency_tokens * load.small_s) / self.efficiency
-            + load.units * self.per_unit_s
-            + load.row_tokens * self.per_token_s
-            + load.steps * self.fixed_s
-            + load.extra_s
+        busy = (load.roofline_s + self.half_efficiency_tokens * load.small_s) / self.efficiency + (
+            load.units * self.per_unit_s
         )
+        if np.any(load.gather_s):  # prefetch: the larger of compute and gathers, and what of the smaller shows
+            gathers = load.gather_s / self.gather_bandwidth_frac
+            busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
+        return busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
 
 
 IDENTITY = StageCost()  # no framework terms: the roofline
@@ -224,11 +240,11 @@ class FrameworkCost:
 
     def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
-        ``gathers`` times the sharded parameters over the interconnect (bytes no framework term scales)."""
+        ``gathers`` times the sharded parameters over the interconnect (seconds at the nominal link)."""
         units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
-        extra_s = units * gathers * self._gather_s()
-        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, extra_s=extra_s)
+        gather_s = units * gathers * self._gather_s()
+        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, gather_s=gather_s)
 
     def sync_s(self) -> float:
         return self.base.sync_s()

@@ -35,18 +35,27 @@ class Efficiency:
 @dataclass(frozen=True)
 class Cluster:
     """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
-    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower ``inter_node_bytes_per_s`` (per GPU
-    per direction: the node's network bandwidth over its GPUs; 25 GB/s is one 200 Gb/s InfiniBand HDR NIC per GPU,
-    as in a DGX A100 [assumed default]); within a node, at the GPU's own link (:mod:`oppo.catalog.gpus`). GPUs are
-    numbered from the first node's first GPU and nodes split them at multiples of ``gpus_per_node``: GPUs 3 and 4 at
-    4 per node sit on two nodes."""
+    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower inter-node link, per GPU per
+    direction: each GPU of a node has a network card of its own, so a ring across nodes moves each GPU's share over
+    its own card. ``inter_node_bytes_per_s`` (setup field) sets it; 0 takes the GPU's reference system
+    (:attr:`oppo.catalog.gpus.GPU.nic_bytes_per_s`, e.g. 50 GB/s, one 400 Gb/s NDR card per H100 of a DGX H100).
+    Within a node, the GPU's own link. GPUs are numbered from the first node's first GPU and nodes split them at
+    multiples of ``gpus_per_node``: GPUs 3 and 4 at 4 per node sit on two nodes. The fit scales whichever link a
+    collective runs on (a stage's ``gather_bandwidth_frac``): the figure here is a prior, not a floor."""
 
     gpus_per_node: int = 8
-    inter_node_bytes_per_s: float = 25e9
+    inter_node_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.gpus_per_node < 1 or self.inter_node_bytes_per_s <= 0:
-            raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s > 0")
+        if self.gpus_per_node < 1 or self.inter_node_bytes_per_s < 0:
+            raise ValueError("cluster needs gpus_per_node >= 1 and inter_node_bytes_per_s >= 0")
+
+    def nic_bytes_per_s(self, gpu: GPU) -> float:
+        """The inter-node link per GPU per direction: the setup's, else the GPU's reference system's."""
+        nic = self.inter_node_bytes_per_s or gpu.nic_bytes_per_s
+        if nic <= 0:
+            raise ValueError(f"gpu {gpu.name!r} names no network card: set [cluster] inter_node_bytes_per_s")
+        return nic
 
     def link_bytes_per_s(self, gpu: GPU, first: int, n_gpus: int, group: int = 0) -> float:
         """Per-GPU bandwidth of the collectives over GPUs ``first`` .. ``first + n_gpus - 1``, ``group`` GPUs each
@@ -56,7 +65,7 @@ class Cluster:
         node = self.gpus_per_node
         if all(start // node == (start + group - 1) // node for start in range(first, first + n_gpus, group)):
             return gpu.link_bytes_per_s
-        return min(gpu.link_bytes_per_s, self.inter_node_bytes_per_s)
+        return min(gpu.link_bytes_per_s, self.nic_bytes_per_s(gpu))
 
 
 def lookup(table: dict, name: str, what: str):
