@@ -32,6 +32,7 @@ SCORE_HEAD_ROLES = ("critic", "reward")  # one-label sequence classifiers: a sco
 _TABLE_KEYS = (*SHAPE_KEYS[:3], "num_key_value_heads", "head_dim", *SHAPE_KEYS[3:], "dtype", "tie_word_embeddings")
 _TABLE = {  # layers, hidden, heads, kv heads, head dim, intermediate, vocab, dtype, tied (published config.json)
     "qwen2.5-7b": (28, 3584, 28, 4, 128, 18944, 152064, "bfloat16", False),
+    "qwen2-7b": (28, 3584, 28, 4, 128, 18944, 152064, "bfloat16", False),  # Qwen2-7B(-Instruct): Qwen2.5-7B's shape
     "qwen2.5-3b": (36, 2048, 16, 2, 128, 11008, 151936, "bfloat16", True),
     "qwen2.5-1.5b": (28, 1536, 12, 2, 128, 8960, 151936, "bfloat16", True),
     "qwen2.5-0.5b": (24, 896, 14, 2, 64, 4864, 151936, "bfloat16", True),

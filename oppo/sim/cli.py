@@ -31,7 +31,7 @@ from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
 from oppo.sim.runlogs import load_run_log
-from oppo.sim.setups import PRESETS, load_setup, setup_from_dict, setup_toml
+from oppo.sim.setups import PRESETS, Setup, load_setup, setup_from_dict, setup_toml
 from oppo.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
 from oppo.tracking import add_tracking_args, track_run, trackers_from
 
@@ -158,10 +158,7 @@ def _configs(args: argparse.Namespace, policies: list[str | None], async_only: b
     given = given_options(ScheduleConfig, args, skip=("policy",))
     steps = _pick(args.steps, stored.get("steps"), DEFAULTS["steps"])
     seed = _pick(args.seed, stored.get("seed"), DEFAULTS["seed"])
-    if args.setup or not stored:
-        setup = load_setup(args.setup or DEFAULTS["setup"])
-    else:
-        setup = setup_from_dict(stored.get("setup"), f"{where}: [setup]")
+    setup = _setup(args)
     rollout_stored = config_from_dict(AsyncConfig, stored.get("rollout", {}), f"{where}: [rollout]")
     rollout = dataclasses.replace(rollout_stored, **given_options(AsyncConfig, args))
     configs = []
@@ -175,6 +172,18 @@ def _configs(args: argparse.Namespace, policies: list[str | None], async_only: b
         options = rollout if not async_only or schedule.policy == "async" else AsyncConfig()
         configs.append(SimConfig(schedule, setup, steps, seed, options))
     return configs
+
+
+def _setup(args: argparse.Namespace) -> Setup:
+    """The setup simulated: ``--setup``, else the stored run's (``--config``), else the default. A ``gpu =
+    "unknown"`` setup has no device to simulate on until calibrated on its log: said here, before any simulation."""
+    stored = _stored(args)
+    if args.setup or not stored:
+        setup = load_setup(args.setup or DEFAULTS["setup"])
+    else:
+        setup = setup_from_dict(stored.get("setup"), f"{args.config}: [setup]")
+    setup.gpu_datasheet()
+    return setup
 
 
 def _pick(*values):
@@ -244,6 +253,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     trace = _trace(args)
+    _setup(args)  # a setup no policy can simulate (no device) is one error, not one per policy
     configs, skipped = [], []
     for policy in policies:  # a policy that cannot run these settings is left out, saying why
         try:
@@ -312,6 +322,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if args.fresh_seeds < 0:
         raise ValueError(f"--fresh-seeds must be >= 0, got {args.fresh_seeds}")
     setup, trace = load_setup(args.setup or DEFAULTS["setup"]), _trace(args)
+    setup.gpu_datasheet()  # a gpu = "unknown" setup has no device until calibrated on its log
     schedule = given_options(ScheduleConfig, args, skip=("policy",))
     sized = {k: schedule.pop(k) for k in ("batch", "max_new_tokens") if k in schedule}  # the setup's own knobs
     setup = dataclasses.replace(setup, **sized) if sized else setup
@@ -422,6 +433,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate_log(args: argparse.Namespace) -> None:
+    from oppo.sim.logdevice import resolve_gpu
     from oppo.sim.logfit import calibrate
 
     if len(args.log) != len(args.setup):
@@ -429,7 +441,8 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     if len(args.log) > 1:
         _calibrate_shared(args)
         return
-    log, setup = load_run_log(args.log[0]), load_setup(args.setup[0])
+    log = load_run_log(args.log[0])
+    setup = resolve_gpu(load_setup(args.setup[0]), log)
     calibrated, fitted = calibrate(setup, log, args.fit_frac)
     _log_fidelity(calibrated, log, fitted, Path(args.out))
     base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
@@ -441,10 +454,12 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     """One framework layer fitted across several runs: ``framework.toml``, and per run its within-run and
     leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
     from oppo.records import plots
+    from oppo.sim.logdevice import resolve_gpu
     from oppo.sim.logfit import logged_run, shared_fidelity
     from oppo.sim.setups import framework_toml
 
-    runs = [logged_run(load_setup(s), load_run_log(log), args.fit_frac) for log, s in zip(args.log, args.setup)]
+    logs = [load_run_log(log) for log in args.log]
+    runs = [logged_run(resolve_gpu(load_setup(s), log), log, args.fit_frac) for log, s in zip(logs, args.setup)]
     layer, report = shared_fidelity(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -470,7 +485,10 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
 
 
 def cmd_validate_log(args: argparse.Namespace) -> None:
-    _log_fidelity(load_setup(args.setup), load_run_log(args.log), 0, Path(args.out))
+    from oppo.sim.logdevice import resolve_gpu
+
+    log = load_run_log(args.log)
+    _log_fidelity(resolve_gpu(load_setup(args.setup), log), log, 0, Path(args.out))
 
 
 def _log_fidelity(setup, log, first: int, out: Path) -> None:

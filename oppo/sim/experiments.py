@@ -17,7 +17,6 @@ from oppo.records import metrics
 from oppo.records.metrics import summarize
 from oppo.records.schema import StepRecord
 from oppo.sim.cost.engine import model_shape
-from oppo.sim.cost.gpu import GPUS
 from oppo.sim.model import SimConfig, SimResult, simulate
 from oppo.sim.pool import IN_PROCESS, Pool, evaluate
 from oppo.sim.setups import Setup
@@ -90,7 +89,7 @@ def flops_and_peaks(setup: Setup) -> tuple[dict[str, float], float | None]:
     meaningful peak)."""
     roles = ("actor", "critic", "reference", "reward")
     shapes = {role: model_shape(setup.shape(role)).hf_fields for role in roles if setup.shape(role)}
-    return role_flops_per_token(shapes), None if setup.gpu == "cpu-core" else GPUS[setup.gpu].peak_flops
+    return role_flops_per_token(shapes), None if setup.gpu == "cpu-core" else setup.gpu_datasheet().peak_flops
 
 
 def time_to_reward(steps: list[StepRecord], threshold: float, window: int = 5) -> float | None:

@@ -102,13 +102,23 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     bare = _stage_seconds(setup, BARE, trace, len(steps))
     added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
     runs = _stages_run(setup)
+    costs = setup.costs("sync")
+    generating = costs.get("rollout", costs["actor"])  # the rollout engine's own GPUs, else the actor's
     loads = {}
     for stage in STAGE_OPS:
         terms = {term: added[term][stage] - bare[stage] for term in PROBES}
-        steps_run = np.full(len(steps), float(stage in runs))  # fixed_s: charged once per step by a stage that runs
         extra_s = bare[stage] - terms["roofline_s"] - terms["gather_s"]
-        loads[stage] = StageLoad(**terms, steps=steps_run, extra_s=extra_s)
+        # per-step terms: charged once per step by a stage that runs (generation's named ones by its engine)
+        per_step = StageLoad() if stage not in runs else _step_load(generating, stage)
+        once = {f: np.full(len(steps), float(getattr(per_step, f))) for f in ("steps", "reinit_steps", "transfer_s")}
+        loads[stage] = StageLoad(**terms, extra_s=extra_s, **once)
     return Replay(loads)
+
+
+def _step_load(cost, stage: str) -> StageLoad:
+    """A stage's per-step load under a cost model: the framework layer's, or one per step (a profile fitted on the
+    executor's records has no framework layer)."""
+    return cost.step_load(stage) if hasattr(cost, "step_load") else StageLoad(steps=1.0)
 
 
 TOKEN_TOLERANCE = 0.10  # a setup whose sequences per step miss the log's token totals by more is the wrong setup

@@ -21,7 +21,6 @@ import numpy as np
 from oppo.catalog.lengths import LengthTrace
 from oppo.core.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
 from oppo.sim.cost.engine import model_shape
-from oppo.sim.cost.gpu import GPUS
 from oppo.sim.experiments import config_dict, summarize_config
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, evaluate
@@ -128,10 +127,9 @@ def memory_bytes(config: SimConfig) -> float:
 
 
 def memory_budget(setup: Setup) -> float | None:
-    """The bytes a GPU of ``setup`` may fill (the datasheet's less the headroom); None on the CPU presets, where a
-    core has no memory budget worth screening."""
-    gpu = GPUS.get(setup.gpu)
-    return None if gpu is None else MEMORY_HEADROOM * gpu.memory_bytes
+    """The bytes a GPU of ``setup`` may fill: its datasheet's (the catalog's or the setup's ``[gpu_spec]``) less the
+    headroom."""
+    return MEMORY_HEADROOM * setup.gpu_datasheet().memory_bytes
 
 
 def fits_memory(config: SimConfig) -> bool:

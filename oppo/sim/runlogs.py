@@ -49,7 +49,11 @@ LENGTHS = {  # statistic -> its metric names, first found wins (verl, OpenRLHF)
     "min": ("response_length_min",),
     "prompt": ("prompt_length_mean",),
     "clipped": ("response_length_clip_ratio", "rollout_truncated_rate"),  # share of responses at the cap
-    "tokens": ("total_num_tokens",),  # prompt + response tokens of the step, every sequence (verl)
+    "tokens": ("perf_total_num_tokens", "total_num_tokens"),  # prompt + response tokens of a step's sequences (verl)
+}
+PERF = {  # device metrics of the actor update, field -> metric names (verl: perf/..., older and CSV dumps without)
+    "mfu": ("perf_mfu_actor", "mfu_actor"),  # model FLOPs utilisation, a fraction of the device's promised peak
+    "memory_reserved_gib": ("perf_max_memory_reserved_gb", "max_memory_reserved_gb"),  # GiB (2**30 bytes)
 }
 STEP_KEYS = ("step", "global_step")
 PREFIXES = ("", "train_")  # a W&B export of OpenRLHF names its metrics train/...
@@ -68,6 +72,8 @@ class LoggedStep:
     prompt_mean: float | None
     clipped: float | None = None  # share of responses that hit the length cap, where logged
     total_tokens: float | None = None  # prompt + response tokens of every sequence of the step, where logged
+    mfu: float | None = None  # the actor update's MFU as verl computes it (perf/mfu/actor), where logged
+    memory_reserved_bytes: float | None = None  # the peak GPU memory PyTorch reserved (perf/max_memory_reserved_gb)
 
 
 @dataclass(frozen=True)
@@ -212,13 +218,11 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
         stages = {stage: t for stage, t in times.items() if stage in STAGES}
         if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
-        lengths = {
-            stat: _number(path, row, found[1], found[0]) if (found := _value(row, *names)) else None
-            for stat, names in LENGTHS.items()
-        }
+        lengths, perf = _metrics(path, row, LENGTHS), _metrics(path, row, PERF)
         if lengths["mean"] is None:
             raise ValueError(f"{path}: step {row.get('step')}: missing the mean response length (response_length/mean)")
         step = _value(row, *STEP_KEYS)
+        reserved = perf["memory_reserved_gib"]
         steps.append(
             LoggedStep(
                 int(_number(path, row, step[1], "step")) if step else len(steps),
@@ -227,13 +231,23 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
                 lengths["max"],
                 lengths["min"],
                 lengths["prompt"],
-                lengths["clipped"],
-                lengths["tokens"],
+                clipped=lengths["clipped"],
+                total_tokens=lengths["tokens"],
+                mfu=perf["mfu"],
+                memory_reserved_bytes=None if reserved is None else reserved * 2**30,
             )
         )
     if not steps:
         raise ValueError(f"{path}: no training step with timings (all excluded: testing or checkpoint steps)")
     return TrainingLog(str(path), tuple(sorted(steps, key=lambda s: s.step)))
+
+
+def _metrics(path: Path, row: dict[str, str], table: dict[str, tuple[str, ...]]) -> dict[str, float | None]:
+    """The value of each statistic of ``table`` (statistic -> its metric names) in the row, None where not logged."""
+    return {
+        stat: _number(path, row, found[1], found[0]) if (found := _value(row, *names)) else None
+        for stat, names in table.items()
+    }
 
 
 def _number(path: Path, row: dict, text: str | None, what: str) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oppo.catalog.gpus import GPU
 from oppo.core.config import ScheduleConfig, schedule_from
 from oppo.data import data_dir, read_toml
 from oppo.records.metrics import device_count
@@ -37,6 +38,22 @@ from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Cluster, Efficiency, gpu_effici
 from oppo.sim.workload import LengthModel, RewardCurve
 
 PLACEMENTS = ("disaggregated", "colocated")
+UNKNOWN_GPU = "unknown"  # a setup's gpu when its log does not name it: read back from the log (oppo.sim.logdevice)
+
+
+@dataclass(frozen=True)
+class GpuSpec(GPU):
+    """A GPU the catalog (:mod:`oppo.catalog.gpus`) does not have, as a setup's ``[gpu_spec]`` table: the catalog's
+    fields (bytes/s, FLOP/s, bytes) and ``source``, where its figures come from (for a ``gpu = "unknown"`` setup,
+    written by ``calibrate-log``: the peak read back from the log, the rest priors)."""
+
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(GPU)[1:]:  # the figures after the name
+            value, required = getattr(self, f.name), f.default is dataclasses.MISSING  # optional ones: 0 = none known
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (required and not value):
+                raise ValueError(f"gpu_spec {f.name} must be a number {'> 0' if required else '>= 0'}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,7 @@ class Setup:
     reward: str | None  # reward model shape (same forms); None = rule-based reward (no reward model)
     batch: int  # the paper's B for this setup
     max_new_tokens: int
+    gpu_spec: GpuSpec | None = None  # the GPU's figures where the catalog has none (then ``gpu`` is any name)
     reference: bool = True  # a reference model runs (KL penalty); many GRPO runs have none
     critic: bool = True  # a critic runs (PPO); never with algo = "grpo"
     algo: str = "ppo"  # the schedule's default --algo
@@ -115,7 +133,11 @@ class Setup:
     reward_curve: RewardCurve = field(default_factory=RewardCurve)
 
     def __post_init__(self) -> None:
-        lookup(GPUS, self.gpu, "gpu")
+        if self.gpu_spec is None and self.gpu != UNKNOWN_GPU and self.gpu not in GPUS:
+            raise ValueError(
+                f"unknown gpu {self.gpu!r}; choose from {', '.join(sorted(GPUS))}, "
+                f'"{UNKNOWN_GPU}" (read back from its log) or give a [gpu_spec] table'
+            )
         model_shape(self.actor)
         if self.reward is not None:
             model_shape(self.reward)
@@ -168,6 +190,19 @@ class Setup:
         optional = {"reference": self.reference, "critic": self.critic and algo == "ppo", "reward": bool(self.reward)}
         return ("actor", *(role for role, runs in optional.items() if runs))
 
+    def gpu_datasheet(self) -> GPU:
+        """The GPU's figures: the setup's ``[gpu_spec]``, else the catalog's. A ``gpu = "unknown"`` setup has none
+        until ``calibrate-log`` (or ``validate-log``) reads them back from its log."""
+        if self.gpu_spec is not None:
+            return self.gpu_spec
+        if self.gpu == UNKNOWN_GPU:
+            raise ValueError(
+                f'setup {self.name}: gpu = "{UNKNOWN_GPU}" has no peak FLOP/s yet: calibrate it on its log first '
+                f"(python -m oppo.sim calibrate-log --log LOG --setup {self.name} --out DIR writes DIR/setup.toml "
+                "with the device read back as [gpu_spec])"
+            )
+        return GPUS[self.gpu]
+
     @property
     def engine_spec(self):
         return ENGINES[self.engine]
@@ -184,7 +219,7 @@ class Setup:
                 else PROFILE_DIR / self.cost
             )
             return calibrated_costs(path, list(self.devices_for(policy)))
-        gpu, engine = GPUS[self.gpu], ENGINES[self.engine]
+        gpu, engine = self.gpu_datasheet(), ENGINES[self.engine]
         if self.cost == "fitted" and self.gpu not in gpu_efficiencies():
             raise ValueError(
                 f"setup {self.name}: no fitted efficiency for gpu {self.gpu!r} (no operator profile); "
@@ -415,9 +450,10 @@ def setup_toml(setup: Setup, base: str) -> str:
 
 
 def _toml_tables(name: str, value: Any, old: Any) -> list[str]:
+    """The table of ``value``: its fields that differ from ``old``'s (every field where ``old`` is None)."""
     own, nested = [f"\n[{name}]"], []
     for f in dataclasses.fields(value):
-        v, o = getattr(value, f.name), getattr(old, f.name)
+        v, o = getattr(value, f.name), getattr(old, f.name, _UNSET)
         if v == o:
             continue
         if dataclasses.is_dataclass(v):
@@ -425,6 +461,9 @@ def _toml_tables(name: str, value: Any, old: Any) -> list[str]:
         else:
             own.append(f"{f.name} = {_toml_value(v)}")
     return (own if len(own) > 1 else []) + nested
+
+
+_UNSET = object()  # the field of a table the base setup does not have (e.g. its gpu_spec is None)
 
 
 def _toml_value(value: Any) -> str:
@@ -461,6 +500,20 @@ def setup_from_dict(data: dict[str, Any], where: str) -> Setup:
 
 
 NAMED_TABLES = {Framework: FRAMEWORKS}  # table types a TOML table may start from by name (``base = NAME``)
+OPTIONAL_TABLES = {"gpu_spec": GpuSpec}  # setup fields that are None unless a table gives every required key
+
+
+def _new_table(cls: type, value: Any, where: str) -> Any:
+    """A table of ``cls`` built from its keys alone (no base value to override)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: must be a table")
+    fields = dataclasses.fields(cls)
+    unknown = set(value) - {f.name for f in fields}
+    missing = [f.name for f in fields if f.name not in value and f.default is dataclasses.MISSING]
+    if unknown or missing:
+        problem = f"unknown key(s) {', '.join(sorted(unknown))}" if unknown else f"missing {', '.join(missing)}"
+        raise ValueError(f"{where}: {problem}; keys: {', '.join(f.name for f in fields)}")
+    return cls(**value)
 
 
 def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
@@ -472,6 +525,9 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
         if isinstance(obj, Setup) and key == "reward" and value == "rule":
             value = None  # no reward model: a rule scores the responses
         current = getattr(obj, key)
+        if current is None and key in OPTIONAL_TABLES and value is not None:  # e.g. [gpu_spec] over none
+            changes[key] = _new_table(OPTIONAL_TABLES[key], value, f"{where} [{key}]")
+            continue
         named = NAMED_TABLES.get(type(current))
         if named and isinstance(value, dict) and "base" in value:  # e.g. [framework] base = "roofline" | "trl"
             value = dict(value)  # start from that named table, not the base setup's

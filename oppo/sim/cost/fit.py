@@ -44,7 +44,9 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0]
 
 
-def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False) -> StageCost:
+def fit_stage(
+    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, transfer_frac: float | None = None
+) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
     :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
     With 1 / efficiency = 1 + a:
@@ -53,7 +55,8 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
       model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
       its micro-batch count is constant); where the stage gathers sharded parameters, also the achieved share of
       the link and the share of the overlap left exposed (:func:`_fit_overlapped`);
-    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + fixed·steps.
+    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + the per-step terms
+      (:func:`_fit_generation`; ``transfer_frac``: the engine's weight moves as a log timing them apart measured).
     A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
     sequences, unbiased by that rounding, where dropping the zeros would keep only the steps rounded up. A step of
     a GPU stage timed at 0 s has no relative error to weigh: left out."""
@@ -72,25 +75,56 @@ def fit_stage(load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool =
         load = StageLoad(**{f: np.broadcast_to(getattr(load, f), shape)[timed] for f in LOAD_FIELDS})
         measured = measured[timed]
     if gen:
-        columns = [load.roofline_s, load.row_tokens, load.steps]
-    else:
-        columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
+        return _fit_generation(load, measured, transfer_frac)
+    columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)  # the prior's gathers, all hidden
     a, *rest = nonnegative_lstsq(x, (measured - serial - load.roofline_s) / measured)
     inverse = 1.0 + a  # 1 / efficiency
-    if gen:
-        return StageCost(efficiency=float(1.0 / inverse), per_token_s=float(rest[0]), fixed_s=float(rest[1]))
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
     return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
 
 
+def _fit_generation(load: StageLoad, measured: np.ndarray, transfer_frac: float | None) -> StageCost:
+    """Generation's terms: efficiency, per-token seconds and the per-step costs. What a step pays once is one
+    intercept per run, so the named costs take it in this order: the engine's weight moves at the achieved share
+    of their links (``transfer_frac`` where a log times them apart, else the prior 1: the nominal links), then a KV
+    re-initialisation where the setup declares one (``cache_reinit_s``), else the unnamed ``fixed_s``; runs that
+    differ in what they declare fit both. Where the moves at the prior alone exceed the intercept (the fitted
+    per-step seconds would be negative), their share of the links is fitted instead: the prior is no floor."""
+    shape = measured.shape
+    roofline, rows = np.broadcast_to(load.roofline_s, shape), np.broadcast_to(load.row_tokens, shape)
+    steps, reinit = np.broadcast_to(load.steps, shape), np.broadcast_to(load.reinit_steps, shape)
+    transfer = np.broadcast_to(load.transfer_s, shape)
+    per_step = [reinit] if np.any(reinit) else []
+    if not np.array_equal(reinit, steps):
+        per_step.append(steps)
+    base = measured - load.extra_s - roofline
+    frac = transfer_frac or 1.0
+    coefficients = nonnegative_lstsq(
+        np.stack([roofline, rows, *per_step], axis=1) / measured[:, None], (base - transfer / frac) / measured
+    )
+    a, per_token, *intercepts = coefficients
+    if transfer_frac is None and np.any(transfer) and not np.any(intercepts):  # cornered by the nominal links
+        a, per_token, inverse_frac = nonnegative_lstsq(
+            np.stack([roofline, rows, transfer], axis=1) / measured[:, None], base / measured
+        )
+        frac, intercepts = 1 / max(inverse_frac, 1e-3), [0.0] * len(per_step)
+    named = dict(zip(["cache_reinit_s" if np.any(reinit) else "fixed_s", "fixed_s"], intercepts, strict=False))
+    return StageCost(
+        efficiency=float(1 / (1 + a)),
+        per_token_s=float(per_token),
+        transfer_frac=float(frac),
+        **{term: float(value) for term, value in named.items()},
+    )
+
+
 # Weight of the gather terms' priors against the steps' relative errors: a log that times enough steps moves them
 # as far as its data says (the datasheet link and the assumed overlap are priors, never bounds); a log that cannot
 # tell them from the compute terms (gathers far smaller than compute) leaves them where the priors are.
-PRIOR_WEIGHT = 0.01
+PRIOR_WEIGHT = 0.1
 GATHER_SCALE_BOUNDS = (1 / 50, 50)  # achieved / nominal link bandwidth
 
 

@@ -76,6 +76,8 @@ class StageLoad:
     steps: float | np.ndarray = 0.0
     extra_s: float | np.ndarray = 0.0
     gather_s: float | np.ndarray = 0.0
+    reinit_steps: float | np.ndarray = 0.0
+    transfer_s: float | np.ndarray = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,9 @@ class StageCost:
     (seconds per decode iteration or micro-batch), ``per_token_s`` (seconds per decode row per iteration, ``gen``
     only), ``fixed_s`` (seconds per step), ``gather_bandwidth_frac`` (achieved share of the nominal link of the
     sharded parameters' gathers, > 0; above 1 where the nominal link was set too low) and ``exposed_gather_frac``
-    (share of the smaller of compute and gathers that prefetch does not hide, [0, 1])."""
+    (share of the smaller of compute and gathers that prefetch does not hide, [0, 1]); ``gen`` only:
+    ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache) and ``transfer_frac`` (achieved share of
+    the nominal links by the engine's per-step weight moves, > 0)."""
 
     efficiency: float = 1.0
     half_efficiency_tokens: float = 0.0
@@ -96,11 +100,13 @@ class StageCost:
     # PyTorch FSDP issues a layer's all-gather while the previous layer computes; what stays exposed is the first
     # gather and the collectives' contention for the GPU [assumed prior; the fit moves it where gathers are timed]
     exposed_gather_frac: float = 0.1
+    cache_reinit_s: float = 0.0
+    transfer_frac: float = 1.0
 
     def __post_init__(self) -> None:
-        terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s)
-        if not 0 < self.efficiency <= 1 or min(terms) < 0:
-            raise ValueError("a stage needs 0 < efficiency <= 1 and its other terms >= 0")
+        terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s, self.cache_reinit_s)
+        if not 0 < self.efficiency <= 1 or min(terms) < 0 or self.transfer_frac <= 0:
+            raise ValueError("a stage needs 0 < efficiency <= 1, transfer_frac > 0 and its other terms >= 0")
         if self.gather_bandwidth_frac <= 0 or not 0 <= self.exposed_gather_frac <= 1:
             raise ValueError("a stage needs gather_bandwidth_frac > 0 and 0 <= exposed_gather_frac <= 1")
 
@@ -112,10 +118,14 @@ class StageCost:
         if np.any(load.gather_s):  # prefetch: the larger of compute and gathers, and what of the smaller shows
             gathers = load.gather_s / self.gather_bandwidth_frac
             busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
-        return busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
+        seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
+        if np.any(load.reinit_steps) or np.any(load.transfer_s):  # the rollout engine's named per-step costs
+            seconds = seconds + load.reinit_steps * self.cache_reinit_s + load.transfer_s / self.transfer_frac
+        return seconds
 
 
 IDENTITY = StageCost()  # no framework terms: the roofline
+KV_CACHE_RESETS = ("none", "reinit", "sleep")
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,13 @@ class Framework:
     decode_cuda_graphs: bool = False  # False: eager, every layer's kernels launched each decode iteration
     rollout_tensor_parallel: int = 1  # GPUs per rollout engine (weights and KV cache split over them)
     rollout_memory_fraction: float = 0.0  # the engine's share of GPU memory, weights + KV (0: KV unbounded)
+    # What the colocated rollout engine pays each step besides decoding (priced by FrameworkCost.step_load):
+    # weight_reshard: the trainer's sharded parameters gathered and loaded into the engine (verl's hybrid engine);
+    # kv_cache_reset: "none", "reinit" (vLLM <= 0.6 with free_cache_engine: the KV cache freed after generation and
+    # re-allocated and initialised before the next, seconds fitted) or "sleep" (vLLM >= 0.7 sleep mode, level 1:
+    # the weights offloaded to the host after generation and reloaded before the next, the KV cache discarded)
+    weight_reshard: bool = False
+    kv_cache_reset: str = "none"
     gen: StageCost = StageCost()
     old_log_prob: StageCost = StageCost()
     ref: StageCost = StageCost()
@@ -151,6 +168,8 @@ class Framework:
             raise ValueError("framework needs micro-batch sizes >= 0 and host_bytes_per_s > 0")
         if self.rollout_tensor_parallel < 1 or not 0 <= self.rollout_memory_fraction <= 1:
             raise ValueError("framework needs rollout_tensor_parallel >= 1 and 0 <= rollout_memory_fraction <= 1")
+        if self.kv_cache_reset not in KV_CACHE_RESETS:
+            raise ValueError(f"framework kv_cache_reset must be one of {', '.join(KV_CACHE_RESETS)}")
         unknown = set(self.offload) - set(ROLE_STAGES)
         if unknown:
             raise ValueError(f"framework offload: unknown role(s) {sorted(unknown)}")
@@ -195,10 +214,7 @@ class FrameworkCost:
     def _gather_s(self) -> float:
         """One all-gather of the sharded parameters (or reduce-scatter of the gradients, the same bytes): each GPU
         receives the (n - 1) / n of the weights it does not hold over the collective's link (ring), in seconds."""
-        n = self.base.n_gpus
-        if not self.framework.sharded or n == 1 or self.collective_bytes_per_s <= 0:
-            return 0.0
-        return self.base.model.weight_bytes * (n - 1) / n / self.collective_bytes_per_s
+        return self._gather_bytes_s(self.base.model.weight_bytes) if self.framework.sharded else 0.0
 
     def _offload_s(self) -> float:
         if self.role not in self.framework.offload:
@@ -253,8 +269,34 @@ class FrameworkCost:
         return self.base.transfer_s()
 
     def fixed_s(self, stages) -> float:
-        """Seconds per step of the given stages (weight resharding, cache allocation, ...)."""
-        return sum(self.framework.stage(s).seconds(StageLoad(steps=1.0)) for s in stages if s)
+        """Seconds per step of the given stages (the rollout engine's declared moves and resets, other fixed
+        costs)."""
+        return sum(self.framework.stage(s).seconds(self.step_load(s)) for s in stages if s)
+
+    def step_load(self, stage: str) -> StageLoad:
+        """What a stage pays once per step: ``steps`` (its ``fixed_s``) and, for generation, the rollout engine's
+        declared per-step costs: a KV-cache re-initialisation, and its weight moves in seconds at the nominal links
+        (a reshard gathers the (n - 1) / n of the weights each GPU lacks over the collective's link and writes its
+        1 / t of them into the engine, read and written over HBM; sleep mode moves its 1 / t to the host and back
+        over the host link)."""
+        if stage != "gen":
+            return StageLoad(steps=1.0)
+        fw, base = self.framework, self.base
+        weights = base.model.weight_bytes
+        tp = getattr(base, "tensor_parallel", 1)
+        moves_s = 0.0
+        if fw.weight_reshard:
+            moves_s += self._gather_bytes_s(weights) + 2 * weights / tp / base.gpu.hbm_bytes_per_s
+        if fw.kv_cache_reset == "sleep":
+            moves_s += 2 * weights / tp / fw.host_bytes_per_s
+        return StageLoad(steps=1.0, reinit_steps=float(fw.kv_cache_reset == "reinit"), transfer_s=moves_s)
+
+    def _gather_bytes_s(self, weights: float) -> float:
+        """Seconds to all-gather ``weights`` bytes sharded over the role's GPUs at the collective's link."""
+        n = self.base.n_gpus
+        if n == 1 or self.collective_bytes_per_s <= 0:
+            return 0.0
+        return weights * (n - 1) / n / self.collective_bytes_per_s
 
 
 STAGES = tuple(f.name for f in dataclasses.fields(Framework) if f.type in ("StageCost", StageCost))

@@ -1,0 +1,113 @@
+"""The device of a run whose log does not name its GPU (a setup's ``gpu = "unknown"``), read back from the log.
+
+verl logs the MFU of the actor update (``perf/mfu/actor``; older logs ``mfu/actor``), which its FSDP worker's
+``update_actor`` (``verl/workers/fsdp_workers.py``) computes as
+
+    mfu = F x ppo_epochs / (t x n_gpus x P)
+
+F: the FLOPs verl's flops counter (``verl/utils/flops_counter.py``, dense decoders: Llama, Qwen2, Qwen3) counts for
+one forward and backward pass over the step's sequences (:func:`verl_update_flops`); t: the update's seconds;
+n_gpus: the actor's GPUs; P: the peak verl promises for the device, from its own table by device name (989e12 for
+H100 / H800 / H200, 312e12 for A100 / A800, 1336e12 for MI300X, ...). So the peak verl assumed reads back as
+
+    P = F x ppo_epochs / (mfu x t x n_gpus)    [FLOP/s]
+
+with t the logged ``timing_s/update_actor``. That is the trainer's timer around the worker call, a little longer
+than the worker's own timer of the update that the MFU divides by (it adds moving the batch to the workers), so P
+reads back a little low: 0.4% below verl's 312e12 on the bundled GPG run, 0.5% below 1336e12 on the MI300X run. F
+takes the logged ``perf/total_num_tokens`` and the sequences' lengths as the replay draws them
+(:func:`oppo.sim.logfit.step_lengths`: verl sums seqlen² over the real sequences, which the log does not list;
+attention is 1-2% of F at these lengths).
+
+The peak and the framework layer's fitted ``efficiency`` of each stage are one product: the peak fixes the scale,
+the fit the rest. Bandwidth, link and network card are priors: the catalog GPU of the closest peak
+(:func:`prior_gpu`); the memory is at least the most the log reserved (``perf/max_memory_reserved_gb``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from oppo.catalog.gpus import GPU, GPUS
+from oppo.records.metrics import device_count
+from oppo.sim.cost.engine import ModelShape, model_shape
+from oppo.sim.logfit import step_lengths
+from oppo.sim.runlogs import LoggedStep, TrainingLog
+from oppo.sim.setups import UNKNOWN_GPU, GpuSpec, Setup
+
+
+def verl_update_flops(shape: ModelShape, tokens: float, seqlens: np.ndarray) -> float:
+    """FLOPs verl's flops counter counts for one forward + backward pass over sequences of ``seqlens`` tokens
+    (``tokens`` in all): 6 per weight per token (every layer's, the embedding's and the LM head's, tied or not: 3 x
+    our forward FLOPs per token) and 12 x seqlen² x heads x head width x layers per sequence (attention)."""
+    dense = 3 * shape.flops_per_token * tokens
+    attention = 12 * float(np.sum(np.square(seqlens, dtype=float))) * shape.heads * shape.head_dim * shape.layers
+    return dense + attention
+
+
+def read_back_peak(setup: Setup, log: TrainingLog) -> tuple[float, int]:
+    """The peak FLOP/s verl assumed for the run's device, median over the steps that log the MFU, the update's
+    seconds and the token count; and the number of those steps. The setup gives the model, the sequences per step
+    (batch x group size), the PPO epochs and the actor's GPUs, as the run had them."""
+    steps = [s for s in log.steps if s.mfu and s.total_tokens and s.stages.get("update_actor")]
+    if not steps:
+        raise ValueError(
+            f'{log.source}: gpu = "{UNKNOWN_GPU}" reads the device\'s peak back from perf/mfu/actor, '
+            "timing_s/update_actor and perf/total_num_tokens, and no step of this log has all three: name the GPU "
+            '(gpu = "h100", ...) or give the setup a [gpu_spec] table'
+        )
+    shape, n_gpus = model_shape(setup.actor), device_count(setup.devices["actor"])
+    n_seqs = setup.batch * setup.group_size
+    peaks = [
+        verl_update_flops(shape, s.total_tokens, _seqlens(s, n_seqs, setup.max_new_tokens))
+        * setup.ppo_epochs
+        / (s.mfu * s.stages["update_actor"] * n_gpus)
+        for s in steps
+    ]
+    return float(np.median(peaks)), len(steps)
+
+
+def _seqlens(step: LoggedStep, n: int, cap: int) -> np.ndarray:
+    """Prompt + response tokens of each of a step's ``n`` sequences: the logged mean prompt (where not logged, what
+    the token count leaves beside the mean response) and the responses as the replay draws them."""
+    prompt = step.prompt_mean if step.prompt_mean is not None else step.total_tokens / n - step.response_mean
+    return prompt + step_lengths(step, n, cap)
+
+
+def logged_memory_bytes(log: TrainingLog) -> float:
+    """The most GPU memory a step reserved (bytes; 0 where the log does not say)."""
+    return max((s.memory_reserved_bytes or 0.0 for s in log.steps), default=0.0)
+
+
+def prior_gpu(peak_flops: float, memory_bytes: float) -> GPU:
+    """The catalog GPU whose peak is closest to ``peak_flops`` (by ratio); of equal peaks, one that holds
+    ``memory_bytes``, then the one with the most memory. The CPU stand-in of the executor is no candidate."""
+    gpus = [g for g in GPUS.values() if g.name != "cpu-core"]
+    return min(
+        gpus,
+        key=lambda g: (abs(math.log(g.peak_flops / peak_flops)), g.memory_bytes < memory_bytes, -g.memory_bytes),
+    )
+
+
+def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:
+    """``setup`` with its device read back from ``log`` where it has ``gpu = "unknown"`` and no ``[gpu_spec]``
+    (else as it is): the peak verl assumed (:func:`read_back_peak`), the memory of the prior GPU or the most the log
+    reserved, whichever is more, the prior's bandwidth and links (:func:`prior_gpu`)."""
+    if setup.gpu != UNKNOWN_GPU or setup.gpu_spec is not None:
+        return setup
+    peak, n_steps = read_back_peak(setup, log)
+    reserved = logged_memory_bytes(log)
+    prior = prior_gpu(peak, reserved)
+    source = (
+        f"peak_flops read back from {log.source}'s perf/mfu/actor (verl's flops counter, median of {n_steps} steps); "
+        f"memory_bytes the larger of the {prior.name}'s and the log's peak reserved; the other figures priors: the "
+        f"catalog's {prior.name} (closest peak)"
+    )
+    figures = {f.name: getattr(prior, f.name) for f in dataclasses.fields(GPU)}
+    name = f"{UNKNOWN_GPU}-{peak / 1e12:.0f}tflops"
+    figures |= {"name": name, "peak_flops": peak, "memory_bytes": max(prior.memory_bytes, reserved)}
+    spec = GpuSpec(**figures, source=source)
+    return dataclasses.replace(setup, gpu=spec.name, gpu_spec=spec)

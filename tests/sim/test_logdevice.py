@@ -1,0 +1,140 @@
+"""A setup whose GPU its log does not name (``gpu = "unknown"``): the peak verl assumed, read back from the log's MFU
+(oppo/sim/logdevice.py), and the ``[gpu_spec]`` table that carries it."""
+
+import csv
+import dataclasses
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oppo.core.config import to_dict
+from oppo.sim.logdevice import read_back_peak, resolve_gpu
+from oppo.sim.runlogs import load_run_log
+from oppo.sim.setups import GpuSpec, load_setup, setup_from_dict, setup_toml
+
+DATA = Path(__file__).parent / "data"
+GPG_LOG = DATA / "verl_qwen2_7b_gpg_steps.log.gz"
+GPG = "verl-qwen2-7b-gpg-8gpu"
+MI300X_CSV = DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz"
+FIGURES = "hbm_bytes_per_s = 3e12\npeak_flops = 5e14"  # of a [gpu_spec] table
+
+
+def sim(*args):
+    return subprocess.run([sys.executable, "-m", "oppo.sim", *args], capture_output=True, text=True)
+
+
+def one_line_error(res) -> str:
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+def verl_flops(tokens: float, seqlens: list[float]) -> float:
+    """verl's flops counter for Qwen2-7B (verl/utils/flops_counter.py, written out from the published config):
+    6 x the dense weights (embedding and LM head both) per token, 12 x seqlen² x heads x head width x layers."""
+    layers, hidden, heads, kv_heads, mlp, vocab = 28, 3584, 28, 4, 18944, 152064
+    width = hidden // heads
+    dense = (3 * hidden * mlp + hidden * (2 * heads + 2 * kv_heads) * width) * layers + 2 * vocab * hidden
+    return 6 * dense * tokens + 12 * sum(s * s for s in seqlens) * width * heads * layers
+
+
+def test_the_peak_reads_back_from_a_log_made_with_it(tmp_path):
+    """A log whose MFU verl would print on a 750 TFLOP/s device (equal-length sequences, so the attention term is
+    exact): the peak reads back to 1e-9, with the setup's sequences, GPUs and PPO epochs (2 here) as the run's."""
+    setup = dataclasses.replace(load_setup(GPG), ppo_epochs=2)
+    n, gpus, peak, prompt, response = 1024 * 5, 8, 750e12, 100, 300
+    rows = []
+    for step, update_s in enumerate((120.0, 131.5, 127.25), 1):
+        tokens = n * (prompt + response)
+        mfu = verl_flops(tokens, [prompt + response] * n) * 2 / (update_s * gpus * peak)
+        rows.append(
+            dict(
+                step=step,
+                timing_s_gen=60.0,
+                timing_s_update_actor=update_s,
+                response_length_mean=response,
+                response_length_max=response,
+                response_length_min=response,
+                prompt_length_mean=prompt,
+                total_num_tokens=tokens,
+                mfu_actor=mfu,
+                max_memory_reserved_gb=70.5,
+            )
+        )
+    path = tmp_path / "steps.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    log = load_run_log(path)
+    read, n_steps = read_back_peak(setup, log)
+    assert n_steps == 3 and read == pytest.approx(peak, rel=1e-9)
+    resolved = resolve_gpu(setup, log).gpu_spec
+    assert resolved.peak_flops == pytest.approx(peak, rel=1e-9)
+    assert resolved.memory_bytes >= 70.5 * 2**30  # at least what the log reserved
+
+
+def test_real_logs_read_back_verl_s_table():
+    """The GPG run's step lines read back 312 TFLOP/s (verl's figure for A100 / A800) and the MI300X run's 1336
+    (verl's MI300X figure), each 0-5% low: the logged update seconds include the batch's transfer to the workers,
+    which verl's own timer of the update leaves out."""
+    gpg, n_gpg = read_back_peak(load_setup(GPG), load_run_log(GPG_LOG))
+    assert n_gpg == 168 and 0.95 * 312e12 <= gpg <= 1.005 * 312e12
+    mi300x, _ = read_back_peak(load_setup("verl-deepseek-llm-7b-ppo-8xmi300x"), load_run_log(MI300X_CSV))
+    assert 0.95 * 1336e12 <= mi300x <= 1.005 * 1336e12
+
+
+def test_a_log_without_mfu_or_tokens_exits_2(tmp_path):
+    log = tmp_path / "steps.log.gz"  # the GPG step lines without their MFU and token counts
+    lines = gzip.open(GPG_LOG, "rt").read().splitlines()
+    stripped = [" - ".join(p for p in line.split(" - ") if "mfu" not in p and "num_tokens" not in p) for line in lines]
+    log.write_bytes(gzip.compress("\n".join(stripped).encode()))
+    for command in ("validate-log", "calibrate-log"):
+        line = one_line_error(sim(command, "--log", str(log), "--setup", GPG, "--out", str(tmp_path / "o")))
+        assert 'gpu = "unknown" reads the device\'s peak back from perf/mfu/actor' in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "compare", "plan"])
+def test_an_unresolved_unknown_gpu_is_refused(tmp_path, command):
+    line = one_line_error(sim(command, "--setup", GPG, "--steps", "2", "--out", str(tmp_path / "o")))
+    assert 'gpu = "unknown" has no peak FLOP/s yet: calibrate it on its log first' in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_spec_table_round_trips_and_runs(tmp_path):
+    """The resolved device, written as [gpu_spec] over the bundled setup, loads back equal (and from a run's
+    config.json), and simulates without the log."""
+    resolved = resolve_gpu(load_setup(GPG), load_run_log(GPG_LOG))
+    assert resolved.gpu == "unknown-311tflops" and resolved.gpu_spec.memory_bytes == pytest.approx(113.596 * 2**30)
+    toml = tmp_path / "setup.toml"
+    toml.write_text(setup_toml(resolved, GPG))
+    assert "[gpu_spec]" in toml.read_text()
+    assert load_setup(str(toml)) == resolved
+    assert setup_from_dict(to_dict(resolved), "config.json") == resolved
+    res = sim("run", "--setup", str(toml), "--policy", "sync", "--steps", "2", "--out", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        (f"{FIGURES}\nmemory_bytes = 8e10", "missing link_bytes_per_s"),
+        (f"{FIGURES}\nmemory_bytes = 8e10\nlink_bytes_per_s = 4e11\ncolour = 1", "unknown key.s. colour"),
+        (f"{FIGURES.replace('5e14', '0')}\nmemory_bytes = 8e10\nlink_bytes_per_s = 4e11", "peak_flops .* > 0"),
+    ],
+)
+def test_a_spec_table_names_any_gpu_and_checks_its_keys(tmp_path, table, message):
+    good = 'gpu = "my-gpu"\n[gpu_spec]\nname = "my-gpu"\nhbm_bytes_per_s = 3e12\npeak_flops = 5e14\n'
+    good += "memory_bytes = 8e10\nlink_bytes_per_s = 4e11\n"
+    (tmp_path / "good.toml").write_text(f'base = "{GPG}"\n{good}')
+    setup = load_setup(str(tmp_path / "good.toml"))
+    assert isinstance(setup.gpu_spec, GpuSpec) and setup.costs()["actor"].base.gpu.peak_flops == 5e14
+    (tmp_path / "bad.toml").write_text(f'base = "{GPG}"\ngpu = "my-gpu"\n[gpu_spec]\nname = "my-gpu"\n{table}\n')
+    with pytest.raises(ValueError, match=message):
+        load_setup(str(tmp_path / "bad.toml"))
