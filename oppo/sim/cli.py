@@ -455,7 +455,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
     from oppo.records import plots
     from oppo.sim.logdevice import resolve_gpu
-    from oppo.sim.logfit import logged_run, shared_fidelity
+    from oppo.sim.logfit import fitted_terms, logged_run, shared_fidelity, summary
     from oppo.sim.setups import framework_toml
 
     logs = [load_run_log(log) for log in args.log]
@@ -467,17 +467,25 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     (out / "framework.toml").write_text(
         framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}")
     )
-    write_json(out / "fidelity.json", {"runs": report, "fit_frac": args.fit_frac})
+    overall = summary(report)
+    write_json(
+        out / "fidelity.json",
+        {"runs": report, "summary": overall, "fitted_terms": fitted_terms(runs), "fit_frac": args.fit_frac},
+    )
     plots.fidelity_matrix(report, out / "fidelity.png")
     rows = []
     for name, entry in report.items():
         for kind, fid in entry.items():
             cells = {"run": name, "errors": kind, "step": f"{fid['step']['median_abs_err']:.1%}"}
+            cells["stage_weighted"] = f"{fid['step']['stage_weighted_err']:.1%}"
             cells |= {stage: f"{r['median_abs_err']:.1%}" for stage, r in fid["stages"].items()}
             rows.append(cells)
-    stages = dict.fromkeys(k for r in rows for k in r if k not in ("run", "errors", "step"))
-    columns = ["run", "errors", "step", *stages]
+    stages = dict.fromkeys(k for r in rows for k in r if k not in ("run", "errors", "step", "stage_weighted"))
+    columns = ["run", "errors", "step", "stage_weighted", *stages]
     print(format_table([{c: r.get(c, "-") for c in columns} for r in rows]))
+    for kind, measures in overall.items():
+        figures = (f"{m} median {v['median']:.1%} worst {v['worst']:.1%}" for m, v in measures.items())
+        print(f"{kind}: " + ", ".join(figures))
     print(
         f'-> {out / "framework.toml"} (a setup takes it with [framework] base = "{out / "framework.toml"}"), '
         f"{out / 'fidelity.json'}, {out / 'fidelity.png'}"

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
-from oppo.sim.cost.fit import fit_problems, fit_stage, slice_load, sum_loads
+from oppo.sim.cost.fit import concat_loads, fit_problems, fit_stage, slice_load, sum_loads, terms_fitted
 from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
-from oppo.sim.runlogs import COMPOSITES, LoggedStep, TrainingLog
+from oppo.sim.runlogs import COMPOSITES, SUBSTAGES, LoggedStep, TrainingLog
 from oppo.sim.setups import Setup
 
 # stage -> the (role, phase) operations of a sync replay that make it
@@ -110,9 +110,12 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
         extra_s = bare[stage] - terms["roofline_s"] - terms["gather_s"]
         # per-step terms: charged once per step by a stage that runs (generation's named ones by its engine)
         per_step = StageLoad() if stage not in runs else _step_load(generating, stage)
-        once = {f: np.full(len(steps), float(getattr(per_step, f))) for f in ("steps", "reinit_steps", "transfer_s")}
+        once = {f: np.full(len(steps), float(getattr(per_step, f))) for f in PER_STEP}
         loads[stage] = StageLoad(**terms, extra_s=extra_s, **once)
     return Replay(loads)
+
+
+PER_STEP = ("steps", "reinit_steps", "reshard_s", "transfer_s")  # the load fields a stage pays once per step
 
 
 def _step_load(cost, stage: str) -> StageLoad:
@@ -190,19 +193,43 @@ def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, i
     if n_fit >= len(steps):
         raise ValueError(f"{log.source}: {len(steps)} steps leave none to validate with fit_frac {fit_frac}")
     replayed = replay(setup, steps[:n_fit])
+    frac = reshard_frac(setup, steps[:n_fit])
     fitted = {}
     for stage in _fitted_stages(setup, log):
         measured = np.array([s.stages[stage] for s in steps[:n_fit]])
         parts = _parts(setup, stage)  # a composite's parts share one set of terms
-        cost = fit_stage(sum_loads([replayed.loads[part] for part in parts]), measured, gen=stage == "gen")
+        load = sum_loads([replayed.loads[part] for part in parts])
+        cost = fit_stage(load, measured, gen=stage == "gen", reshard_frac=frac if stage == "gen" else None)
         fitted |= dict.fromkeys(parts, cost)
     framework = dataclasses.replace(setup.framework, **fitted)
     return dataclasses.replace(setup, framework=framework, name=f"{setup.name}-calibrated"), n_fit
 
 
+def _reshard_s(setup: Setup) -> float:
+    """Seconds of one reshard into the setup's rollout engine at the nominal links (0: none declared)."""
+    costs = setup.costs("sync")
+    generating = costs.get("rollout", costs["actor"])
+    return generating.reshard_s() if hasattr(generating, "reshard_s") else 0.0
+
+
+def reshard_frac(setup: Setup, steps: list[LoggedStep]) -> float | None:
+    """Where the log times the reshard into the rollout engine apart (verl's ``timing_s/reshard``): its achieved
+    share of the links, the nominal seconds over the measured (median over steps); None where it does not."""
+    timed = [s.stages["reshard"] for s in steps if s.stages.get("reshard", 0) > 0]
+    if not timed:
+        return None
+    nominal = _reshard_s(setup)
+    if nominal <= 0:
+        raise ValueError(
+            f"the log times reshard but setup {setup.name} declares no resharding: set [framework] weight_reshard"
+        )
+    return nominal / float(np.median(timed))
+
+
 def _fitted_stages(setup: Setup, log: TrainingLog) -> list[str]:
-    """Stages the log times and the setup runs (a logged stage the setup lacks is an error: wrong setup)."""
-    stages = [s for s in log.stages if s != "step"]
+    """Stages the log times and the setup runs (a logged stage the setup lacks is an error: wrong setup); a stage
+    timed inside another (:data:`oppo.sim.runlogs.SUBSTAGES`) is fitted apart."""
+    stages = [s for s in log.stages if s != "step" and s not in SUBSTAGES]
     missing = [s for s in stages if not _parts(setup, s)]
     if missing:
         raise ValueError(f"{log.source}: the log times {', '.join(missing)} but the setup runs no such stage")
@@ -222,13 +249,27 @@ def replay_errors(
     measured = {stage: np.array([s.stages[stage] for s in steps]) for stage in stages}
     measured["step"] = np.array([s.stages.get("step", sum(s.stages[x] for x in stages)) for s in steps])
     predicted["step"] = sum(predicted[x] for x in stages)  # sync and colocated: stages run one after another
+    summed = list(stages)
+    if "reshard" in log.stages:  # inside gen: reported, not added to the step
+        measured["reshard"] = np.array([s.stages["reshard"] for s in steps])
+        predicted["reshard"] = np.full(len(steps), _reshard_s(setup) / setup.framework.gen.reshard_frac)
+        stages = [*stages, "reshard"]
+    step_errors = _errors(measured["step"][first:], predicted["step"][first:])
+    step_errors["stage_weighted_err"] = stage_weighted_err(measured, predicted, summed, first)
     report = {
         "fit_steps": first,
         "validate_steps": len(steps) - first,
-        "step": _errors(measured["step"][first:], predicted["step"][first:]),
+        "step": step_errors,
         "stages": {stage: _errors(measured[stage][first:], predicted[stage][first:]) for stage in stages},
     }
     return report, measured, predicted
+
+
+def stage_weighted_err(measured: dict, predicted: dict, stages: list[str], first: int) -> float:
+    """The median over steps ``first..`` of the stages' absolute errors summed, over the measured step: errors of
+    opposite sign do not cancel in it as they do in the step's own error."""
+    wrong = sum(np.abs(predicted[s][first:] - measured[s][first:]) for s in stages)
+    return float(np.median(wrong / np.maximum(measured["step"][first:], 1e-9)))
 
 
 def _errors(measured: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
@@ -282,7 +323,9 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
             measured.append(np.array([s.stages[stage] for s in steps]))
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
-    return fit_problems({parts: problem for (scorer, parts), problem in problems.items() if scorer in ("", wanted)})
+    fracs = [f for run in runs if (f := reshard_frac(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
+    chosen = {parts: problem for (scorer, parts), problem in problems.items() if scorer in ("", wanted)}
+    return fit_problems(chosen, float(np.median(fracs)) if fracs else None)
 
 
 def _scorer(setup: Setup, parts: tuple[str, ...]) -> str:
@@ -298,9 +341,10 @@ def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
 
 def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict]:
     """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer, with the reward terms of
-    the run's scorer, on the run's validated steps) and ``leave_one_out`` (the layer fitted on all steps of the
-    other runs, on every step of this one; a stage no other run times, or a reward no other run scores alike,
-    keeps the run's setup's own terms: marked ``not_fitted``)."""
+    the run's scorer, on the run's validated steps), ``leave_one_out`` (the layer fitted on all steps of the other
+    runs, on every step of this one; a stage no other run times, or a reward no other run scores alike, keeps the
+    run's setup's own terms: marked ``not_fitted``) and ``leave_one_group_out`` (the same without the run's
+    siblings too: :func:`run_group`)."""
     if len({run.name for run in runs}) < len(runs):
         raise ValueError("each --log needs a setup of its own name (two runs share one)")
     layer = fit_layer(runs)
@@ -309,13 +353,58 @@ def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict]:
     for run in runs:
         rule = run.setup.reward is None  # the reward terms of its own scorer
         within = replay_errors(with_layer(run.setup, by_scorer[rule]), run.log, run.n_fit, run.replayed)[0]
-        others = [r for r in runs if r is not run]
         entry = {"within": within}
-        if others:
-            transferred = fit_layer(others, whole=True, rule=rule)
-            loo = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)[0]
-            parts = {stage: _parts(run.setup, stage) for stage in loo["stages"]}
-            loo["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
-            entry["leave_one_out"] = loo
+        others = [r for r in runs if r is not run]
+        strangers = [r for r in others if run_group(r.setup) != run_group(run.setup)]
+        for key, rest in (("leave_one_out", others), ("leave_one_group_out", strangers)):
+            if rest:
+                entry[key] = _transferred(run, rest, rule)
         report[run.name] = entry
     return layer, report
+
+
+def run_group(setup: Setup) -> tuple:
+    """Runs that are siblings (one model on one GPU under one framework version, e.g. two response caps of one
+    recipe): the model, the GPU, and the rollout engine's declared per-step costs (the framework version's mark)."""
+    fw = setup.framework
+    return setup.actor, setup.gpu, fw.kv_cache_reset, fw.weight_reshard
+
+
+def _transferred(run: LoggedRun, others: list[LoggedRun], rule: bool) -> dict:
+    """The run's every step predicted with the layer fitted on all steps of ``others``."""
+    transferred = fit_layer(others, whole=True, rule=rule)
+    report = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)[0]
+    parts = {stage: _parts(run.setup, stage) for stage in report["stages"]}
+    report["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
+    report["runs"] = [r.name for r in others]
+    return report
+
+
+def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
+    """Per logged stage, the terms the shared fit moves (the rest keep their priors): few, so that a stage's
+    within-run accuracy is not a free multiplier's."""
+    loads: dict[str, list[StageLoad]] = defaultdict(list)
+    timed = any(reshard_frac(run.setup, list(run.log.steps)) for run in runs)
+    for run in runs:
+        for stage in _fitted_stages(run.setup, run.log):
+            loads[stage].append(sum_loads([run.replayed.loads[p] for p in _parts(run.setup, stage)]))
+    return {
+        stage: terms_fitted(concat_loads(ls), gen=stage == "gen", per_unit=len(ls) > 1, reshard_timed=timed)
+        for stage, ls in loads.items()
+    }
+
+
+def summary(report: dict) -> dict:
+    """Median and worst over runs of the step's and the stage-weighted errors, per kind of prediction."""
+    out = {}
+    for kind in ("within", "leave_one_out", "leave_one_group_out"):
+        entries = [entry[kind] for entry in report.values() if kind in entry]
+        if entries:
+            out[kind] = {
+                measure: {"median": float(np.median(values)), "worst": float(np.max(values))}
+                for measure, values in (
+                    ("step", [e["step"]["median_abs_err"] for e in entries]),
+                    ("stage_weighted", [e["step"]["stage_weighted_err"] for e in entries]),
+                )
+            }
+    return out

@@ -224,9 +224,7 @@ class Trainer(Generation):
         #    stale when the weights changed)
         rows, contexts = self._running_rows(plan)  # the rows it decodes; their contexts in admission order
         if rows.rows:
-            if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
-                contexts = np.full_like(contexts, contexts.max())
-            yield from self._pass("actor", "prefill", plan.step, contexts, on=self.gen)
+            yield from self._pass("actor", "prefill", plan.step, self._prefilled(plan, contexts), on=self.gen)
         # 2. generation in rounds; streamed scorers prefill each complete chunk while the next is decoded
         new_prompts = self.lengths.prompt[np.array(plan.new + plan.restarted, dtype=np.int64)]
         pending = new_chunk(len(new_prompts), int(new_prompts.sum()), 0)
@@ -273,6 +271,24 @@ class Trainer(Generation):
             seconds = self._fixed_s[role, stages]
             if seconds > 0:
                 yield from self.device[role].run(step, role, "other", seconds, 0, 0, 0)
+
+    def _prefilled(self, plan, contexts: np.ndarray) -> np.ndarray:
+        """The contexts the engine prefills, of the running rows' ``contexts`` (admission order): on an engine that
+        pads its batch, every row to the longest; on one that samples a prompt's responses as one request (vLLM's
+        ``n``: the samples share the prompt's prefill and its KV blocks), each group's fresh prompt once, and every
+        resumed prefix (its own tokens)."""
+        if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
+            return np.full_like(contexts, contexts.max())
+        if self.config.schedule.group_size == 1:
+            return contexts
+        group_of, seen, keep = self.scheduler.buffer.group_id, set(), []
+        for row, seq_id in enumerate(plan.budgets):
+            if not plan.prefix_tokens[seq_id]:  # a fresh row: its group's prompt, prefilled by the first one
+                if group_of[seq_id] in seen:
+                    continue
+                seen.add(group_of[seq_id])
+            keep.append(row)
+        return contexts[keep]
 
     def _pass(self, role: str, phase: str, step: int, lengths: np.ndarray, on: str | None = None):
         """A full forward pass of ``role`` over sequences of the given lengths (nothing cached), on the devices

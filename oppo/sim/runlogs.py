@@ -27,6 +27,7 @@ from pathlib import Path
 # a row has. "gen" includes the weight resharding (verl) or broadcast (OpenRLHF) into the rollout engine.
 STAGES = {
     "gen": (("gen",), ("generation", "broadcast"), ("generation",)),
+    "reshard": (("reshard",),),  # verl 2025: the weights loaded into the rollout engine, inside "gen"
     "old_log_prob": (("old_log_prob",),),
     "ref": (("ref",),),
     "values": (("values",),),
@@ -37,6 +38,7 @@ STAGES = {
     "ppo_train": (("ppo_train",),),
     "step": (("step",), ("step_total",)),
 }
+SUBSTAGES = {"reshard": "gen"}  # a logged stage timed inside another: fitted apart, never added to the step
 # a logged stage that times several of ours at once (OpenRLHF) -> ours
 COMPOSITES = {
     "make_experience": ("old_log_prob", "ref", "values", "reward"),

@@ -64,12 +64,24 @@ def simulated_stage_seconds(setup, steps) -> tuple[dict[str, np.ndarray], np.nda
     return seconds, seconds.pop("other")
 
 
+def per_step_seconds(setup, stage: str) -> float:
+    """What ``stage`` charges once per step (generation: its engine's named per-step costs too)."""
+    costs = setup.costs("sync")
+    return costs.get("rollout", costs["actor"]).fixed_s((stage,))
+
+
+def per_step_terms(cost: StageCost) -> float:
+    """A stage's per-step seconds whichever term took them: one intercept per run, named after what the setup
+    declares (a KV-cache re-initialisation or the unnamed per-step cost)."""
+    return cost.fixed_s + cost.cache_reinit_s
+
+
 def assert_simulated_as_predicted(setup, log):
     steps = list(log.steps)
     stages = [s for s in log.stages if s != "step"]
     predicted = predict_stages(setup, replay(setup, steps), stages)
     simulated, other = simulated_stage_seconds(setup, steps)
-    fixed = {stage: setup.framework.stage(stage).fixed_s for stage in STAGE_OPS}
+    fixed = {stage: per_step_seconds(setup, stage) for stage in STAGE_OPS}
     runs = {"gen"} | {stage for role in setup.roles(setup.algo) for stage in ROLE_STAGES[role] if stage}
     np.testing.assert_allclose(other, sum(fixed[s] for s in runs), rtol=1e-9)  # charged once per step, as "other"
     for stage in stages:
@@ -82,7 +94,7 @@ def test_a_calibrated_setup_simulates_what_the_fit_predicts():
     log = load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz")
     fitted, _ = calibrate(load_setup("verl-gemma-2-2b-gsm8k"), log, fit_frac=0.6)
     gen = fitted.framework.gen
-    assert gen.per_token_s > 0 and gen.fixed_s > 0  # the terms the old per-token formula mispriced
+    assert gen.per_token_s > 0 and gen.cache_reinit_s > 0  # the terms the old per-token formula mispriced
     assert_simulated_as_predicted(fitted, log)
 
 
@@ -169,7 +181,7 @@ def synthesized_log(setup, truth: dict[str, StageCost], steps) -> TrainingLog:
     n = setup.batch * setup.group_size
     logged = []
     for i, s in enumerate(steps):
-        stages = {stage: simulated[stage][i] + framework.stage(stage).fixed_s for stage in truth}
+        stages = {stage: simulated[stage][i] + per_step_seconds(true_setup, stage) for stage in truth}
         tokens = n * (s.prompt_mean + s.response_mean)
         logged.append(dataclasses.replace(s, stages=stages, total_tokens=tokens))
     return TrainingLog("synthesized", tuple(logged))
@@ -200,8 +212,9 @@ def test_the_fit_recovers_known_terms_of_group_sampled_and_tensor_parallel_runs(
     fitted, _ = calibrate(setup, log, fit_frac=0.6)
     for stage, cost in truth.items():
         got = fitted.framework.stage(stage)
-        for term in ("efficiency", "half_efficiency_tokens", "per_token_s", "fixed_s"):
+        for term in ("efficiency", "half_efficiency_tokens", "per_token_s"):
             assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=0.05, abs=1e-12), (stage, term)
+        assert per_step_terms(got) == pytest.approx(per_step_terms(cost), rel=0.05, abs=1e-12), stage
 
 
 def test_a_setup_that_contradicts_the_logged_token_counts_is_refused(tmp_path):
@@ -316,7 +329,8 @@ def test_runs_of_two_model_sizes_separate_a_per_micro_batch_cost_from_the_propor
         runs.append(logged_run(setup, log, 0.6))
     layer = fit_layer(runs, whole=True)
     for stage, cost in truth.items():
-        for term in ("efficiency", "half_efficiency_tokens", "per_unit_s", "per_token_s", "fixed_s"):
+        assert per_step_terms(layer[stage]) == pytest.approx(per_step_terms(cost), rel=0.05, abs=1e-12), stage
+        for term in ("efficiency", "half_efficiency_tokens", "per_unit_s", "per_token_s"):
             assert getattr(layer[stage], term) == pytest.approx(getattr(cost, term), rel=0.05, abs=1e-12), (stage, term)
 
 

@@ -45,7 +45,7 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_stage(
-    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, transfer_frac: float | None = None
+    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, reshard_frac: float | None = None
 ) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
     :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
@@ -56,7 +56,7 @@ def fit_stage(
       its micro-batch count is constant); where the stage gathers sharded parameters, also the achieved share of
       the link and the share of the overlap left exposed (:func:`_fit_overlapped`);
     - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + the per-step terms
-      (:func:`_fit_generation`; ``transfer_frac``: the engine's weight moves as a log timing them apart measured).
+      (:func:`_fit_generation`; ``reshard_frac``: the reshard's share of its links, where a log times it apart).
     A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
     sequences, unbiased by that rounding, where dropping the zeros would keep only the steps rounded up. A step of
     a GPU stage timed at 0 s has no relative error to weigh: left out."""
@@ -75,7 +75,7 @@ def fit_stage(
         load = StageLoad(**{f: np.broadcast_to(getattr(load, f), shape)[timed] for f in LOAD_FIELDS})
         measured = measured[timed]
     if gen:
-        return _fit_generation(load, measured, transfer_frac)
+        return _fit_generation(load, measured, reshard_frac)
     columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
@@ -87,38 +87,64 @@ def fit_stage(
     return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
 
 
-def _fit_generation(load: StageLoad, measured: np.ndarray, transfer_frac: float | None) -> StageCost:
-    """Generation's terms: efficiency, per-token seconds and the per-step costs. What a step pays once is one
-    intercept per run, so the named costs take it in this order: the engine's weight moves at the achieved share
-    of their links (``transfer_frac`` where a log times them apart, else the prior 1: the nominal links), then a KV
-    re-initialisation where the setup declares one (``cache_reinit_s``), else the unnamed ``fixed_s``; runs that
-    differ in what they declare fit both. Where the moves at the prior alone exceed the intercept (the fitted
-    per-step seconds would be negative), their share of the links is fitted instead: the prior is no floor."""
+def unnamed_steps(load: StageLoad, shape: tuple = ()) -> np.ndarray:
+    """The steps of runs that declare no named per-step cost of the rollout engine (they alone fit ``fixed_s``)."""
+    steps, reinit, transfer = (np.broadcast_to(getattr(load, f), shape or np.shape(load.steps)) for f in PER_STEP_NAMED)
+    return steps * (reinit == 0) * (transfer == 0)
+
+
+PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")
+
+
+def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float | None) -> StageCost:
+    """Generation's terms: efficiency, per-token seconds and the per-step costs, each charged to the runs that
+    declare it: the reshard into the engine at its links' achieved share (``reshard_frac`` where a log times it
+    apart, else the prior 1: the nominal links); a KV-cache re-initialisation (``cache_reinit_s``, seconds) where
+    a run declares ``reinit``; sleep mode's weight moves where it declares ``sleep`` (their links' achieved share,
+    ``transfer_frac``, fitted); the unnamed ``fixed_s`` only on runs that declare neither, so a run that does not
+    pay a named cost is not charged another's. Where the reshard at its prior alone exceeds what a step pays once
+    (the per-step seconds left would be negative), its links' share is fitted instead: the prior is no floor."""
     shape = measured.shape
     roofline, rows = np.broadcast_to(load.roofline_s, shape), np.broadcast_to(load.row_tokens, shape)
-    steps, reinit = np.broadcast_to(load.steps, shape), np.broadcast_to(load.reinit_steps, shape)
-    transfer = np.broadcast_to(load.transfer_s, shape)
-    per_step = [reinit] if np.any(reinit) else []
-    if not np.array_equal(reinit, steps):
-        per_step.append(steps)
+    reinit = np.broadcast_to(load.reinit_steps, shape)
+    reshard, transfer = np.broadcast_to(load.reshard_s, shape), np.broadcast_to(load.transfer_s, shape)
+    named = {"cache_reinit_s": reinit, "transfer": transfer, "fixed_s": unnamed_steps(load, shape)}
+    named = {term: column for term, column in named.items() if np.any(column)}
     base = measured - load.extra_s - roofline
-    frac = transfer_frac or 1.0
-    coefficients = nonnegative_lstsq(
-        np.stack([roofline, rows, *per_step], axis=1) / measured[:, None], (base - transfer / frac) / measured
-    )
-    a, per_token, *intercepts = coefficients
-    if transfer_frac is None and np.any(transfer) and not np.any(intercepts):  # cornered by the nominal links
-        a, per_token, inverse_frac = nonnegative_lstsq(
-            np.stack([roofline, rows, transfer], axis=1) / measured[:, None], base / measured
-        )
-        frac, intercepts = 1 / max(inverse_frac, 1e-3), [0.0] * len(per_step)
-    named = dict(zip(["cache_reinit_s" if np.any(reinit) else "fixed_s", "fixed_s"], intercepts, strict=False))
-    return StageCost(
-        efficiency=float(1 / (1 + a)),
-        per_token_s=float(per_token),
-        transfer_frac=float(frac),
-        **{term: float(value) for term, value in named.items()},
-    )
+
+    def solve(reshard_column: bool) -> dict[str, float]:
+        extra = {"reshard": reshard} if reshard_column else {}
+        columns = {"a": roofline, "per_token_s": rows, **named, **extra}
+        target = base if reshard_column else base - reshard / (reshard_frac or 1.0)
+        x = np.stack(list(columns.values()), axis=1) / measured[:, None]
+        return dict(zip(columns, nonnegative_lstsq(x, target / measured), strict=True))
+
+    terms = solve(reshard_column=False)
+    cornered = not any(terms[t] for t in named if t != "transfer")
+    if reshard_frac is None and np.any(reshard) and cornered:  # the nominal reshard left nothing per step
+        terms = solve(reshard_column=True)
+    share = {  # a coefficient on seconds at the nominal links is 1 / the achieved share (0: no time at all)
+        "reshard_frac": reshard_frac or 1 / max(terms.pop("reshard", 1.0), 1e-3),
+        "transfer_frac": 1 / max(terms.pop("transfer", 1.0), 1e-3),
+    }
+    a = terms.pop("a")
+    return StageCost(efficiency=float(1 / (1 + a)), **{t: float(v) for t, v in (terms | share).items()})
+
+
+def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_timed: bool = False) -> list[str]:
+    """The terms :func:`fit_stage` fits for a stage with this load (the others keep their priors or defaults)."""
+    if not gen and not np.any(load.roofline_s):
+        return ["per_unit_s"]  # a rule reward: CPU seconds per sequence
+    if gen:
+        named = {
+            "cache_reinit_s": np.any(load.reinit_steps),
+            "transfer_frac": np.any(load.transfer_s),
+            "fixed_s": np.any(unnamed_steps(load)),
+            "reshard_frac": reshard_timed,
+        }
+        return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
+    gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
+    return ["efficiency", "half_efficiency_tokens", *(["per_unit_s"] if per_unit else []), *gathers]
 
 
 # Weight of the gather terms' priors against the steps' relative errors: a log that times enough steps moves them
@@ -168,13 +194,18 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
     return cost(best.x)
 
 
-def fit_problems(problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]]) -> dict[str, StageCost]:
+def fit_problems(
+    problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]], reshard_frac: float | None = None
+) -> dict[str, StageCost]:
     """One set of terms per problem: its stages (a logged stage timing several of ours shares one set) -> the loads
-    and measured seconds per step of every run that times it, fitted at once."""
+    and measured seconds per step of every run that times it, fitted at once (``reshard_frac``: generation's, where
+    logs time the reshard into the engine apart)."""
     layer: dict[str, StageCost] = {}
     for parts, (loads, measured) in problems.items():
         several = len(loads) > 1  # runs of different shapes separate a per-micro-batch cost from the proportional
-        cost = fit_stage(concat_loads(loads), np.concatenate(measured), gen=parts == ("gen",), per_unit=several)
+        gen = parts == ("gen",)
+        frac = reshard_frac if gen else None
+        cost = fit_stage(concat_loads(loads), np.concatenate(measured), gen=gen, per_unit=several, reshard_frac=frac)
         layer |= dict.fromkeys(parts, cost)
     return layer
 

@@ -67,7 +67,11 @@ class StageLoad:
     """What a stage's framework terms multiply, for one operation or summed over a step's (arrays broadcast):
     ``roofline_s`` seconds at the roofline; ``small_s`` roofline seconds per token of a micro-batch on one GPU
     (the micro-batch term); ``units`` decode iterations or micro-batches; ``row_tokens`` decode rows computed,
-    one token each, summed over iterations; ``steps`` per-step charges; ``extra_s`` seconds no term scales."""
+    one token each, summed over iterations; ``steps`` per-step charges; ``extra_s`` seconds no term scales;
+    ``gather_s`` seconds of the sharded parameters' gathers at the nominal link; the rollout engine's per-step
+    costs (:meth:`FrameworkCost.step_load`): ``reinit_steps`` re-initialisations of its KV cache, ``reshard_s``
+    seconds of the weights' reshard into it and ``transfer_s`` of its sleep mode's weight moves, at the nominal
+    links."""
 
     roofline_s: float | np.ndarray = 0.0
     small_s: float | np.ndarray = 0.0
@@ -77,6 +81,7 @@ class StageLoad:
     extra_s: float | np.ndarray = 0.0
     gather_s: float | np.ndarray = 0.0
     reinit_steps: float | np.ndarray = 0.0
+    reshard_s: float | np.ndarray = 0.0
     transfer_s: float | np.ndarray = 0.0
 
 
@@ -88,8 +93,9 @@ class StageCost:
     only), ``fixed_s`` (seconds per step), ``gather_bandwidth_frac`` (achieved share of the nominal link of the
     sharded parameters' gathers, > 0; above 1 where the nominal link was set too low) and ``exposed_gather_frac``
     (share of the smaller of compute and gathers that prefetch does not hide, [0, 1]); ``gen`` only:
-    ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache) and ``transfer_frac`` (achieved share of
-    the nominal links by the engine's per-step weight moves, > 0)."""
+    ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache), ``reshard_frac`` and ``transfer_frac``
+    (achieved shares of the nominal links by the reshard into the engine and by its sleep mode's weight moves,
+    > 0)."""
 
     efficiency: float = 1.0
     half_efficiency_tokens: float = 0.0
@@ -101,12 +107,13 @@ class StageCost:
     # gather and the collectives' contention for the GPU [assumed prior; the fit moves it where gathers are timed]
     exposed_gather_frac: float = 0.1
     cache_reinit_s: float = 0.0
+    reshard_frac: float = 1.0
     transfer_frac: float = 1.0
 
     def __post_init__(self) -> None:
         terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s, self.cache_reinit_s)
-        if not 0 < self.efficiency <= 1 or min(terms) < 0 or self.transfer_frac <= 0:
-            raise ValueError("a stage needs 0 < efficiency <= 1, transfer_frac > 0 and its other terms >= 0")
+        if not 0 < self.efficiency <= 1 or min(terms) < 0 or min(self.reshard_frac, self.transfer_frac) <= 0:
+            raise ValueError("a stage needs 0 < efficiency <= 1, link shares > 0 and its other terms >= 0")
         if self.gather_bandwidth_frac <= 0 or not 0 <= self.exposed_gather_frac <= 1:
             raise ValueError("a stage needs gather_bandwidth_frac > 0 and 0 <= exposed_gather_frac <= 1")
 
@@ -119,8 +126,9 @@ class StageCost:
             gathers = load.gather_s / self.gather_bandwidth_frac
             busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
         seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
-        if np.any(load.reinit_steps) or np.any(load.transfer_s):  # the rollout engine's named per-step costs
-            seconds = seconds + load.reinit_steps * self.cache_reinit_s + load.transfer_s / self.transfer_frac
+        if np.any(load.reinit_steps) or np.any(load.reshard_s) or np.any(load.transfer_s):  # the engine's per-step
+            moves = load.reshard_s / self.reshard_frac + load.transfer_s / self.transfer_frac
+            seconds = seconds + load.reinit_steps * self.cache_reinit_s + moves
         return seconds
 
 
@@ -222,12 +230,16 @@ class FrameworkCost:
         return self.base.model.weight_bytes / self.base.n_gpus / self.framework.host_bytes_per_s
 
     def decode_s(self, batch, context_tokens):
-        """One decode iteration of ``batch`` rows (every row the engine computes): each generates one token."""
+        """One decode iteration of ``batch`` rows (every row the role's engines compute): each generates one token.
+        The per-row term is charged on one engine's share: the role's engines (its GPUs over the tensor-parallel
+        degree) decode their rows side by side."""
         gen = self.framework.gen
         if gen == IDENTITY:  # the common case (no framework layer): the roofline as it is, no extra array ops
             return self.base.decode_s(batch, context_tokens)
         roofline = np.asarray(self.base.decode_s(batch, context_tokens))
-        return gen.seconds(StageLoad(roofline_s=roofline, units=1.0, row_tokens=np.asarray(batch, dtype=float)))
+        engines = self.base.n_gpus // self._engine_tp
+        rows = np.asarray(batch, dtype=float) / engines
+        return gen.seconds(StageLoad(roofline_s=roofline, units=1.0, row_tokens=rows))
 
     def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if self.role in ("actor", "rollout"):  # the prompt prefill of generation
@@ -281,15 +293,25 @@ class FrameworkCost:
         over the host link)."""
         if stage != "gen":
             return StageLoad(steps=1.0)
-        fw, base = self.framework, self.base
-        weights = base.model.weight_bytes
-        tp = getattr(base, "tensor_parallel", 1)
-        moves_s = 0.0
-        if fw.weight_reshard:
-            moves_s += self._gather_bytes_s(weights) + 2 * weights / tp / base.gpu.hbm_bytes_per_s
-        if fw.kv_cache_reset == "sleep":
-            moves_s += 2 * weights / tp / fw.host_bytes_per_s
-        return StageLoad(steps=1.0, reinit_steps=float(fw.kv_cache_reset == "reinit"), transfer_s=moves_s)
+        fw = self.framework
+        sleep_s = 2 * self.base.model.weight_bytes / self._engine_tp / fw.host_bytes_per_s
+        return StageLoad(
+            steps=1.0,
+            reinit_steps=float(fw.kv_cache_reset == "reinit"),
+            reshard_s=self.reshard_s(),
+            transfer_s=sleep_s if fw.kv_cache_reset == "sleep" else 0.0,
+        )
+
+    @property
+    def _engine_tp(self) -> int:
+        return getattr(self.base, "tensor_parallel", 1)
+
+    def reshard_s(self) -> float:
+        """Seconds of one reshard into the rollout engine at the nominal links (0 where the setup declares none)."""
+        if not self.framework.weight_reshard:
+            return 0.0
+        weights = self.base.model.weight_bytes
+        return self._gather_bytes_s(weights) + 2 * weights / self._engine_tp / self.base.gpu.hbm_bytes_per_s
 
     def _gather_bytes_s(self, weights: float) -> float:
         """Seconds to all-gather ``weights`` bytes sharded over the role's GPUs at the collective's link."""
