@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from oppo.catalog.lengths import load_lengths
@@ -27,6 +28,7 @@ from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.records.io import write_json, write_run
 from oppo.records.optrace import cycle_collector_paused
 from oppo.sim.async_pipeline import AsyncConfig
+from oppo.sim.calibration import calibration, trust_note
 from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
@@ -183,6 +185,9 @@ def _setup(args: argparse.Namespace) -> Setup:
     else:
         setup = setup_from_dict(stored.get("setup"), f"{args.config}: [setup]")
     setup.gpu_datasheet()
+    note = trust_note(setup)
+    if note:
+        print(note, file=sys.stderr)
     return setup
 
 
@@ -444,7 +449,10 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     log = load_run_log(args.log[0])
     setup = resolve_gpu(load_setup(args.setup[0]), log)
     calibrated, fitted = calibrate(setup, log, args.fit_frac)
-    _log_fidelity(calibrated, log, fitted, Path(args.out))
+    errors = {stage: [e] for stage, e in _log_fidelity(calibrated, log, fitted, Path(args.out)).items()}
+    record = calibration([setup], errors, basis="within")
+    framework = dataclasses.replace(calibrated.framework, calibration=record)
+    calibrated = dataclasses.replace(calibrated, framework=framework)
     base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
     (Path(args.out) / "setup.toml").write_text(setup_toml(calibrated, base))
     print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
@@ -460,17 +468,26 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
 
     logs = [load_run_log(log) for log in args.log]
     runs = [logged_run(resolve_gpu(load_setup(s), log), log, args.fit_frac) for log, s in zip(logs, args.setup)]
-    layer, report = shared_fidelity(runs)
+    layer, report, errors = shared_fidelity(runs)
+    record = calibration([run.setup for run in runs], errors, basis="leave_one_group_out")
+    coverage = {run.name: float(np.mean(e <= record.step_err)) for run, e in zip(runs, errors["step"], strict=True)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sources = "\n".join(f"  {run.name}: {run.log.source} ({run.n_fit} of {len(run.log.steps)} steps)" for run in runs)
     (out / "framework.toml").write_text(
-        framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}")
+        framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}", record)
     )
     overall = summary(report)
     write_json(
         out / "fidelity.json",
-        {"runs": report, "summary": overall, "fitted_terms": fitted_terms(runs), "fit_frac": args.fit_frac},
+        {
+            "runs": report,
+            "summary": overall,
+            "interval": {"coverage": record.coverage, "step_err": record.step_err, "coverage_by_run": coverage}
+            | {"stage_err": dict(zip(record.stages, record.stage_err, strict=True))},
+            "fitted_terms": fitted_terms(runs),
+            "fit_frac": args.fit_frac,
+        },
     )
     plots.fidelity_matrix(report, out / "fidelity.png")
     rows = []
@@ -487,6 +504,10 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         figures = (f"{m} median {v['median']:.1%} worst {v['worst']:.1%}" for m, v in measures.items())
         print(f"{kind}: " + ", ".join(figures))
     print(
+        f"interval: ±{record.step_err:.1%} of a step holds {record.coverage:.0%} of the steps predicted without "
+        f"their run's group (by run: {', '.join(f'{v:.0%}' for v in coverage.values())})"
+    )
+    print(
         f'-> {out / "framework.toml"} (a setup takes it with [framework] base = "{out / "framework.toml"}"), '
         f"{out / 'fidelity.json'}, {out / 'fidelity.png'}"
     )
@@ -499,12 +520,17 @@ def cmd_validate_log(args: argparse.Namespace) -> None:
     _log_fidelity(resolve_gpu(load_setup(args.setup), log), log, 0, Path(args.out))
 
 
-def _log_fidelity(setup, log, first: int, out: Path) -> None:
+def _log_fidelity(setup, log, first: int, out: Path) -> dict:
+    """Predict the log's steps with ``setup`` (from step ``first``): ``fidelity.json``, ``fidelity.png`` and the
+    table; returns each stage's absolute relative error per validated step."""
     from oppo.records import plots
-    from oppo.sim.logfit import replay_errors
+    from oppo.sim.logfit import replay_errors, step_errors
 
     report, measured, predicted = replay_errors(setup, log, first)
     out.mkdir(parents=True, exist_ok=True)
+    note = trust_note(setup)
+    if note:
+        report["prediction_note"] = note
     write_json(out / "fidelity.json", report | {"log": log.source, "setup": setup.name})
     plots.plot_fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
     rows = [
@@ -518,6 +544,9 @@ def _log_fidelity(setup, log, first: int, out: Path) -> None:
     ]
     print(f"{setup.name}: fitted on {first} steps, validated on {report['validate_steps']} (medians)")
     print(format_table(rows))
+    if note:
+        print(note)
+    return step_errors(measured, predicted, first)
 
 
 COMMANDS = {

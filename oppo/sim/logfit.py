@@ -339,28 +339,32 @@ def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
     return dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **layer))
 
 
-def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict]:
+def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, dict[str, list[np.ndarray]]]:
     """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer, with the reward terms of
     the run's scorer, on the run's validated steps), ``leave_one_out`` (the layer fitted on all steps of the other
     runs, on every step of this one; a stage no other run times, or a reward no other run scores alike, keeps the
     run's setup's own terms: marked ``not_fitted``) and ``leave_one_group_out`` (the same without the run's
-    siblings too: :func:`run_group`)."""
+    siblings too: :func:`run_group`); and the per-step errors of those predictions without the siblings, per
+    stage, one array per run (the leave-one-out ones of a run alone in its group)."""
     if len({run.name for run in runs}) < len(runs):
         raise ValueError("each --log needs a setup of its own name (two runs share one)")
     layer = fit_layer(runs)
     by_scorer = {rule: fit_layer(runs, rule=rule) for rule in {run.setup.reward is None for run in runs}}
-    report = {}
+    report, errors = {}, defaultdict(list)
     for run in runs:
         rule = run.setup.reward is None  # the reward terms of its own scorer
         within = replay_errors(with_layer(run.setup, by_scorer[rule]), run.log, run.n_fit, run.replayed)[0]
         entry = {"within": within}
         others = [r for r in runs if r is not run]
         strangers = [r for r in others if run_group(r.setup) != run_group(run.setup)]
+        run_errors = {}
         for key, rest in (("leave_one_out", others), ("leave_one_group_out", strangers)):
             if rest:
-                entry[key] = _transferred(run, rest, rule)
+                entry[key], run_errors = _transferred(run, rest, rule)
+        for stage, values in run_errors.items():
+            errors[stage].append(values)
         report[run.name] = entry
-    return layer, report
+    return layer, report, dict(errors)
 
 
 def run_group(setup: Setup) -> tuple:
@@ -370,14 +374,23 @@ def run_group(setup: Setup) -> tuple:
     return setup.actor, setup.gpu, fw.kv_cache_reset, fw.weight_reshard
 
 
-def _transferred(run: LoggedRun, others: list[LoggedRun], rule: bool) -> dict:
-    """The run's every step predicted with the layer fitted on all steps of ``others``."""
+def _transferred(run: LoggedRun, others: list[LoggedRun], rule: bool) -> tuple[dict, dict[str, np.ndarray]]:
+    """The run's every step predicted with the layer fitted on all steps of ``others``: the report and each
+    stage's (and the step's) absolute relative error per step."""
     transferred = fit_layer(others, whole=True, rule=rule)
-    report = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)[0]
+    report, measured, predicted = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)
     parts = {stage: _parts(run.setup, stage) for stage in report["stages"]}
     report["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
     report["runs"] = [r.name for r in others]
-    return report
+    return report, step_errors(measured, predicted, 0)
+
+
+def step_errors(measured: dict, predicted: dict, first: int) -> dict[str, np.ndarray]:
+    """Each stage's (and the step's) absolute relative error on every step from ``first``."""
+    return {
+        stage: np.abs(predicted[stage][first:] - measured[stage][first:]) / np.maximum(measured[stage][first:], 1e-9)
+        for stage in measured
+    }
 
 
 def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:

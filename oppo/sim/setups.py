@@ -28,6 +28,7 @@ from oppo.sim.cost.framework import (
     FRAMEWORKS,
     STAGE_TERMS,
     TRL,
+    Calibration,
     Framework,
     FrameworkCost,
     StageCost,
@@ -421,12 +422,16 @@ def _model_path(value: str, folder: Path) -> str:
     return value
 
 
-def framework_toml(layer: dict[str, StageCost], comment: str) -> str:
+def framework_toml(layer: dict[str, StageCost], comment: str, calibration: Calibration | None = None) -> str:
     """A fitted framework layer as ``framework.toml``: one table per stage, every term written out (what a setup's
-    ``[framework] base = "framework.toml"`` takes over its own structural settings)."""
+    ``[framework] base = "framework.toml"`` takes over its own structural settings), and what it was fitted on
+    (``[calibration]``)."""
     lines = [f"# {line}" for line in comment.splitlines()]
     for stage, cost in layer.items():
         lines += ["", f"[{stage}]"] + [f"{t} = {_toml_value(float(getattr(cost, t)))}" for t in STAGE_TERMS]
+    if calibration is not None:
+        fields = dataclasses.asdict(calibration)
+        lines += ["", "[calibration]"] + [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
     return "\n".join(lines) + "\n"
 
 

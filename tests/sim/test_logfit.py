@@ -15,6 +15,7 @@ import pytest
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
 from oppo.sim.cost.framework import ROLE_STAGES, TRL, StageCost, shared_layer
+from oppo.sim.logdevice import resolve_gpu
 from oppo.sim.logfit import (
     STAGE_OPS,
     calibrate,
@@ -32,11 +33,12 @@ from oppo.sim.setups import load_setup
 DATA = Path(__file__).with_name("data")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
 SAME_STAGE = ("old_log_prob", "values", "update_actor", "update_critic")  # TRL stages: the shared layer's own
-SHARED_RUNS = (  # the four shared runs, as oppo/data/framework/verl-shared.toml's header fits them
+SHARED_RUNS = (  # the five shared runs, as oppo/data/framework/verl-shared.toml's header fits them
     ("verl_qwen2.5_0.5b_resp512_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
     ("verl_qwen2.5_0.5b_resp256_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
     ("verl_gemma_2_2b_steps.log.gz", "verl-gemma-2-2b-gsm8k"),
     ("verl_deepseek_7b_ppo_8xmi300x.csv.gz", "verl-deepseek-llm-7b-ppo-8xmi300x"),
+    ("verl_qwen2_7b_gpg_steps.log.gz", "verl-qwen2-7b-gpg-8gpu"),
 )
 
 
@@ -109,10 +111,11 @@ def test_the_trl_presets_take_the_layer_fitted_across_the_shared_runs():
 
 
 @pytest.mark.slow
-def test_the_bundled_shared_layer_is_what_the_four_shared_logs_fit():
+def test_the_bundled_shared_layer_is_what_the_five_shared_logs_fit():
     """``oppo/data/framework/verl-shared.toml`` is the fit its header's command makes (to 1e-6 relative: the same
     computation, written with repr floats)."""
-    runs = [logged_run(load_setup(setup), load_run_log(DATA / log), 0.6) for log, setup in SHARED_RUNS]
+    logs = [(load_run_log(DATA / log), setup) for log, setup in SHARED_RUNS]
+    runs = [logged_run(resolve_gpu(load_setup(setup), log), log, 0.6) for log, setup in logs]
     fitted = fit_layer(runs)
     assert set(fitted) == set(shared_layer())
     for stage, cost in shared_layer().items():
@@ -245,10 +248,10 @@ def test_several_logs_fit_one_layer_that_a_setup_takes_by_path(tmp_path):
     report = json.loads((tmp_path / "cal" / "fidelity.json").read_text())["runs"]
     assert set(report) == {"verl-gemma-2-2b-gsm8k", "verl-qwen2.5-0.5b-gsm8k"}
     for entry in report.values():
-        assert set(entry) == {"within", "leave_one_out"}
+        assert set(entry) == {"within", "leave_one_out", "leave_one_group_out"}  # two groups: two models
         for fid in entry.values():
             assert {"fit_steps", "validate_steps", "step", "stages"} <= set(fid)
-            assert set(fid["step"]) == {"measured_s", "predicted_s", "median_abs_err"}
+            assert set(fid["step"]) == {"measured_s", "predicted_s", "median_abs_err", "stage_weighted_err"}
     assert report["verl-gemma-2-2b-gsm8k"]["leave_one_out"]["fit_steps"] == 0  # every step is predicted
     assert (tmp_path / "cal" / "fidelity.png").stat().st_size > 0
     # a setup takes the layer by a path relative to itself; the fitted terms arrive exactly
@@ -256,6 +259,11 @@ def test_several_logs_fit_one_layer_that_a_setup_takes_by_path(tmp_path):
     layer = tomllib.loads((tmp_path / "cal" / "framework.toml").read_text())
     framework = load_setup(str(tmp_path / "use.toml")).framework
     assert framework.train_micro_batch == load_setup("verl-gemma-2-2b-gsm8k").framework.train_micro_batch
+    calibration = layer.pop("calibration")  # what the layer was fitted on, and its interval
+    assert (
+        framework.calibration.runs == tuple(calibration["runs"]) == ("verl-gemma-2-2b-gsm8k", "verl-qwen2.5-0.5b-gsm8k")
+    )
+    assert framework.calibration.step_err == calibration["step_err"] > 0
     for stage, terms in layer.items():
         assert dataclasses.asdict(framework.stage(stage)) == terms, stage
 
@@ -273,8 +281,8 @@ def test_leave_one_run_out_predicts_a_run_with_the_layer_of_the_others_alone():
     qwen_log = load_run_log(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz")
     qwen = logged_run(load_setup("verl-qwen2.5-0.5b-gsm8k"), qwen_log, 0.6)
     slower = logged_run(qwen.setup, scaled(qwen_log, 2.0), 0.6)
-    _, report = shared_fidelity([gemma, qwen])
-    _, again = shared_fidelity([gemma, slower])
+    _, report, _ = shared_fidelity([gemma, qwen])
+    _, again, _ = shared_fidelity([gemma, slower])
     held_out, held_out_slower = report[qwen.name]["leave_one_out"], again[qwen.name]["leave_one_out"]
     assert held_out["not_fitted"] == [] and held_out["stages"]
     for entry, moved in [(held_out["step"], held_out_slower["step"])] + [
@@ -366,7 +374,7 @@ def test_a_rule_reward_and_a_reward_model_are_not_fitted_as_one_stage():
         logged_run(rule_setup, synthesized_log(rule_setup, rule_truth, steps[:20]), 0.6),
         logged_run(model_setup, synthesized_log(model_setup, model_truth, steps[:20]), 0.6),
     ]
-    layer, report = shared_fidelity(runs)
+    layer, report, _ = shared_fidelity(runs)
     for run in runs:
         assert report[run.name]["within"]["stages"]["reward"]["median_abs_err"] < 1e-6, run.name
         assert "reward" in report[run.name]["leave_one_out"]["not_fitted"]  # no other run has its scorer

@@ -137,6 +137,31 @@ KV_CACHE_RESETS = ("none", "reinit", "sleep")
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What a fitted layer was fitted on and how far its predictions were off (:mod:`oppo.sim.calibration` makes
+    and reads it): the runs; the relative half-width of an interval holding ``coverage`` of the predicted steps
+    (``step_err``) and of each stage's (``stage_err``, in ``stages`` order) when each run was predicted without its
+    siblings (``basis``: "leave_one_group_out", or "within" for one run's own validated steps); and the span of the
+    runs, each a (min, max) or the values seen: total GPUs, nodes, parameters (billions), response caps, the GPUs,
+    algorithms, group sizes and the rollout engines' per-step resets. Empty (no runs): an uncalibrated layer."""
+
+    runs: tuple[str, ...] = ()
+    basis: str = ""
+    coverage: float = 0.8
+    step_err: float = 0.0
+    stages: tuple[str, ...] = ()
+    stage_err: tuple[float, ...] = ()
+    gpus: tuple[int, ...] = ()
+    nodes: tuple[int, ...] = ()
+    params_b: tuple[float, ...] = ()
+    max_new_tokens: tuple[int, ...] = ()
+    gpu_names: tuple[str, ...] = ()
+    algos: tuple[str, ...] = ()
+    group_sizes: tuple[int, ...] = ()
+    kv_cache_resets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Framework:
     """A run's framework settings (structural, from its configuration) and fitted stage terms."""
 
@@ -162,6 +187,7 @@ class Framework:
     # the weights offloaded to the host after generation and reloaded before the next, the KV cache discarded)
     weight_reshard: bool = False
     kv_cache_reset: str = "none"
+    calibration: Calibration = Calibration()  # what the stage terms below were fitted on (none: not fitted)
     gen: StageCost = StageCost()
     old_log_prob: StageCost = StageCost()
     ref: StageCost = StageCost()
@@ -330,7 +356,7 @@ def read_layer(path: Path) -> dict[str, dict]:
     """The stage tables of a ``framework.toml`` (what ``calibrate-log`` with several logs writes; a setup's
     ``[framework] base = PATH`` takes it), each a dict of :class:`StageCost` terms."""
     layer = read_toml(path, "framework layer")
-    unknown = [k for k, v in layer.items() if k not in STAGES or not isinstance(v, dict)]
+    unknown = [k for k, v in layer.items() if k not in (*STAGES, "calibration") or not isinstance(v, dict)]
     if unknown:
         raise ValueError(f"{path}: {unknown[0]!r} is no stage table; a framework layer has [{'], ['.join(STAGES)}]")
     return layer
@@ -340,7 +366,7 @@ def read_layer(path: Path) -> dict[str, dict]:
 def shared_layer() -> dict[str, StageCost]:
     """The stage terms fitted across the four shared verl runs (``oppo/data/framework/verl-shared.toml``, whose
     header says which logs and which command)."""
-    return {stage: StageCost(**terms) for stage, terms in read_layer(SHARED_LAYER).items()}
+    return {stage: StageCost(**terms) for stage, terms in read_layer(SHARED_LAYER).items() if stage in STAGES}
 
 
 def trl_layer(rule_reward: bool = False) -> Framework:
