@@ -12,12 +12,12 @@ predicts.
 
 :func:`calibrate` fits per stage, by least squares of the relative error (non-negative,
 :func:`~oppo.sim.cost.fit.fit_stage`) on the first ``fit_frac`` of the steps:
-- ``gen``: ``efficiency`` (<= 1), ``per_token_s`` and ``fixed_s``. No per-iteration term: a run's longest
+- ``gen``: ``efficiency``, ``per_token_s`` and its per-step terms. No per-iteration term: a run's longest
   response sits at the cap in most steps, so iterations would be a second constant.
-- forward and update stages: ``efficiency`` (<= 1) and ``half_efficiency_tokens``. Within one run the
-  micro-batch count is constant, so for these stages a per-micro-batch overhead and a per-step constant cannot be
-  told apart: the constant is attributed to the micro-batches, in proportion to their roofline (``fixed_s`` 0),
-  which is what transfers to a run with another batch size.
+- forward and update stages: ``efficiency`` and ``half_efficiency_tokens`` (and the gather terms where sharded).
+  Within one run the micro-batch count is constant, so for these stages a per-micro-batch overhead and a per-step
+  constant cannot be told apart: the constant is attributed to the micro-batches, in proportion to their roofline
+  (``fixed_s`` 0), which is what transfers to a run with another batch size.
 A fitted stage's terms are replaced whole (a term not fitted becomes 0); stages the log does not time keep the
 setup's. A logged stage that times several of ours at once (OpenRLHF's ``make_experience``, ``ppo_train``) is
 fitted as one: the same terms for each of its parts, against the sum of their loads.

@@ -177,7 +177,8 @@ def test_fit_of_composite_stages_recovers_shared_terms(tmp_path):
     setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
     forward, update = StageCost(efficiency=0.4, half_efficiency_tokens=3000.0), StageCost(efficiency=0.25)
     known = {"gen": StageCost(efficiency=0.5, per_token_s=1e-4, fixed_s=4.0)}
-    known |= dict.fromkeys(("old_log_prob", "ref", "values"), forward) | dict.fromkeys(
+    # every part of a composite takes its terms: the rule reward's too (a CPU stage: 0 s under forward terms)
+    known |= dict.fromkeys(("old_log_prob", "ref", "values", "reward"), forward) | dict.fromkeys(
         ("update_actor", "update_critic"), update
     )
     truth = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **known))

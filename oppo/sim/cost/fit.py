@@ -41,21 +41,25 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """argmin ||a x - b|| subject to x >= 0 (Lawson-Hanson active set, :func:`scipy.optimize.nnls`)."""
     from scipy.optimize import nnls  # here: a simulation that only loads a profile need not import scipy
 
-    return nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0]
+    a = np.asarray(a, dtype=float)
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0  # columns of seconds, tokens and steps differ by orders of magnitude: solved scaled
+    return nnls(a / norms, np.asarray(b, dtype=float))[0] / norms
 
 
 def fit_stage(
     load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, reshard_frac: float | None = None
 ) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
-    :meth:`StageCost.seconds` of the load matches them (efficiency <= 1, every term >= 0, least relative error).
-    With 1 / efficiency = 1 + a:
-    - forward and update stages: measured - extra - roofline ≈ a·roofline + h'·small (h' = half · (1 + a)), and
+    :meth:`StageCost.seconds` of the load matches them (every term >= 0, least relative error; the efficiency is
+    not bounded by 1: a GPU faster than its datasheet times the default fractions is no floor). With
+    1 / efficiency = i:
+    - forward and update stages: measured - extra ≈ i·roofline + h'·small (h' = half · i), and
       with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
       model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
       its micro-batch count is constant); where the stage gathers sharded parameters, also the achieved share of
       the link and the share of the overlap left exposed (:func:`_fit_overlapped`);
-    - ``gen``: measured - extra - roofline ≈ a·roofline + per_token·row_tokens + the per-step terms
+    - ``gen``: measured - extra ≈ i·roofline + per_token·row_tokens + the per-step terms
       (:func:`_fit_generation`; ``reshard_frac``: the reshard's share of its links, where a log times it apart).
     A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
     sequences, unbiased by that rounding, where dropping the zeros would keep only the steps rounded up. A step of
@@ -80,8 +84,8 @@ def fit_stage(
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)  # the prior's gathers, all hidden
-    a, *rest = nonnegative_lstsq(x, (measured - serial - load.roofline_s) / measured)
-    inverse = 1.0 + a  # 1 / efficiency
+    inverse, *rest = nonnegative_lstsq(x, (measured - serial) / measured)  # inverse: 1 / efficiency
+    inverse = max(inverse, MIN_INVERSE)
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
     return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
@@ -110,11 +114,11 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     reshard, transfer = np.broadcast_to(load.reshard_s, shape), np.broadcast_to(load.transfer_s, shape)
     named = {"cache_reinit_s": reinit, "transfer": transfer, "fixed_s": unnamed_steps(load, shape)}
     named = {term: column for term, column in named.items() if np.any(column)}
-    base = measured - load.extra_s - roofline
+    base = measured - load.extra_s
 
     def solve(reshard_column: bool) -> dict[str, float]:
         extra = {"reshard": reshard} if reshard_column else {}
-        columns = {"a": roofline, "per_token_s": rows, **named, **extra}
+        columns = {"inverse": roofline, "per_token_s": rows, **named, **extra}
         target = base if reshard_column else base - reshard / (reshard_frac or 1.0)
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
         return dict(zip(columns, nonnegative_lstsq(x, target / measured), strict=True))
@@ -127,8 +131,8 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
         "reshard_frac": reshard_frac or 1 / max(terms.pop("reshard", 1.0), 1e-3),
         "transfer_frac": 1 / max(terms.pop("transfer", 1.0), 1e-3),
     }
-    a = terms.pop("a")
-    return StageCost(efficiency=float(1 / (1 + a)), **{t: float(v) for t, v in (terms | share).items()})
+    inverse = max(terms.pop("inverse"), MIN_INVERSE)
+    return StageCost(efficiency=float(1 / inverse), **{t: float(v) for t, v in (terms | share).items()})
 
 
 def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_timed: bool = False) -> list[str]:
@@ -147,6 +151,8 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
     return ["efficiency", "half_efficiency_tokens", *(["per_unit_s"] if per_unit else []), *gathers]
 
 
+MIN_INVERSE = 1e-3  # 1 / efficiency at least: a stage at most 1000 times faster than its roofline
+
 # Weight of the gather terms' priors against the steps' relative errors: a log that times enough steps moves them
 # as far as its data says (the datasheet link and the assumed overlap are priors, never bounds); a log that cannot
 # tell them from the compute terms (gathers far smaller than compute) leaves them where the priors are.
@@ -158,7 +164,7 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
     """The terms of a stage whose passes gather sharded parameters: ``max(compute, gathers) + exposed ·
     min(compute, gathers)`` is not linear in the terms, so they are fitted by bounded nonlinear least squares of
     the relative error (:func:`scipy.optimize.least_squares`) from the linear fit ``start``, with weak priors pulling
-    the gather terms to :class:`StageCost`'s defaults. Parameters: 1 / efficiency - 1, half / efficiency,
+    the gather terms to :class:`StageCost`'s defaults. Parameters: 1 / efficiency, half / efficiency,
     per_unit_s (with ``per_unit``), exposed_gather_frac, log gather_bandwidth_frac."""
     from scipy.optimize import least_squares
 
@@ -166,10 +172,10 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
     n = len(measured)
 
     def cost(theta: np.ndarray) -> StageCost:
-        a, h, u, exposed, log_scale = (float(v) for v in theta)
+        inverse, h, u, exposed, log_scale = (float(v) for v in theta)
         return StageCost(
-            efficiency=1 / (1 + a),
-            half_efficiency_tokens=h / (1 + a),
+            efficiency=1 / inverse,
+            half_efficiency_tokens=h / inverse,
             per_unit_s=u if per_unit else 0.0,
             exposed_gather_frac=min(max(exposed, 0.0), 1.0),
             gather_bandwidth_frac=float(np.exp(log_scale)),
@@ -182,10 +188,10 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
         priors = [weight * (fitted.exposed_gather_frac - prior.exposed_gather_frac), weight * theta[4]]
         return np.concatenate([errors, priors])
 
-    a0 = 1 / start.efficiency - 1
-    theta0 = np.array([a0, start.half_efficiency_tokens * (1 + a0), start.per_unit_s, prior.exposed_gather_frac, 0.0])
+    i0 = 1 / start.efficiency
+    theta0 = np.array([i0, start.half_efficiency_tokens * i0, start.per_unit_s, prior.exposed_gather_frac, 0.0])
     low, high = np.log(GATHER_SCALE_BOUNDS)
-    bounds = ([0, 0, 0, 0, low], [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high])
+    bounds = ([MIN_INVERSE, 0, 0, 0, low], [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high])
     best = None
     for scale0 in (0.0, low / 2, high / 2):  # max() has kinks: start from a slow, the nominal and a fast link
         theta0[4] = scale0

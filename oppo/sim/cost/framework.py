@@ -87,7 +87,9 @@ class StageLoad:
 
 @dataclass(frozen=True)
 class StageCost:
-    """One stage's framework terms: ``efficiency`` (fraction of the roofline the framework achieves, (0, 1]),
+    """One stage's framework terms: ``efficiency`` (what the framework achieves over the roofline, > 0: above 1
+    where the GPU runs faster than its datasheet times the default fractions, :class:`oppo.sim.cost.gpu.Efficiency`,
+    say; the roofline's figures are priors, never bounds),
     ``half_efficiency_tokens`` (micro-batch tokens per GPU at which a pass runs at half that), ``per_unit_s``
     (seconds per decode iteration or micro-batch), ``per_token_s`` (seconds per decode row per iteration, ``gen``
     only), ``fixed_s`` (seconds per step), ``gather_bandwidth_frac`` (achieved share of the nominal link of the
@@ -112,8 +114,8 @@ class StageCost:
 
     def __post_init__(self) -> None:
         terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s, self.cache_reinit_s)
-        if not 0 < self.efficiency <= 1 or min(terms) < 0 or min(self.reshard_frac, self.transfer_frac) <= 0:
-            raise ValueError("a stage needs 0 < efficiency <= 1, link shares > 0 and its other terms >= 0")
+        if self.efficiency <= 0 or min(terms) < 0 or min(self.reshard_frac, self.transfer_frac) <= 0:
+            raise ValueError("a stage needs efficiency > 0, link shares > 0 and its other terms >= 0")
         if self.gather_bandwidth_frac <= 0 or not 0 <= self.exposed_gather_frac <= 1:
             raise ValueError("a stage needs gather_bandwidth_frac > 0 and 0 <= exposed_gather_frac <= 1")
 
