@@ -453,6 +453,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     record = calibration([setup], errors, basis="within")
     framework = dataclasses.replace(calibrated.framework, calibration=record)
     calibrated = dataclasses.replace(calibrated, framework=framework)
+    print(trust_note(calibrated))
     base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
     (Path(args.out) / "setup.toml").write_text(setup_toml(calibrated, base))
     print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")

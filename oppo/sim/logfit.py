@@ -196,7 +196,7 @@ def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, i
     frac = reshard_frac(setup, steps[:n_fit])
     fitted = {}
     for stage in _fitted_stages(setup, log):
-        measured = np.array([s.stages[stage] for s in steps[:n_fit]])
+        measured = _timed(log, stage, steps[:n_fit])
         parts = _parts(setup, stage)  # a composite's parts share one set of terms
         load = sum_loads([replayed.loads[part] for part in parts])
         cost = fit_stage(load, measured, gen=stage == "gen", reshard_frac=frac if stage == "gen" else None)
@@ -224,6 +224,18 @@ def reshard_frac(setup: Setup, steps: list[LoggedStep]) -> float | None:
             f"the log times reshard but setup {setup.name} declares no resharding: set [framework] weight_reshard"
         )
     return nominal / float(np.median(timed))
+
+
+def _timed(log: TrainingLog, stage: str, steps: list[LoggedStep]) -> np.ndarray:
+    """The seconds of ``stage`` on the fitted ``steps``; a stage no fitted step times (0 s on each) is an error:
+    its terms would have nothing to be fitted on."""
+    measured = np.array([s.stages[stage] for s in steps])
+    if not np.any(measured):
+        raise ValueError(
+            f"{log.source}: {stage} is timed 0 s on each of the {len(steps)} fitted steps: no step to fit its terms "
+            "on (drop the column, or fit on more steps with --fit-frac)"
+        )
+    return measured
 
 
 def _fitted_stages(setup: Setup, log: TrainingLog) -> list[str]:
@@ -320,7 +332,7 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
             parts = tuple(_parts(run.setup, stage))
             loads, measured = problems.setdefault((_scorer(run.setup, parts), parts), ([], []))
             loads.append(slice_load(sum_loads([run.replayed.loads[p] for p in parts]), part))
-            measured.append(np.array([s.stages[stage] for s in steps]))
+            measured.append(_timed(run.log, stage, list(steps)))
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
     fracs = [f for run in runs if (f := reshard_frac(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]

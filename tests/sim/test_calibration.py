@@ -1,0 +1,99 @@
+"""What a calibration records, and what a prediction on a calibrated setup says about itself: its interval, and
+each term of the setup outside the span of the calibration runs."""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oppo.sim.calibration import calibration, extrapolations, trust_note, weighted_quantile
+from oppo.sim.cost.framework import Framework, StageCost
+from oppo.sim.setups import load_setup
+
+DATA = Path(__file__).with_name("data")
+
+
+def calibrated_on(*names: str):
+    """A calibration record of the named setups, with made-up errors: 10% on every step of each run."""
+    setups = [load_setup(n) for n in names]
+    errors = {"step": [np.full(10, 0.1) for _ in setups], "gen": [np.full(10, 0.2) for _ in setups]}
+    return calibration(setups, errors, basis="leave_one_group_out")
+
+
+def test_each_run_weighs_alike_in_the_interval_whatever_its_steps():
+    """A run of 1,000 steps all within 1% and one of 10 steps all 50% off: the 80% quantile is the bad run's, since
+    each run holds half the weight (a step-weighted quantile would say 1%)."""
+    assert weighted_quantile([np.full(1000, 0.01), np.full(10, 0.5)], 0.8) == 0.5
+    assert weighted_quantile([np.full(1000, 0.01), np.full(10, 0.5)], 0.4) == 0.01
+
+
+def test_a_setup_inside_the_span_says_so_and_one_outside_names_each_term():
+    record = calibrated_on("verl-qwen2.5-0.5b-gsm8k", "verl-gemma-2-2b-gsm8k")
+    assert record.step_err == pytest.approx(0.1) and dict(zip(record.stages, record.stage_err))["gen"] == 0.2
+    assert record.gpus == (1, 2) and record.params_b[0] < 0.6 < 2.0 < record.params_b[1]
+    inside = load_setup("verl-gemma-2-2b-gsm8k")
+    inside = dataclasses.replace(inside, framework=dataclasses.replace(inside.framework, calibration=record))
+    assert extrapolations(inside) == []
+    assert trust_note(inside).endswith("within the calibration span")
+    assert "±10%" in trust_note(inside) and "2 calibration runs" in trust_note(inside)
+    outside = load_setup("verl-qwen2-7b-gpg-8gpu")  # 7.6B on 8 GPUs of another type, GRPO groups of 5, sleep mode
+    outside = dataclasses.replace(outside, framework=dataclasses.replace(outside.framework, calibration=record))
+    found = " | ".join(extrapolations(outside))
+    for phrase in ("8 GPUs", "7.6B-parameter", "GPU 'unknown'", "algorithm 'grpo'", "'sleep'", "group sampling"):
+        assert phrase in found, phrase
+
+
+def test_an_uncalibrated_setup_says_nothing():
+    assert trust_note(load_setup("paper-7b-h200")) is None
+    assert extrapolations(load_setup("paper-7b-h200")) == []
+
+
+def test_a_run_that_declares_no_per_step_cost_is_not_charged_one():
+    """The shared layer's KV re-initialisation (seconds per step, fitted on runs that declare it) is charged to a
+    setup that declares ``reinit`` and not to one that declares nothing."""
+    terms = StageCost(efficiency=0.5, cache_reinit_s=12.0, fixed_s=0.0)
+    setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
+    for reset, charged in (("reinit", 12.0), ("none", 0.0)):
+        framework = dataclasses.replace(setup.framework, gen=terms, kv_cache_reset=reset, weight_reshard=False)
+        cost = dataclasses.replace(setup, framework=framework).costs()["actor"]
+        assert cost.fixed_s(("gen",)) == pytest.approx(charged)
+    with pytest.raises(ValueError, match="kv_cache_reset must be one of none, reinit, sleep"):
+        Framework(kv_cache_reset="free")
+
+
+def calibrate_log(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "oppo.sim", "calibrate-log", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_a_calibrated_setup_prints_its_interval_where_it_predicts(tmp_path):
+    """calibrate-log writes the record into the calibrated setup; run on that setup says its interval (on stderr,
+    beside the records) and that it extrapolates where it does."""
+    log = str(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz")
+    res = calibrate_log("--log", log, "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "cal"))
+    assert res.returncode == 0, res.stderr
+    assert "note: verl-qwen2.5-0.5b-gsm8k-calibrated predicts a step to ±" in res.stdout
+    bigger = tmp_path / "bigger.toml"
+    bigger.write_text(f'base = "{tmp_path / "cal" / "setup.toml"}"\nname = "bigger"\n[placement]\nactor_gpus = 4\n')
+    cmd = [sys.executable, "-m", "oppo.sim", "run", "--setup", str(bigger), "--steps", "2"]
+    res = subprocess.run([*cmd, "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "note: bigger predicts a step to ±" in res.stderr
+    assert "extrapolates: 4 GPUs (calibrated on 1-1)" in res.stderr
+
+
+def test_a_stage_no_fitted_step_times_is_refused(tmp_path):
+    """A logged stage at 0 s on every fitted step leaves its terms nothing to fit on: exit 2, one line."""
+    log = tmp_path / "zero.jsonl"
+    rows = [
+        f'{{"step": {i}, "timing_s/gen": 10.0, "timing_s/ref": 0.0, "response_length/mean": 200.0, '
+        f'"response_length/max": 512.0, "response_length/min": 20.0, "prompt_length/mean": 100.0}}'
+        for i in range(10)
+    ]
+    log.write_text("\n".join(rows) + "\n")
+    res = calibrate_log("--log", str(log), "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "out"))
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "ref is timed 0 s on each of the 6 fitted steps" in res.stderr
