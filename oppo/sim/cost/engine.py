@@ -187,7 +187,8 @@ class RooflineCost:
     Generation (:meth:`decode_s`) reads three more settings of the rollout engine: ``tensor_parallel`` GPUs per
     engine (weights and KV cache split over them, two all-reduces of the activations per layer per iteration over
     the GPU's intra-node link; ``n_gpus / tensor_parallel`` engines each decode their share of the batch),
-    ``kv_budget_bytes`` per GPU (a batch whose KV cache does not fit runs in waves: each wave reads the weights
+    ``kv_budget_bytes`` per GPU (a batch whose KV cache does not fit runs as resident batches that fill the budget,
+    continuous batching admitting a waiting row as one finishes: each resident batch reads the weights
     again), and ``eager_decode`` (every layer launches its kernels each iteration, ``layer_overhead_s`` apiece;
     with CUDA graphs an iteration is one launch)."""
 
@@ -226,8 +227,11 @@ class RooflineCost:
         batch = np.asarray(batch, dtype=float) / engines  # one engine's share (on its tp GPUs)
         context = np.asarray(context_tokens, dtype=float) / engines
         waves = 1.0
-        if self.kv_budget_bytes < math.inf:  # KV of the engine's share over its budget: waves, each a share of it
-            waves = np.maximum(1.0, np.ceil(m.kv_bytes_per_token * context / (self.kv_budget_bytes * tp)))
+        if self.kv_budget_bytes < math.inf:
+            # KV of the engine's share over its budget: continuous batching keeps the budget full and admits a
+            # waiting row as a running one finishes, so an iteration over all rows costs their KV over the budget
+            # resident batches (a fraction: no whole waves), each reading the weights once
+            waves = np.maximum(1.0, m.kv_bytes_per_token * context / (self.kv_budget_bytes * tp))
             batch, context = batch / waves, context / waves
         read = m.weight_bytes + m.kv_bytes_per_token * context  # the engine's; its GPUs read 1 / tp of it each
         memory_s = read / (self._bandwidth * self.engine.decode_efficiency)

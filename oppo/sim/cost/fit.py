@@ -84,11 +84,25 @@ def fit_stage(
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)  # the prior's gathers, all hidden
-    inverse, *rest = nonnegative_lstsq(x, (measured - serial) / measured)  # inverse: 1 / efficiency
-    inverse = max(inverse, MIN_INVERSE)
+    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured)  # inverse: 1 / efficiency
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
     return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
+
+
+def roofline_lstsq(x: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of ``x · c ≈ target`` whose first column is the roofline's, its coefficient the
+    inverse efficiency: at least the roofline (an inverse of 1) costs nothing, faster than it (a GPU above its
+    datasheet times the default fractions) pays a prior of ``PRIOR_WEIGHT`` per step per unit below 1, so the data
+    move it there when they insist and a near-collinear fit cannot wander there. inverse = 1 + up - down, both
+    >= 0, the prior on ``down``."""
+    n, others = len(target), x[:, 1:]
+    roofline = x[:, :1]
+    augmented = np.hstack([roofline, -roofline, others])
+    prior = np.zeros((1, augmented.shape[1]))
+    prior[0, 1] = PRIOR_WEIGHT * np.sqrt(n)
+    up, down, *rest = nonnegative_lstsq(np.vstack([augmented, prior]), np.append(target - roofline[:, 0], 0.0))
+    return np.array([max(1.0 + up - down, MIN_INVERSE), *rest])
 
 
 def unnamed_steps(load: StageLoad, shape: tuple = ()) -> np.ndarray:
@@ -121,7 +135,7 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
         columns = {"inverse": roofline, "per_token_s": rows, **named, **extra}
         target = base if reshard_column else base - reshard / (reshard_frac or 1.0)
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
-        return dict(zip(columns, nonnegative_lstsq(x, target / measured), strict=True))
+        return dict(zip(columns, roofline_lstsq(x, target / measured), strict=True))
 
     terms = solve(reshard_column=False)
     cornered = not any(terms[t] for t in named if t != "transfer")
@@ -131,7 +145,7 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
         "reshard_frac": reshard_frac or 1 / max(terms.pop("reshard", 1.0), 1e-3),
         "transfer_frac": 1 / max(terms.pop("transfer", 1.0), 1e-3),
     }
-    inverse = max(terms.pop("inverse"), MIN_INVERSE)
+    inverse = terms.pop("inverse")
     return StageCost(efficiency=float(1 / inverse), **{t: float(v) for t, v in (terms | share).items()})
 
 
@@ -186,6 +200,7 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
         errors = (fitted.seconds(load) - measured) / measured
         weight = PRIOR_WEIGHT * np.sqrt(n)  # per step, so the prior weighs the same against any number of steps
         priors = [weight * (fitted.exposed_gather_frac - prior.exposed_gather_frac), weight * theta[4]]
+        priors.append(weight * max(0.0, 1.0 - theta[0]))  # faster than the roofline: as in roofline_lstsq
         return np.concatenate([errors, priors])
 
     i0 = 1 / start.efficiency
