@@ -394,6 +394,15 @@ def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> No
             f"  vs {base.label} (the setup's defaults), on the seeds it was chosen with (optimistic): {gain:.3f}x "
             f"± {err:.3f} (half-ranges over {len(best.summaries)} seeds, added)"
         )
+        calibrated = setup.framework.calibration
+        if calibrated.runs:  # each end of the ratio off by up to the step's interval, in opposite directions
+            e = calibrated.step_err
+            low, high = gain * (1 - e) / (1 + e), gain * (1 + e) / max(1 - e, 1e-9)
+            print(
+                f"    with the calibration's ±{e:.0%} on each prediction ({calibrated.coverage:.0%} of steps): "
+                f"{low:.2f}x-{high:.2f}x at worst (both ends off in opposite directions; errors of one setup "
+                "mostly share their sign)"
+            )
     if setup.gpu == "cpu-core":
         flags = " ".join(planner.exec_flags(planner.sim_config(setup, best.candidate, schedule, 1, 0).schedule))
         print(f"  on the executor: python -m oppo.exec.train --preset {setup.name} {flags}")

@@ -83,6 +83,12 @@ def test_a_calibrated_setup_prints_its_interval_where_it_predicts(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "note: bigger predicts a step to ±" in res.stderr
     assert "extrapolates: 4 GPUs (calibrated on 1-1)" in res.stderr
+    # plan ranks by the predicted means and gives each gain the range the calibration's interval allows
+    plan = [sys.executable, "-m", "oppo.sim", "plan", "--setup", str(tmp_path / "cal" / "setup.toml")]
+    plan += ["--policies", "sync,inter", "--budget", "8", "--rung-steps", "3,5", "--rung-seeds", "1,1"]
+    res = subprocess.run([*plan, "--fresh-seeds", "0", "--out", str(tmp_path / "p")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "with the calibration's ±" in res.stdout and "at worst (both ends off" in res.stdout
 
 
 def test_a_stage_no_fitted_step_times_is_refused(tmp_path):
