@@ -21,6 +21,11 @@ from oppo.sim.cost.framework import Calibration
 from oppo.sim.setups import Setup
 
 COVERAGE = 0.8  # share of predicted steps an interval holds
+BASES = {  # what the interval's errors are, in words
+    "leave_one_group_out": "each run predicted without its group",
+    "leave_one_out": "each run predicted without itself (its siblings kept: no run had a run outside its group)",
+    "within": "its own validated steps",
+}
 MODEL_SPAN = 2.0  # a model this many times larger than the largest (or smaller than the smallest) extrapolates
 
 
@@ -43,7 +48,10 @@ def weighted_quantile(errors: list[np.ndarray], q: float) -> float:
     weights = np.concatenate([np.full(len(e), 1 / len(e)) for e in errors])
     order = np.argsort(values)
     cumulative = np.cumsum(weights[order]) / weights.sum()
-    return float(values[order][np.searchsorted(cumulative, q)])
+    # the first value whose cumulative weight reaches q (the inverse of the weighted CDF); the tolerance keeps a
+    # sum of floats that should equal q exactly from landing one value late
+    index = np.searchsorted(cumulative, q - 1e-9)
+    return float(values[order][min(index, len(values) - 1)])
 
 
 def calibration(
@@ -71,6 +79,10 @@ def calibration(
         algos=tuple(sorted({s.algo for s in setups})),
         group_sizes=tuple(sorted({s.group_size for s in setups})),
         kv_cache_resets=tuple(sorted({s.framework.kv_cache_reset for s in setups})),
+        engines=tuple(sorted({s.engine for s in setups})),
+        rollout_tensor_parallel=span([s.framework.rollout_tensor_parallel for s in setups]),
+        weight_reshards=tuple(sorted({s.framework.weight_reshard for s in setups})),
+        sharded=tuple(sorted({s.framework.sharded for s in setups})),
     )
 
 
@@ -90,15 +102,25 @@ def extrapolations(setup: Setup) -> list[str]:
         found.append(f"a {size:.2g}B-parameter model (calibrated on {c.params_b[0]:.2g}B-{c.params_b[1]:.2g}B)")
     if setup.max_new_tokens > c.max_new_tokens[1]:
         found.append(f"responses capped at {setup.max_new_tokens} tokens (calibrated up to {c.max_new_tokens[1]})")
+    tp = setup.framework.rollout_tensor_parallel
+    if c.rollout_tensor_parallel and not c.rollout_tensor_parallel[0] <= tp <= c.rollout_tensor_parallel[1]:
+        span = c.rollout_tensor_parallel
+        found.append(f"rollout tensor parallel {tp} (calibrated on {span[0]}-{span[1]})")
     for what, value, seen in (
         ("GPU", setup.gpu, c.gpu_names),
         ("algorithm", setup.algo, c.algos),
+        ("engine", setup.engine, c.engines),
         ("rollout kv_cache_reset", setup.framework.kv_cache_reset, c.kv_cache_resets),
+        ("weight_reshard", setup.framework.weight_reshard, c.weight_reshards),
+        ("sharded", setup.framework.sharded, c.sharded),
     ):
-        if value not in seen:
+        if seen and value not in seen:
             found.append(f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})")
-    if setup.group_size > 1 and max(c.group_sizes) == 1:
-        found.append(f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")
+    if setup.group_size > max(c.group_sizes):
+        if max(c.group_sizes) == 1:
+            found.append(f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")
+        else:
+            found.append(f"groups of {setup.group_size} (calibrated up to {max(c.group_sizes)})")
     return found
 
 
@@ -107,10 +129,10 @@ def trust_note(setup: Setup) -> str | None:
     c = setup.framework.calibration
     if not c.runs:
         return None
-    basis = "leave-one-group-out" if c.basis == "leave_one_group_out" else "its own validated steps"
+    basis = BASES.get(c.basis, c.basis)
     note = (
-        f"note: {setup.name} predicts a step to ±{c.step_err:.0%} ({c.coverage:.0%} of steps, {basis} over "
-        f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''})"
+        f"note: {setup.name} predicts a sync step to ±{c.step_err:.0%} ({c.coverage:.0%} of steps, {basis} over "
+        f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}; other policies' overlap is the model's)"
     )
     outside = extrapolations(setup)
     return note + ("; extrapolates: " + "; ".join(outside) if outside else "; within the calibration span")

@@ -185,10 +185,14 @@ def _setup(args: argparse.Namespace) -> Setup:
     else:
         setup = setup_from_dict(stored.get("setup"), f"{args.config}: [setup]")
     setup.gpu_datasheet()
+    return setup
+
+
+def _say_trust(setup: Setup) -> None:
+    """A calibrated setup's interval and what extrapolates, once per command (stderr, beside the records)."""
     note = trust_note(setup)
     if note:
         print(note, file=sys.stderr)
-    return setup
 
 
 def _pick(*values):
@@ -230,6 +234,7 @@ def _run_and_write(args: argparse.Namespace, plots) -> None:
     trackers = trackers_from(args)
     trace = _trace(args)
     (config,) = _configs(args, [args.policy])
+    _say_trust(config.setup)
     r = _run(config, trace, config.schedule.policy)
     result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)
@@ -258,7 +263,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     trace = _trace(args)
-    _setup(args)  # a setup no policy can simulate (no device) is one error, not one per policy
+    _say_trust(_setup(args))  # a setup no policy can simulate (no device) is one error, not one per policy
     configs, skipped = [], []
     for policy in policies:  # a policy that cannot run these settings is left out, saying why
         try:
@@ -308,6 +313,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
     values = [int(v) for v in text.split(",") if v]
     (base,) = _configs(args, [args.policy or ("intra" if knob == "chunk" else "inter")])
+    _say_trust(base.setup)
     rows = sweep_config(base, knob, values, _trace(args), pool_from(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,6 +334,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise ValueError(f"--fresh-seeds must be >= 0, got {args.fresh_seeds}")
     setup, trace = load_setup(args.setup or DEFAULTS["setup"]), _trace(args)
     setup.gpu_datasheet()  # a gpu = "unknown" setup has no device until calibrated on its log
+    _say_trust(setup)
     schedule = given_options(ScheduleConfig, args, skip=("policy",))
     sized = {k: schedule.pop(k) for k in ("batch", "max_new_tokens") if k in schedule}  # the setup's own knobs
     setup = dataclasses.replace(setup, **sized) if sized else setup
@@ -478,8 +485,8 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
 
     logs = [load_run_log(log) for log in args.log]
     runs = [logged_run(resolve_gpu(load_setup(s), log), log, args.fit_frac) for log, s in zip(logs, args.setup)]
-    layer, report, errors = shared_fidelity(runs)
-    record = calibration([run.setup for run in runs], errors, basis="leave_one_group_out")
+    layer, report, errors, basis = shared_fidelity(runs)
+    record = calibration([run.setup for run in runs], errors, basis=basis)
     coverage = {run.name: float(np.mean(e <= record.step_err)) for run, e in zip(runs, errors["step"], strict=True)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -493,7 +500,8 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         {
             "runs": report,
             "summary": overall,
-            "interval": {"coverage": record.coverage, "step_err": record.step_err, "coverage_by_run": coverage}
+            "interval": {"basis": basis, "coverage": record.coverage, "step_err": record.step_err}
+            | {"coverage_by_run": coverage}
             | {"stage_err": dict(zip(record.stages, record.stage_err, strict=True))},
             "fitted_terms": fitted_terms(runs),
             "fit_frac": args.fit_frac,
@@ -514,8 +522,8 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         figures = (f"{m} median {v['median']:.1%} worst {v['worst']:.1%}" for m, v in measures.items())
         print(f"{kind}: " + ", ".join(figures))
     print(
-        f"interval: ±{record.step_err:.1%} of a step holds {record.coverage:.0%} of the steps predicted without "
-        f"their run's group (by run: {', '.join(f'{v:.0%}' for v in coverage.values())})"
+        f"interval: ±{record.step_err:.1%} of a step holds {record.coverage:.0%} of the steps predicted "
+        f"{basis.replace('_', '-')} (by run: {', '.join(f'{v:.0%}' for v in coverage.values())})"
     )
     print(
         f'-> {out / "framework.toml"} (a setup takes it with [framework] base = "{out / "framework.toml"}"), '

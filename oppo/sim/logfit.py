@@ -3,10 +3,12 @@ replays logs on the simulator to measure what the framework terms multiply; the 
 stack (:mod:`oppo.sim.cost.fit`).
 
 Each logged step is replayed with the ``sync`` policy and lengths consistent with that step's logged mean / max /
-min (:func:`step_lengths`). A stage's seconds are linear in its framework terms (:meth:`StageCost.seconds` of a
-:class:`StageLoad`, :mod:`oppo.sim.cost.framework`), so :func:`replay` measures each step's load of every stage
-on the simulator itself: one simulation without framework terms, then one per term with that term alone switched
-on; what a term adds is its load. :func:`predict_stages` prices the loads with a setup's terms
+min (:func:`step_lengths`). A stage's seconds are a function of its load (:meth:`StageCost.seconds` of a
+:class:`StageLoad`, :mod:`oppo.sim.cost.framework`), linear in each part of it but for the overlap of compute with
+the parameter gathers, so :func:`replay` measures each step's load of every stage on the simulator itself, with
+the overlap summed (``exposed_gather_frac`` 1, where it is linear too): one simulation without framework terms,
+then one per term with that term alone switched on; what a term adds is its load. :func:`predict_stages` prices
+the loads with a setup's terms
 through the same :meth:`StageCost.seconds` the simulator charges with: a calibrated setup simulates what the fit
 predicts.
 
@@ -351,32 +353,34 @@ def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
     return dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **layer))
 
 
-def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, dict[str, list[np.ndarray]]]:
+def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, dict[str, list[np.ndarray]], str]:
     """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer, with the reward terms of
     the run's scorer, on the run's validated steps), ``leave_one_out`` (the layer fitted on all steps of the other
     runs, on every step of this one; a stage no other run times, or a reward no other run scores alike, keeps the
     run's setup's own terms: marked ``not_fitted``) and ``leave_one_group_out`` (the same without the run's
-    siblings too: :func:`run_group`); and the per-step errors of those predictions without the siblings, per
-    stage, one array per run (the leave-one-out ones of a run alone in its group)."""
+    siblings too: :func:`run_group`); and the per-step errors of the predictions the interval is made of, per stage,
+    one array per run, and which they are: leave-one-group-out where every run has a run outside its group, else
+    leave-one-out."""
     if len({run.name for run in runs}) < len(runs):
         raise ValueError("each --log needs a setup of its own name (two runs share one)")
     layer = fit_layer(runs)
     by_scorer = {rule: fit_layer(runs, rule=rule) for rule in {run.setup.reward is None for run in runs}}
-    report, errors = {}, defaultdict(list)
+    report, errors = {}, {"leave_one_out": defaultdict(list), "leave_one_group_out": defaultdict(list)}
     for run in runs:
         rule = run.setup.reward is None  # the reward terms of its own scorer
         within = replay_errors(with_layer(run.setup, by_scorer[rule]), run.log, run.n_fit, run.replayed)[0]
         entry = {"within": within}
         others = [r for r in runs if r is not run]
         strangers = [r for r in others if run_group(r.setup) != run_group(run.setup)]
-        run_errors = {}
         for key, rest in (("leave_one_out", others), ("leave_one_group_out", strangers)):
             if rest:
                 entry[key], run_errors = _transferred(run, rest, rule)
-        for stage, values in run_errors.items():
-            errors[stage].append(values)
+                for stage, values in run_errors.items():
+                    errors[key][stage].append(values)
         report[run.name] = entry
-    return layer, report, dict(errors)
+    every = all("leave_one_group_out" in entry for entry in report.values())
+    basis = "leave_one_group_out" if every else "leave_one_out"
+    return layer, report, dict(errors[basis]), basis
 
 
 def run_group(setup: Setup) -> tuple:

@@ -39,6 +39,7 @@ def test_a_setup_inside_the_span_says_so_and_one_outside_names_each_term():
     assert extrapolations(inside) == []
     assert trust_note(inside).endswith("within the calibration span")
     assert "±10%" in trust_note(inside) and "2 calibration runs" in trust_note(inside)
+    assert "each run predicted without its group" in trust_note(inside)
     outside = load_setup("verl-qwen2-7b-gpg-8gpu")  # 7.6B on 8 GPUs of another type, GRPO groups of 5, sleep mode
     outside = dataclasses.replace(outside, framework=dataclasses.replace(outside.framework, calibration=record))
     found = " | ".join(extrapolations(outside))
@@ -75,13 +76,13 @@ def test_a_calibrated_setup_prints_its_interval_where_it_predicts(tmp_path):
     log = str(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz")
     res = calibrate_log("--log", log, "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "cal"))
     assert res.returncode == 0, res.stderr
-    assert "note: verl-qwen2.5-0.5b-gsm8k-calibrated predicts a step to ±" in res.stdout
+    assert "note: verl-qwen2.5-0.5b-gsm8k-calibrated predicts a sync step to ±" in res.stdout
     bigger = tmp_path / "bigger.toml"
     bigger.write_text(f'base = "{tmp_path / "cal" / "setup.toml"}"\nname = "bigger"\n[placement]\nactor_gpus = 4\n')
     cmd = [sys.executable, "-m", "oppo.sim", "run", "--setup", str(bigger), "--steps", "2"]
     res = subprocess.run([*cmd, "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
-    assert "note: bigger predicts a step to ±" in res.stderr
+    assert "note: bigger predicts a sync step to ±" in res.stderr
     assert "extrapolates: 4 GPUs (calibrated on 1-1)" in res.stderr
     # plan ranks by the predicted means and gives each gain the range the calibration's interval allows
     plan = [sys.executable, "-m", "oppo.sim", "plan", "--setup", str(tmp_path / "cal" / "setup.toml")]
@@ -103,3 +104,51 @@ def test_a_stage_no_fitted_step_times_is_refused(tmp_path):
     res = calibrate_log("--log", str(log), "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "out"))
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and "ref is timed 0 s on each of the 6 fitted steps" in res.stderr
+
+
+def test_the_interval_quantile_is_the_inverse_of_the_weighted_cdf():
+    """Ten equal-weight steps at q = 0.8: the 8th value, not the 9th (a cumulative sum of floats that should equal
+    0.8 must not push it one late); q = 1 is the largest."""
+    steps = [np.arange(1, 11) / 100]
+    assert weighted_quantile(steps, 0.8) == 0.08
+    assert weighted_quantile(steps, 1.0) == 0.10
+
+
+def test_an_interval_of_siblings_alone_says_it_is_leave_one_out(tmp_path):
+    """Two runs of one group (one model, GPU, framework version): no run is predicted without its group, so the
+    interval is made of leave-one-out errors and says so."""
+    runs = [
+        ("verl_qwen2.5_0.5b_resp512_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
+        ("verl_qwen2.5_0.5b_resp256_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
+    ]
+    args = [arg for log, setup in runs for arg in ("--log", str(DATA / log), "--setup", setup)]
+    res = calibrate_log(*args, "--out", str(tmp_path / "cal"))
+    assert res.returncode == 0, res.stderr
+    assert "of the steps predicted leave-one-out" in res.stdout
+    assert 'basis = "leave_one_out"' in (tmp_path / "cal" / "framework.toml").read_text()
+
+
+def test_a_rollout_engine_on_its_own_gpus_pays_no_reshard_nor_cache_reset():
+    """The hybrid engine's per-step costs are the colocated engine's: an engine on GPUs of its own is pushed the
+    weights (its transfer) and keeps its cache."""
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    framework = dataclasses.replace(setup.framework, gen=StageCost(cache_reinit_s=12.0))
+    setup = dataclasses.replace(setup, framework=framework)
+    assert setup.costs("sync")["actor"].fixed_s(("gen",)) > 12.0  # colocated: re-initialisation and reshard
+    costs = setup.costs("async")
+    assert "rollout" in costs and costs["rollout"].fixed_s(("gen",)) == 0.0
+
+
+def test_a_group_prefills_its_prompt_once_on_an_engine_that_shares_it():
+    """vLLM samples a prompt's n responses as one request: a GRPO step of 16 prompts x 8 prefills 16 prompts; HF
+    generate prefills all 128 rows (padded to the longest)."""
+    from oppo.sim import SimConfig, simulate
+
+    base = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    prompt = base.lengths.prompt_tokens
+    for engine, rows in (("vllm", 16), ("hf", 128)):
+        setup = dataclasses.replace(base, engine=engine, algo="grpo", group_size=8, batch=16, critic=False)
+        result = simulate(SimConfig(setup.schedule(policy="sync"), setup, steps=1, seed=0))
+        # one prefill operation, recorded once per member GPU of the group with the same fields
+        (tokens,) = {r.num_tokens for r in result.trace if r.role == "actor" and r.phase == "prefill"}
+        assert tokens == rows * prompt, engine

@@ -281,8 +281,8 @@ def test_leave_one_run_out_predicts_a_run_with_the_layer_of_the_others_alone():
     qwen_log = load_run_log(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz")
     qwen = logged_run(load_setup("verl-qwen2.5-0.5b-gsm8k"), qwen_log, 0.6)
     slower = logged_run(qwen.setup, scaled(qwen_log, 2.0), 0.6)
-    _, report, _ = shared_fidelity([gemma, qwen])
-    _, again, _ = shared_fidelity([gemma, slower])
+    _, report, _, _ = shared_fidelity([gemma, qwen])
+    _, again, _, _ = shared_fidelity([gemma, slower])
     held_out, held_out_slower = report[qwen.name]["leave_one_out"], again[qwen.name]["leave_one_out"]
     assert held_out["not_fitted"] == [] and held_out["stages"]
     for entry, moved in [(held_out["step"], held_out_slower["step"])] + [
@@ -374,7 +374,7 @@ def test_a_rule_reward_and_a_reward_model_are_not_fitted_as_one_stage():
         logged_run(rule_setup, synthesized_log(rule_setup, rule_truth, steps[:20]), 0.6),
         logged_run(model_setup, synthesized_log(model_setup, model_truth, steps[:20]), 0.6),
     ]
-    layer, report, _ = shared_fidelity(runs)
+    layer, report, _, _ = shared_fidelity(runs)
     for run in runs:
         assert report[run.name]["within"]["stages"]["reward"]["median_abs_err"] < 1e-6, run.name
         assert "reward" in report[run.name]["leave_one_out"]["not_fitted"]  # no other run has its scorer

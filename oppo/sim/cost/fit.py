@@ -83,7 +83,8 @@ def fit_stage(
     columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
-    serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)  # the prior's gathers, all hidden
+    # the gathers at the priors, compute larger: their exposed share (the nonlinear fit below moves both terms)
+    serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)
     inverse, *rest = roofline_lstsq(x, (measured - serial) / measured)  # inverse: 1 / efficiency
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
@@ -137,13 +138,24 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
         return dict(zip(columns, roofline_lstsq(x, target / measured), strict=True))
 
+    def solve_cornered() -> dict[str, float]:
+        """The engine's weight moves (reshard and sleep's, one share: within a run both are constant per step, so
+        no fit could split them) priced at a fitted share, the other per-step terms at 0."""
+        x = np.stack([roofline, rows, reshard + transfer], axis=1) / measured[:, None]
+        inverse, per_token, moves = roofline_lstsq(x, base / measured)
+        zero = dict.fromkeys((t for t in named if t != "transfer"), 0.0)
+        return {"inverse": inverse, "per_token_s": per_token, "reshard": moves, "transfer": moves, **zero}
+
     terms = solve(reshard_column=False)
-    cornered = not any(terms[t] for t in named if t != "transfer")
-    if reshard_frac is None and np.any(reshard) and cornered:  # the nominal reshard left nothing per step
-        terms = solve(reshard_column=True)
-    share = {  # a coefficient on seconds at the nominal links is 1 / the achieved share (0: no time at all)
-        "reshard_frac": reshard_frac or 1 / max(terms.pop("reshard", 1.0), 1e-3),
-        "transfer_frac": 1 / max(terms.pop("transfer", 1.0), 1e-3),
+    cornered = not any(terms[t] for t in named)  # every per-step term at 0: the nominal reshard left nothing
+    if reshard_frac is None and np.any(reshard) and cornered:
+        terms = solve_cornered()
+    # a coefficient on seconds at the nominal links is 1 / the achieved share; 0 (the moves cost nothing the
+    # steps show) gives the largest share, 1000
+    moves = {term: 1 / max(terms.pop(term, 1.0), 1e-3) for term in ("reshard", "transfer")}
+    share = {
+        "reshard_frac": reshard_frac or moves["reshard"],
+        "transfer_frac": moves["transfer"] if np.any(transfer) else 1.0,
     }
     inverse = terms.pop("inverse")
     return StageCost(efficiency=float(1 / inverse), **{t: float(v) for t, v in (terms | share).items()})
@@ -171,7 +183,8 @@ MIN_INVERSE = 1e-3  # 1 / efficiency at least: a stage at most 1000 times faster
 # as far as its data says (the datasheet link and the assumed overlap are priors, never bounds); a log that cannot
 # tell them from the compute terms (gathers far smaller than compute) leaves them where the priors are.
 PRIOR_WEIGHT = 0.1
-GATHER_SCALE_BOUNDS = (1 / 50, 50)  # achieved / nominal link bandwidth
+# achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
+GATHER_SCALE_BOUNDS = (1 / 50, 50)
 
 
 def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool) -> StageCost:

@@ -19,8 +19,10 @@ so a pass costs the larger of its compute and its gathers plus the share of the 
 (``exposed_gather_frac``; 1 is the serial sum); ``gather_bandwidth_frac`` is the achieved share of the nominal link
 (a fitted factor: the datasheet's link is a prior, never a floor). ``per_token_s`` (``gen`` only) is charged per row
 of the decode batch per iteration: per generated token on an engine that compacts the batch (vLLM), per row of the
-padded batch, finished rows included, on one that does not (HF generate); a rollout engine whose KV memory cannot
-hold the whole batch runs it in waves, so its time follows the tokens decoded rather than the longest response.
+padded batch, finished rows included, on one that does not (HF generate), and on one engine's rows (the role's
+engines decode side by side; a layer fitted before this rule charged every engine's rows: its ``per_token_s`` is
+the engine count times too small); a rollout engine whose KV memory cannot hold the whole batch runs it as resident
+batches that fill it, so its time follows the tokens decoded rather than the longest response.
 ``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales (the
 host transfer of offloaded parameters: bytes over a link). Every term but the overlap is linear in the load, so the
 loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very
@@ -145,7 +147,9 @@ class Calibration:
     (``step_err``) and of each stage's (``stage_err``, in ``stages`` order) when each run was predicted without its
     siblings (``basis``: "leave_one_group_out", or "within" for one run's own validated steps); and the span of the
     runs, each a (min, max) or the values seen: total GPUs, nodes, parameters (billions), response caps, the GPUs,
-    algorithms, group sizes and the rollout engines' per-step resets. Empty (no runs): an uncalibrated layer."""
+    algorithms, group sizes, the rollout engines' per-step resets, the engines, their tensor-parallel degrees
+    (min, max), whether they reshard and whether the training passes shard their parameters. Empty (no runs): an
+    uncalibrated layer."""
 
     runs: tuple[str, ...] = ()
     basis: str = ""
@@ -161,6 +165,10 @@ class Calibration:
     algos: tuple[str, ...] = ()
     group_sizes: tuple[int, ...] = ()
     kv_cache_resets: tuple[str, ...] = ()
+    engines: tuple[str, ...] = ()
+    rollout_tensor_parallel: tuple[int, ...] = ()
+    weight_reshards: tuple[bool, ...] = ()
+    sharded: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -248,7 +256,9 @@ class FrameworkCost:
     collective_bytes_per_s: float = 0.0  # the link a collective over the role's GPUs runs on (0: no collective)
 
     def _gather_s(self) -> float:
-        """One all-gather of the sharded parameters (or reduce-scatter of the gradients, the same bytes): each GPU
+        """One all-gather of the sharded parameters (or reduce-scatter of the gradients, priced at the same bytes: in
+        fp32, as verl's default ``reduce_dtype``, it moves twice them; the fitted ``gather_bandwidth_frac`` takes
+        that in): each GPU
         receives the (n - 1) / n of the weights it does not hold over the collective's link (ring), in seconds."""
         return self._gather_bytes_s(self.base.model.weight_bytes) if self.framework.sharded else 0.0
 
@@ -318,8 +328,9 @@ class FrameworkCost:
         declared per-step costs: a KV-cache re-initialisation, and its weight moves in seconds at the nominal links
         (a reshard gathers the (n - 1) / n of the weights each GPU lacks over the collective's link and writes its
         1 / t of them into the engine, read and written over HBM; sleep mode moves its 1 / t to the host and back
-        over the host link)."""
-        if stage != "gen":
+        over the host link). A rollout engine on GPUs of its own pays neither: the trainer pushes it the weights
+        (:meth:`transfer_s`) and it keeps its KV cache."""
+        if stage != "gen" or self.role == "rollout":  # an engine on its own GPUs: the weight push, no reshard
             return StageLoad(steps=1.0)
         fw = self.framework
         sleep_s = 2 * self.base.model.weight_bytes / self._engine_tp / fw.host_bytes_per_s
