@@ -118,6 +118,8 @@ class PPOConfig:
             raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
         if self.kl_clamp < 0 or self.entropy_coef < 0:
             raise ValueError("kl_clamp and entropy_coef must be >= 0")
+        if self.kl_coef == 0 and (self.kl_estimator != "auto" or self.kl_clamp > 0):
+            raise ValueError("kl_estimator or kl_clamp is set but kl_coef is 0: there is no KL term they would change")
         if self.offpolicy not in OFFPOLICY:
             raise ValueError(f"unknown offpolicy {self.offpolicy!r}; choose from {', '.join(OFFPOLICY)}")
         if self.max_importance_ratio < 1:

@@ -93,8 +93,37 @@ def _response_tokens(responses: torch.Tensor, eos_id: int) -> int:
     return int(first.sum())
 
 
+# oppo.exec's PPO options with no counterpart in TRL 1.12's PPOTrainer: the baseline refuses them rather than run
+# without them (TRL clips the ratio symmetrically at ``cliprange``, puts the KL in the reward, averages over tokens)
+TRL_LACKS = (
+    "clip_low",
+    "clip_high",
+    "dual_clip",
+    "kl_clamp",
+    "loss_agg",
+    "entropy_coef",
+    "offpolicy",
+    "max_importance_ratio",
+    "tppo_drop_tokens",
+)
+
+
+def trl_kl_estimator(ppo) -> str:
+    """TRL's ``kl_estimator`` for these options ("k1" or "k3", KL in the reward); options TRL cannot run are an
+    error naming them."""
+    default = type(ppo)()
+    lacking = [name for name in TRL_LACKS if getattr(ppo, name) != getattr(default, name)]
+    lacking += ["kl_in loss"] if ppo.kl_in == "loss" else []
+    lacking += [f"kl_estimator {ppo.kl_estimator}"] if ppo.kl_estimator not in ("auto", "k1", "k3") else []
+    if lacking:
+        raise ValueError(f"TRL's PPOTrainer has no counterpart for {', '.join(lacking)}: the baseline cannot run them")
+    return "k1" if ppo.kl_estimator == "auto" else ppo.kl_estimator
+
+
 def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=None) -> list[TRLStep]:
-    """``config.steps`` TRL PPO updates of ``config.schedule.batch`` rollouts on the preset's models."""
+    """``config.steps`` TRL PPO updates of ``config.schedule.batch`` rollouts on the preset's models (the PPO
+    options TRL has, :func:`trl_kl_estimator`)."""
+    kl_estimator = trl_kl_estimator(config.ppo)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -140,6 +169,7 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
             learning_rate=ppo.lr,
             lr_scheduler_type="constant",
             kl_coef=ppo.kl_coef,
+            kl_estimator=kl_estimator,
             cliprange=ppo.clip,
             cliprange_value=ppo.value_clip,
             vf_coef=ppo.value_coef,

@@ -139,6 +139,8 @@ def test_a_run_with_the_peer_options_trains_and_logs_entropy(tmp_path, flags):
         ({"kl_estimator": "k9"}, "unknown kl_estimator 'k9'"),
         ({"loss_agg": "sum"}, "unknown loss_agg 'sum'"),
         ({"kl_in": "prompt"}, "unknown kl_in 'prompt'"),
+        ({"kl_coef": 0.0, "kl_estimator": "k3"}, "kl_estimator or kl_clamp is set but kl_coef is 0"),
+        ({"kl_coef": 0.0, "kl_clamp": 10.0}, "kl_estimator or kl_clamp is set but kl_coef is 0"),
     ],
 )
 def test_bad_peer_options_are_refused(kwargs, message):

@@ -9,7 +9,7 @@ from oppo.exec.config import ExecConfig, ModelConfig, default_schedule  # noqa: 
 from oppo.exec.models import load_roles  # noqa: E402
 from oppo.exec.runner import Executor  # noqa: E402
 from oppo.exec.timing import Recorder  # noqa: E402
-from oppo.exec.trl_baseline import run_trl  # noqa: E402
+from oppo.exec.trl_baseline import run_trl, trl_kl_estimator  # noqa: E402
 
 
 def test_two_trl_steps_and_two_oppo_steps():
@@ -30,3 +30,24 @@ def test_two_trl_steps_and_two_oppo_steps():
         outcome, metrics = executor.step()
         assert len(outcome.trained) == 4 and np.isfinite(metrics.mean_reward)
         assert {t.response_tokens for t in outcome.trained} <= {5, 9, 30}
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"clip_high": 0.28}, "clip_high"),
+        ({"dual_clip": 3.0}, "dual_clip"),
+        ({"kl_in": "loss"}, "kl_in loss"),
+        ({"kl_estimator": "k2"}, "kl_estimator k2"),
+        ({"loss_agg": "seq-mean-token-sum"}, "loss_agg"),
+        ({"entropy_coef": 0.01}, "entropy_coef"),
+    ],
+)
+def test_the_trl_baseline_refuses_options_trl_has_no_counterpart_for(options, named):
+    """The baseline runs TRL's PPOTrainer as it is: an oppo.exec option it would silently drop is an error naming
+    it; the KL estimators TRL has (k1, k3) pass through, and auto is TRL's default k1 (the KL in the reward)."""
+    from oppo.exec.config import PPOConfig
+
+    with pytest.raises(ValueError, match=f"no counterpart for {named}"):
+        trl_kl_estimator(PPOConfig(**options))
+    assert trl_kl_estimator(PPOConfig()) == "k1" and trl_kl_estimator(PPOConfig(kl_estimator="k3")) == "k3"
