@@ -1,6 +1,7 @@
 """The fitted terms, the top of the cost stack: the framework layer's stage terms (:mod:`oppo.sim.cost.framework`)
 fitted to measured stage seconds, and a whole cost model fitted to the executor's own traces. Every fit here is
-non-negative least squares of the relative error (:func:`nonnegative_lstsq`).
+least squares of the relative error: non-negative and linear (:func:`nonnegative_lstsq`), or bounded and
+nonlinear where compute overlaps the parameter gathers (:func:`_fit_overlapped`).
 
 From real logs (:func:`fit_stage`, :func:`fit_problems`): a stage's seconds are linear in its terms
 (:meth:`~oppo.sim.cost.framework.StageCost.seconds` of a :class:`~oppo.sim.cost.framework.StageLoad`), so given each
@@ -35,6 +36,17 @@ TRACE_FEATURES = """(all linear in the coefficients):
   iteration, growing by B per iteration) — per iteration: c0 + c1*batch + c2*summed context;
 - prefill / score / train pass of ``N`` tokens over ``B`` rows with ``C`` cached tokens: 1, ``N``, attended
   (query, key) pairs ``N*(C/B + N/(2B))``."""
+
+
+MIN_INVERSE = 1e-3  # 1 / efficiency at least: a stage at most 1000 times faster than its roofline
+# Weight of the priors (the gather terms', an efficiency above the roofline's) against the steps' relative errors,
+# per step: a log that times enough steps moves a term as far as its data says (the datasheet link, the assumed
+# overlap and the default efficiency fractions are priors, never bounds); a log that cannot tell it from the
+# compute terms (gathers far smaller than compute) leaves it where the prior is.
+PRIOR_WEIGHT = 0.1
+# achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
+GATHER_SCALE_BOUNDS = (1 / 50, 50)
+PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads that tell which terms a run pays
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -112,9 +124,6 @@ def unnamed_steps(load: StageLoad, shape: tuple = ()) -> np.ndarray:
     return steps * (reinit == 0) * (transfer == 0)
 
 
-PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")
-
-
 def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float | None) -> StageCost:
     """Generation's terms: efficiency, per-token seconds and the per-step costs, each charged to the runs that
     declare it: the reshard into the engine at its links' achieved share (``reshard_frac`` where a log times it
@@ -175,16 +184,6 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
     return ["efficiency", "half_efficiency_tokens", *(["per_unit_s"] if per_unit else []), *gathers]
-
-
-MIN_INVERSE = 1e-3  # 1 / efficiency at least: a stage at most 1000 times faster than its roofline
-
-# Weight of the gather terms' priors against the steps' relative errors: a log that times enough steps moves them
-# as far as its data says (the datasheet link and the assumed overlap are priors, never bounds); a log that cannot
-# tell them from the compute terms (gathers far smaller than compute) leaves them where the priors are.
-PRIOR_WEIGHT = 0.1
-# achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
-GATHER_SCALE_BOUNDS = (1 / 50, 50)
 
 
 def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool) -> StageCost:
