@@ -29,13 +29,8 @@ BASES = {  # what the interval's errors are, in words
 MODEL_SPAN = 2.0  # a model this many times larger than the largest (or smaller than the smallest) extrapolates
 
 
-def total_gpus(setup: Setup) -> int:
-    p = setup.placement
-    return p.actor_gpus + (p.reward_gpus if p.kind == "disaggregated" and setup.reward else 0)
-
-
 def nodes(setup: Setup) -> int:
-    return math.ceil(total_gpus(setup) / setup.cluster.gpus_per_node)
+    return math.ceil(setup.total_gpus / setup.cluster.gpus_per_node)
 
 
 def params_b(setup: Setup) -> float:
@@ -71,7 +66,7 @@ def calibration(
         step_err=weighted_quantile(errors["step"], coverage),
         stages=stages,
         stage_err=tuple(weighted_quantile(errors[stage], coverage) for stage in stages),
-        gpus=span([total_gpus(s) for s in setups]),
+        gpus=span([s.total_gpus for s in setups]),
         nodes=span([nodes(s) for s in setups]),
         params_b=span([round(params_b(s), 3) for s in setups]),
         max_new_tokens=span([s.max_new_tokens for s in setups]),
@@ -93,7 +88,7 @@ def extrapolations(setup: Setup) -> list[str]:
     if not c.runs:
         return []
     found = []
-    gpus, node_count, size = total_gpus(setup), nodes(setup), params_b(setup)
+    gpus, node_count, size = setup.total_gpus, nodes(setup), params_b(setup)
     if not c.gpus[0] <= gpus <= c.gpus[1]:
         found.append(f"{gpus} GPUs (calibrated on {c.gpus[0]}-{c.gpus[1]})")
     if node_count > c.nodes[1]:

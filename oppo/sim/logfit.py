@@ -104,8 +104,7 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     bare = _stage_seconds(setup, BARE, trace, len(steps))
     added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
     runs = _stages_run(setup)
-    costs = setup.costs("sync")
-    generating = costs.get("rollout", costs["actor"])  # the rollout engine's own GPUs, else the actor's
+    generating = _generating_cost(setup)
     loads = {}
     for stage in STAGE_OPS:
         terms = {term: added[term][stage] - bare[stage] for term in PROBES}
@@ -207,10 +206,15 @@ def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, i
     return dataclasses.replace(setup, framework=framework, name=f"{setup.name}-calibrated"), n_fit
 
 
+def _generating_cost(setup: Setup):
+    """The cost model of the role that generates in a sync step: the rollout engine's own GPUs, else the actor's."""
+    costs = setup.costs("sync")
+    return costs.get("rollout", costs["actor"])
+
+
 def _reshard_s(setup: Setup) -> float:
     """Seconds of one reshard into the setup's rollout engine at the nominal links (0: none declared)."""
-    costs = setup.costs("sync")
-    generating = costs.get("rollout", costs["actor"])
+    generating = _generating_cost(setup)
     return generating.reshard_s() if hasattr(generating, "reshard_s") else 0.0
 
 

@@ -170,11 +170,17 @@ class Setup:
         """Role -> device name ("gpu0-6" is a data-parallel group of GPUs 0..6), for on-device generation."""
         return self.devices_for("sync")
 
+    @property
+    def total_gpus(self) -> int:
+        """The GPUs the setup uses: the actor's, and a disaggregated reward model's."""
+        p = self.placement
+        return p.actor_gpus + (p.reward_gpus if p.kind == "disaggregated" and self.reward else 0)
+
     def devices_for(self, policy: str) -> dict[str, str]:
         """Role -> device name under ``policy``; a "rollout" entry when generation has its own GPUs."""
         p = self.placement
         rollout = p.rollout_for(policy)
-        total = p.actor_gpus + (p.reward_gpus if p.kind == "disaggregated" and self.reward else 0)
+        total = self.total_gpus
         actor = _gpu_range(rollout, p.actor_gpus if p.kind == "disaggregated" else total)
         reward = _gpu_range(p.actor_gpus, total) if p.kind == "disaggregated" else actor
         roles = {"actor": actor, "critic": actor, "reference": actor}
