@@ -10,6 +10,11 @@ from __future__ import annotations
 from oppo.exec.generation import ChunkedDecoder
 from oppo.exec.timing import Recorder
 
+# A decode row of the trace covers at most this many iterations, so that a step's rows span its contexts (from the
+# prompt's to the longest response's): a calibration on a run that decodes in one round per step (sync) could not
+# tell the per-context cost from the per-iteration one.
+RECORDED_ITERATIONS = 16
+
 
 class Rollout:
     def __init__(self, actor, eos_id: int, pad_id: int, temperature: float, recorder: Recorder, label: str) -> None:
@@ -35,22 +40,36 @@ class Rollout:
             )
 
     def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
-        """Up to ``n`` iterations. Returns ({seq id: tokens decoded this round} of those that hit EOS, {seq id:
-        its new tokens}, {seq id: their behaviour log-probs})."""
+        """Up to ``n`` iterations, timed in rounds of at most :data:`RECORDED_ITERATIONS`. Returns ({seq id: tokens
+        decoded this call} of those that hit EOS, {seq id: its new tokens}, {seq id: their behaviour log-probs})."""
         decoder = self.decoder
         if decoder is None:
             return {}, {}, {}
+        finished: dict[int, int] = {}
+        chunk: list[list[int]] = [[] for _ in self.rows]
+        logprobs: list[list[float]] = [[] for _ in self.rows]
+        while n > 0 and decoder.running.any():
+            done, tokens, logps = self._timed_round(step, min(n, RECORDED_ITERATIONS))
+            n -= min(n, RECORDED_ITERATIONS)
+            for r in range(len(self.rows)):
+                chunk[r] += tokens[r]
+                logprobs[r] += logps[r]
+            finished |= {r: len(chunk[r]) for r in done}  # a row stops at its EOS: all it decoded this call
+        new = {self.rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
+        behaviour = {self.rows[r]: lp for r, lp in enumerate(logprobs) if lp}
+        return {self.rows[r]: k for r, k in finished.items()}, new, behaviour
+
+    def _timed_round(self, step: int, n: int) -> tuple[dict[int, int], list[list[int]], list[list[float]]]:
+        decoder = self.decoder
         with self.rec.op(step, self.label, "actor", "decode") as info:
             # every row of the batch is computed each iteration, stopped ones too (as in HF generate):
             # tokens processed = iterations x rows; context = cached positions of all rows at the start
             rows = len(self.rows)
             info["batch"], info["context"] = rows, decoder.width * rows + decoder.iterations * rows
             before = decoder.iterations
-            finished, chunk, logprobs = decoder.decode(n)
+            out = decoder.decode(n)
             info["tokens"] = (decoder.iterations - before) * rows
-        new = {self.rows[r]: tokens for r, tokens in enumerate(chunk) if tokens}
-        behaviour = {self.rows[r]: lp for r, lp in enumerate(logprobs) if lp}
-        return {self.rows[r]: k for r, k in finished.items()}, new, behaviour
+        return out
 
     def refill(self, step: int) -> None:
         """After the actor's weights changed mid-generation (in-flight updates): the rows still running continue

@@ -51,6 +51,23 @@ def test_intra_close_to_sync_in_float32():
         assert a.mean_reward == pytest.approx(b.mean_reward, abs=1e-4)
 
 
+def test_a_sync_step_records_its_decode_in_rounds_that_span_its_contexts(monkeypatch):
+    """One decode call per sync step, timed in rounds of at most RECORDED_ITERATIONS (4 here, for responses of
+    up to 24 tokens): the trace a calibration fits sees the context grow within the step (one row per step could
+    not tell per-context cost from per-iteration). Same tokens as one round: the rounds only split the timing."""
+    from oppo.exec import rollout
+
+    _, one_round = run("sync", steps=2)
+    monkeypatch.setattr(rollout, "RECORDED_ITERATIONS", 4)
+    executor, rounds = run("sync", steps=2)
+    assert [m.mean_reward for _, m in rounds] == [m.mean_reward for _, m in one_round]
+    for step in (0, 1):
+        rows = [r for r in executor.rec.rows if r.phase == "decode" and r.step == step]
+        assert len(rows) >= 2 and all(r.num_tokens <= 4 * r.batch_size for r in rows), rows
+        contexts = [r.context_tokens for r in rows]
+        assert contexts == sorted(contexts) and contexts[0] < contexts[-1]
+
+
 def test_overcommit_carries_and_trains_b():
     executor, steps = run("inter", steps=5, delta="2", check_tokens=2)
     for outcome, _ in steps:

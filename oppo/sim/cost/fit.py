@@ -17,6 +17,7 @@ sequence) passes. Features: see :data:`TRACE_FEATURES`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -316,7 +317,47 @@ def _xy(rows: list[TraceRow]) -> tuple[np.ndarray, np.ndarray]:
 
 def _fit(rows: list[TraceRow]) -> np.ndarray:
     x, y = _xy(rows)
-    return nonnegative_lstsq(x / y[:, None], np.ones_like(y))
+    return supported_lstsq(x / y[:, None], np.ones_like(y))
+
+
+HELD_OUT_FOLDS = 10  # folds of the cross-validation that picks a fit's columns (leave-one-out below this many rows)
+SIMPLER_WITHIN = 1.1  # a model with fewer columns wins while its held-out error is within 10% of the best
+
+
+def supported_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`nonnegative_lstsq` on the columns the rows support: every subset of the non-zero columns is scored by
+    its held-out error (rows dealt round-robin to at most :data:`HELD_OUT_FOLDS` folds), and the fewest columns
+    within :data:`SIMPLER_WITHIN` of the best are kept, earlier columns first; the others are 0. A subset needs a
+    row to spare when one is held out, so ``n`` rows support at most ``n - 2`` columns.
+
+    A run that never varies a load cannot tell its terms apart: a sync run decodes every step at one batch size
+    and nearly the same context, so its per-iteration, per-row and per-context decode terms are (nearly) collinear,
+    and a plain fit may put the whole cost on the context term, which then charges a run with longer contexts
+    (carried sequences) far too much. Held out, such a term predicts no better than the simpler model, so it is
+    left at 0 and the prediction elsewhere says what the calibration measured."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n, k = a.shape
+    columns = [j for j in range(k) if np.any(a[:, j])]
+    largest = min(len(columns), n - 2)  # a subset is scored on n - 1 rows with one to spare
+    if largest < 1:
+        return nonnegative_lstsq(a, b)  # too few rows to hold any out
+    folds = np.arange(n) % min(n, HELD_OUT_FOLDS)
+    subsets = [s for size in range(1, largest + 1) for s in itertools.combinations(columns, size)]
+    errors = [_held_out_error(a[:, list(s)], b, folds) for s in subsets]
+    best = min(errors)
+    chosen = next(s for s, e in zip(subsets, errors) if e <= best * SIMPLER_WITHIN)
+    coef = np.zeros(k)
+    coef[list(chosen)] = nonnegative_lstsq(a[:, list(chosen)], b)
+    return coef
+
+
+def _held_out_error(a: np.ndarray, b: np.ndarray, folds: np.ndarray) -> float:
+    """Mean |residual| of each fold's rows under the fit on the other folds."""
+    residuals = np.empty_like(b)
+    for fold in np.unique(folds):
+        out = folds == fold
+        residuals[out] = a[out] @ nonnegative_lstsq(a[~out], b[~out]) - b[out]
+    return float(np.mean(np.abs(residuals)))
 
 
 def _scale(coef: np.ndarray, rows: list[TraceRow]) -> float:
