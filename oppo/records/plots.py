@@ -283,17 +283,17 @@ def fidelity_matrix(report: Mapping[str, Mapping], path: str | Path, title: str 
 def pareto_plot(
     rows: Sequence[Mapping], path: str | Path, objective: str, max_lag: float | None = None, title: str = ""
 ) -> Path:
-    """Work per second against mean policy lag for every configuration of a plan's last rung (grey), its Pareto
+    """Work per second against steady policy lag for every configuration of a plan's last rung (grey), its Pareto
     front (line, labelled) and the ``max_lag`` budget. ``rows``: :func:`oppo.sim.plan.plan_rows`."""
     last = max(r["steps"] for r in rows)
     final = [r for r in rows if r["steps"] == last]
-    front = sorted((r for r in final if r["pareto"]), key=lambda r: r["mean_lag"])
+    front = sorted((r for r in final if r["pareto"]), key=lambda r: r["steady_lag"])
     fig, ax = _subplots(figsize=(7, 4.5))
-    ax.scatter([r["mean_lag"] for r in final], [r[objective] for r in final], color="#bbbbbb", s=25, label="evaluated")
-    ax.plot([r["mean_lag"] for r in front], [r[objective] for r in front], "o-", color="#d62728", label="Pareto front")
+    ax.scatter([r["steady_lag"] for r in final], [r[objective] for r in final], color="#bbbbbb", s=25, label="evaluated")
+    ax.plot([r["steady_lag"] for r in front], [r[objective] for r in front], "o-", color="#d62728", label="Pareto front")
     if max_lag is not None:
         ax.axvline(max_lag, color="#555555", ls="--", lw=1, label=f"max lag {max_lag:g}")
-    ax.set_xlabel("mean policy lag of trained samples (versions)")
+    ax.set_xlabel("steady mean policy lag: samples of the second half of the steps (versions)")
     ax.set_ylabel(objective.replace("_per_s", " / s"))
     ax.set_title(title or f"plan: work against staleness ({last} steps)")
     ax.grid(alpha=0.3)
@@ -304,5 +304,5 @@ def pareto_plot(
         " ".join(str(r[k]) for k in ("policy", "chunk", "delta_max", "staleness") if r[k] not in (None, ""))
         for r in front
     ]
-    place_labels(ax, labels, [(r["mean_lag"], r[objective]) for r in front])
+    place_labels(ax, labels, [(r["steady_lag"], r[objective]) for r in front])
     return _save(fig, path)

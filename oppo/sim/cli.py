@@ -76,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(plan, policy=False, rollout=False)  # the planner searches the async split, not the rollout options
     plan.add_argument("--policies", default=",".join(POLICIES), help="policies searched (default: all)")
     plan.add_argument("--objective", default="samples", help="samples (finished samples / s) or tokens (tokens / s)")
-    plan.add_argument("--max-lag", type=float, help="bound on the mean policy lag of trained samples (versions)")
+    plan.add_argument(
+        "--max-lag",
+        type=float,
+        help="bound on the steady mean policy lag (versions) of the samples trained in the second half of the steps",
+    )
     plan.add_argument("--budget", type=int, default=400, help="simulations at most, all rungs and seeds (default: 400)")
     plan.add_argument("--rung-steps", default="40,100,200", help="steps simulated at each rung (default: 40,100,200)")
     plan.add_argument("--rung-seeds", default="1,2,3", help="seeds simulated at each rung (default: 1,2,3)")
@@ -380,15 +384,15 @@ def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> No
     last = max(r["steps"] for r in rows)
     print(f"{result.budget_used} simulations; {len(result.skipped)} configurations skipped (do not fit GPU memory)")
     print(f"Pareto front ({last} steps, mean over seeds):")
-    shown = (*planner.KNOBS, "samples_per_s", "samples_per_s_spread", "tokens_per_s", "mean_lag", "mean_step_s")
+    shown = (*planner.KNOBS, "samples_per_s", "samples_per_s_spread", "tokens_per_s", "steady_lag", "mean_step_s")
     print(format_table([{k: r[k] for k in shown} for r in rows if r["pareto"]]))
     best, met = result.best()
     if not met:
-        print(f"no configuration reaches a mean lag <= {result.max_lag:g}; the closest:")
+        print(f"no configuration reaches a steady lag <= {result.max_lag:g}; the closest:")
     m, spread = best.mean(key), best.spread(key)
     print(
-        f"best{'' if result.max_lag is None else f' under mean lag {result.max_lag:g}'}: {best.candidate.label} "
-        f"({key} {m:.4g} ± {spread:.2g} over {len(best.summaries)} seeds, mean lag {best.mean('mean_policy_lag'):.3f})"
+        f"best{'' if result.max_lag is None else f' under steady lag {result.max_lag:g}'}: {best.candidate.label} "
+        f"({key} {m:.4g} ± {spread:.2g} over {len(best.summaries)} seeds, steady lag {best.mean(planner.LAG):.3f})"
     )
     for base in planner.baselines(setup, schedule):
         other = result.baseline(base)
