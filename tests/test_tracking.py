@@ -13,14 +13,14 @@ import pytest
 from oppo.provenance import git_commit, provenance
 from oppo.stored_config import load_stored_config
 from oppo.tracking import trackers_from
+from tests import invoke
 
 tensorboard = pytest.importorskip("tensorboard")
 mlflow = pytest.importorskip("mlflow")
 
 
 def cli(module: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", module, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
+    return invoke.invoke(module, *args, cwd=cwd)
 
 
 def steps_column(run_dir, column: str) -> list[tuple[int, float]]:

@@ -1,7 +1,5 @@
 """``--mode async --staleness K`` in one process: generation with the weights of K versions ago (no overlap)."""
 
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +10,7 @@ from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedul
 from oppo.exec.models import load_roles
 from oppo.exec.runner import Executor
 from oppo.exec.timing import Recorder
+from tests import invoke
 
 
 def executor_for(policy, staleness=1, offpolicy="none"):
@@ -87,6 +86,5 @@ def test_an_async_run_resumes_with_its_recent_versions(tmp_path):
     ],
 )
 def test_bad_async_settings_exit_2(tmp_path, args, message):
-    cmd = [sys.executable, "-m", "oppo.exec.train", *args, "--steps", "1", "--out", str(tmp_path / "x")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    res = invoke.train(*args, "--steps", "1", "--out", tmp_path / "x")
     assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr

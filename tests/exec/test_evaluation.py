@@ -2,8 +2,6 @@
 
 import csv
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedu
 from oppo.exec.models import load_roles
 from oppo.exec.runner import Executor
 from oppo.exec.timing import Recorder
+from tests import invoke
 
 
 def executor_for(eval_every=0, policy="async", seed=5, **task):
@@ -73,8 +72,7 @@ def test_the_run_clock_stops_while_it_evaluates(tmp_path):
 
 
 def train(out, *args):
-    cmd = [sys.executable, "-m", "oppo.exec.train", "--preset", "tiny-cpu", "--batch", "4", "--out", str(out)]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600)
+    return invoke.train("--preset", "tiny-cpu", "--batch", "4", "--out", out, *args)
 
 
 @pytest.mark.parametrize(

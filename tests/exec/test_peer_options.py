@@ -6,8 +6,6 @@ unnormalised group advantages; then a run with each of them on."""
 import csv
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from oppo.exec.config import ExecConfig, PPOConfig, default_schedule
 from oppo.exec.ppo import Aggregate, entropy, group_advantages, kl_estimate, policy_loss, sampled_logprobs
 from oppo.exec.update import actor_loss, deal, kl_use, minibatch_totals
 from oppo.records.schema import TrainedSeq
+from tests import invoke
 from tests.exec.test_ppo import random_batch
 
 
@@ -109,8 +108,7 @@ def test_dr_grpo_advantages_are_not_divided_by_the_groups_std():
 
 
 def train(*args):
-    cmd = [sys.executable, "-m", "oppo.exec.train", "--preset", "tiny-cpu", "--steps", "2", "--batch", "4"]
-    return subprocess.run([*cmd, "--max-new-tokens", "12", *args], capture_output=True, text=True, timeout=300)
+    return invoke.train("--preset", "tiny-cpu", "--steps", "2", "--batch", "4", "--max-new-tokens", "12", *args)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from oppo.exec.snapshot import load_state
+from tests import invoke
 
 COMMON = (
     "--preset", "tiny-cpu", "--mode", "inter", "--delta", "2", "--check-tokens", "2", "--batch", "4",
@@ -23,9 +24,8 @@ COMMON = (
 )  # fmt: skip
 
 
-def train(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "oppo.exec.train", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kwargs)
+def train(*args: str) -> subprocess.CompletedProcess:
+    return invoke.train(*args)  # in this process; the run killed mid-way below is a real one
 
 
 def rows(path, drop=("start_s", "end_s", "step_s")) -> list[dict]:

@@ -20,6 +20,7 @@ from oppo.exec.models import load_roles  # noqa: E402
 from oppo.exec.rank import trained_roles  # noqa: E402
 from oppo.exec.runner import Executor, run_roles  # noqa: E402
 from oppo.exec.timing import Recorder  # noqa: E402
+from tests import invoke  # noqa: E402
 from tests.exec.test_data_parallel import flat  # noqa: E402
 from tests.exec.test_placement import alive, kill_mid_run, worker_pids  # noqa: E402
 
@@ -131,8 +132,7 @@ def test_inflight_updates_record_every_tokens_version_within_the_bound():
 
 
 def train(out, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "oppo.exec.train", "--batch", "4", "--steps", "2", "--out", str(out), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return invoke.train("--batch", "4", "--steps", "2", "--out", out, *args)
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,7 @@ import time
 import pytest
 
 from oppo.exec.tiny import prepared_checkpoints
-
-
-def train(*args, **kwargs):
-    cmd = [sys.executable, "-m", "oppo.exec.train", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kwargs)
+from tests.invoke import train  # noqa: E402  (the command line in this process; Ctrl-C below needs a real one)
 
 
 def test_smoke_run_writes_contract_files(tmp_path):

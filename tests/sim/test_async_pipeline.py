@@ -3,8 +3,6 @@ depths, concurrency and in-flight updates; the closed-form mean lag where its as
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from oppo.core.staleness import assumptions_hold, mean_lag, utilization
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.setups import Placement
+from tests import invoke
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +166,7 @@ def test_in_flight_updates_lower_the_token_lag_and_keep_the_rollout_busy():
 
 
 def sim(*args):
-    return subprocess.run([sys.executable, "-m", "oppo.sim", *args], capture_output=True, text=True)
+    return invoke.sim(*args)
 
 
 def test_cli_runs_continuous_async_and_stores_its_options(tmp_path):

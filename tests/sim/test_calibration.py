@@ -3,7 +3,6 @@ each term of the setup outside the span of the calibration runs."""
 
 import dataclasses
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from oppo.sim.calibration import calibration, extrapolations, trust_note, weighted_quantile
 from oppo.sim.cost.framework import Framework, StageCost
 from oppo.sim.setups import load_setup
+from tests import invoke
 
 DATA = Path(__file__).with_name("data")
 
@@ -66,8 +66,7 @@ def test_a_run_that_declares_no_per_step_cost_is_not_charged_one():
 
 
 def calibrate_log(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "oppo.sim", "calibrate-log", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return invoke.sim("calibrate-log", *args)
 
 
 def test_a_calibrated_setup_prints_its_interval_where_it_predicts(tmp_path):
@@ -79,15 +78,14 @@ def test_a_calibrated_setup_prints_its_interval_where_it_predicts(tmp_path):
     assert "note: verl-qwen2.5-0.5b-gsm8k-calibrated predicts a sync step to ±" in res.stdout
     bigger = tmp_path / "bigger.toml"
     bigger.write_text(f'base = "{tmp_path / "cal" / "setup.toml"}"\nname = "bigger"\n[placement]\nactor_gpus = 4\n')
-    cmd = [sys.executable, "-m", "oppo.sim", "run", "--setup", str(bigger), "--steps", "2"]
-    res = subprocess.run([*cmd, "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600)
+    res = invoke.sim("run", "--setup", bigger, "--steps", "2", "--out", tmp_path / "r")
     assert res.returncode == 0, res.stderr
     assert "note: bigger predicts a sync step to ±" in res.stderr
     assert "extrapolates: 4 GPUs (calibrated on 1-1)" in res.stderr
     # plan ranks by the predicted means and gives each gain the range the calibration's interval allows
-    plan = [sys.executable, "-m", "oppo.sim", "plan", "--setup", str(tmp_path / "cal" / "setup.toml")]
-    plan += ["--policies", "sync,inter", "--budget", "8", "--rung-steps", "3,5", "--rung-seeds", "1,1"]
-    res = subprocess.run([*plan, "--fresh-seeds", "0", "--out", str(tmp_path / "p")], capture_output=True, text=True)
+    plan = ["plan", "--setup", tmp_path / "cal" / "setup.toml", "--policies", "sync,inter", "--budget", "8"]
+    plan += ["--rung-steps", "3,5", "--rung-seeds", "1,1", "--fresh-seeds", "0", "--out", tmp_path / "p"]
+    res = invoke.sim(*plan)
     assert res.returncode == 0, res.stderr
     assert "with the calibration's ±" in res.stdout and "at worst (both ends off" in res.stdout
 

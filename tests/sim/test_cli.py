@@ -5,11 +5,13 @@ import sys
 
 import pytest
 
+from tests import invoke
+
 ALPACA = "traces/alpaca_eval_lengths.csv.gz"
 
 
 def sim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "oppo.sim", *args], capture_output=True, text=True, cwd=cwd)
+    return invoke.sim(*args, cwd=cwd)  # in this process: the real one is tests/test_packaging.py's
 
 
 def test_run_in_process_leaves_the_cyclic_collector_on(tmp_path):

@@ -4,8 +4,6 @@
 import csv
 import dataclasses
 import gzip
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from oppo.core.config import to_dict
 from oppo.sim.logdevice import read_back_peak, resolve_gpu
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setups import GpuSpec, load_setup, setup_from_dict, setup_toml
+from tests import invoke
 
 DATA = Path(__file__).parent / "data"
 GPG_LOG = DATA / "verl_qwen2_7b_gpg_steps.log.gz"
@@ -23,7 +22,7 @@ FIGURES = "hbm_bytes_per_s = 3e12\npeak_flops = 5e14"  # of a [gpu_spec] table
 
 
 def sim(*args):
-    return subprocess.run([sys.executable, "-m", "oppo.sim", *args], capture_output=True, text=True)
+    return invoke.sim(*args)
 
 
 def one_line_error(res) -> str:

@@ -4,7 +4,6 @@ errors docs/simulator.md claims are recomputed here."""
 import dataclasses
 import json
 import subprocess
-import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
@@ -29,6 +28,7 @@ from oppo.sim.logfit import (
 )
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setups import load_setup
+from tests import invoke
 
 DATA = Path(__file__).with_name("data")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
@@ -225,15 +225,13 @@ def test_a_setup_that_contradicts_the_logged_token_counts_is_refused(tmp_path):
     toml = tmp_path / "half.toml"
     toml.write_text('base = "verl-deepseek-llm-7b-ppo-8xmi300x"\nbatch = 512\n')
     log = DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz"
-    cmd = [sys.executable, "-m", "oppo.sim", "validate-log", "--log", str(log), "--setup", str(toml)]
-    res = subprocess.run([*cmd, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    res = invoke.sim("validate-log", "--log", log, "--setup", toml, "--out", tmp_path / "o")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "total_num_tokens" in res.stderr and "batch 512 x group size 1" in res.stderr
 
 
 def calibrate_log(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "oppo.sim", "calibrate-log", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return invoke.sim("calibrate-log", *args)
 
 
 TWO_RUNS = (

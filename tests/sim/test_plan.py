@@ -5,7 +5,6 @@ import csv
 import dataclasses
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -13,6 +12,7 @@ from oppo.sim.experiments import summarize_config
 from oppo.sim.plan import LAG, Candidate, Rungs, Space, baselines, candidates, fits_memory, plan, plan_rows, sim_config
 from oppo.sim.pool import Pool
 from oppo.sim.setups import load_setup
+from tests import invoke
 
 SMALL = Rungs(steps=(6, 12), seeds=(1, 2))
 
@@ -29,7 +29,7 @@ def small_plan(**kwargs):
 
 
 def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "oppo.sim", *args], capture_output=True, text=True, timeout=600)
+    return invoke.sim(*args)
 
 
 PLAN_ARGS = ("plan", "--batch", "16", "--policies", "sync,oppo,april", "--rung-steps", "5,10", "--rung-seeds", "1,2")

@@ -4,8 +4,6 @@ recovers known framework parameters from logs the simulator synthesised itself."
 import dataclasses
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from oppo.sim.cost.framework import StageCost
 from oppo.sim.logfit import calibrate, predict_stages, replay, replay_errors
 from oppo.sim.runlogs import LoggedStep, load_run_log
 from oppo.sim.setups import load_setup
+from tests import invoke
 
 DATA = Path(__file__).with_name("data")
 
@@ -103,21 +102,8 @@ def test_metric_dumps_csv_and_jsonl(tmp_path):
 def test_bad_logs_exit_2_with_one_line(tmp_path, content, message):
     path = tmp_path / ("bad.csv" if content.startswith(b"step,") else "bad.log")
     path.write_bytes(content)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "oppo.sim",
-            "validate-log",
-            "--log",
-            str(path),
-            "--setup",
-            "verl-qwen2.5-0.5b-gsm8k",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
+    res = invoke.sim(
+        "validate-log", "--log", str(path), "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "out")
     )
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
@@ -213,22 +199,7 @@ def test_fit_of_composite_stages_recovers_shared_terms(tmp_path):
 def test_calibrate_log_writes_a_setup_usable_anywhere(tmp_path):
     log = DATA / "verl_2024_gemma_excerpt.log"
     out = tmp_path / "cal"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "oppo.sim",
-            "calibrate-log",
-            "--log",
-            str(log),
-            "--setup",
-            "verl-gemma-2-2b-gsm8k",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    res = invoke.sim("calibrate-log", "--log", str(log), "--setup", "verl-gemma-2-2b-gsm8k", "--out", str(out))
     assert res.returncode == 0, res.stderr
     report = json.loads((out / "fidelity.json").read_text())
     assert set(report["stages"]) == {"gen", "ref", "values", "update_actor", "update_critic"}
@@ -237,21 +208,6 @@ def test_calibrate_log_writes_a_setup_usable_anywhere(tmp_path):
     assert (out / "fidelity.png").stat().st_size > 1000
     calibrated = load_setup(str(out / "setup.toml"))
     assert calibrated.framework.gen.efficiency < 1 and calibrated.actor == "gemma-2-2b"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "oppo.sim",
-            "compare",
-            "--setup",
-            str(out / "setup.toml"),
-            "--steps",
-            "3",
-            "--policies",
-            "sync,oppo",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    res = invoke.sim("compare", "--setup", str(out / "setup.toml"), "--steps", "3", "--policies", "sync,oppo")
     assert res.returncode == 0, res.stderr
     assert np.isfinite([float(line.split()[1]) for line in res.stdout.splitlines()[1:]]).all()

@@ -1,0 +1,62 @@
+"""The two command lines run in the test process: ``python -m oppo.exec.train ARGS`` and ``python -m oppo.sim ARGS``
+as :func:`oppo.cli.run_cli` runs them (the same parser, the same exit codes, the same one-line errors), without a
+new interpreter. A new one costs ~8 s here before the command starts (importing torch and transformers); the tests
+that need a real process (Ctrl-C, a killed worker, running from another directory, the installed entry points)
+still start one.
+
+Output is captured as a subprocess's would be (``returncode``, ``stdout``, ``stderr``). A bug (an exception that
+is no user error) propagates with its traceback and fails the test. The process-wide settings a run may change (torch
+threads, the CPU cores this process may use, the working directory) are put back after it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from oppo.cli import run_cli
+
+
+def _main(module: str):
+    if module == "oppo.exec.train":
+        from oppo.exec.train import main
+    elif module == "oppo.sim":
+        from oppo.sim.cli import main
+    else:
+        raise ValueError(f"no command line {module!r}")
+    return main
+
+
+def invoke(module: str, *args, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m module *args`` in this process (``cwd``: run from there)."""
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    with contextlib.ExitStack() as stack:
+        if cwd is not None:
+            stack.enter_context(contextlib.chdir(cwd))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            code = run_cli(_main(module), argv)
+        except SystemExit as exit_:  # argparse: --help (0), a malformed option (2)
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        finally:
+            torch.set_num_threads(threads)
+            if cores is not None:
+                os.sched_setaffinity(0, cores)
+    return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], code, out.getvalue(), err.getvalue())
+
+
+def train(*args, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    return invoke("oppo.exec.train", *args, cwd=cwd)
+
+
+def sim(*args, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    return invoke("oppo.sim", *args, cwd=cwd)
