@@ -4,6 +4,41 @@ One thread per process: the tiny models gain nothing from a second one, and on a
 pool spinning against other processes slows a run many-fold. Set before any test module imports torch."""
 
 import os
+import sys
+
+import pytest
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+
+@pytest.fixture
+def shared_ray():
+    """A local Ray started once for the tests that run on one (a run that finds Ray started joins it and leaves it
+    up): its start and stop, ~15 s here, are paid once, not per test. Stopped at the session's end, or by
+    :func:`without_ray` before a test of how a run starts and stops its own."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_worker_niceness", "0")  # as a run's own start sets it: workers at full priority
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    return ray
+
+
+@pytest.fixture
+def without_ray():
+    """No Ray in this process before the test: it checks what a run that starts its own leaves behind."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    return ray
+
+
+def pytest_sessionfinish(session, exitstatus):
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that stop the shared Ray (:func:`without_ray`) run last, so that it is started once."""
+    items.sort(key=lambda item: "without_ray" in getattr(item, "fixturenames", ()))

@@ -137,7 +137,7 @@ def assert_same_steps(one: Run, two: Run, roles: tuple[str, ...] = ("actor", "cr
         ("oppo", "grpo", "colocated", True),
     ],
 )
-def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard):
+def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard, shared_ray):
     """Same trained sequences, rewards and final weights to 1e-10 relative: the loss is normalised by the
     minibatch's global token count and the gradients are summed over the ranks. (Two ranks reduce the gradient
     in another order than one batch: the last bits may differ.) The two-rank run checks every step that its

@@ -75,7 +75,7 @@ def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps:
 
 
 @pytest.mark.parametrize("staleness, queue_groups", [(0, 0), (2, 4)])
-def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups):
+def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups, shared_ray):
     """K = 0 is sync; K = 2 with a queue of one step's groups (Q = B) generates a step only once the one before
     is trained: the same run, without overlap."""
     local = run("sync" if staleness == 0 else "async", staleness, workers=0)
@@ -111,7 +111,7 @@ def test_a_rollout_worker_runs_the_one_process_async_run(staleness, queue_groups
     )
 
 
-def test_inflight_updates_record_every_tokens_version_within_the_bound():
+def test_inflight_updates_record_every_tokens_version_within_the_bound(shared_ray):
     """Where the switches fall depends on timing; what holds in every run: each step starts with version s - K
     (the bounded lag), later tokens are of that version or newer, never of one the trainer has not published
     (at most s), and every response token has its version."""
@@ -173,7 +173,7 @@ def test_a_dead_rollout_worker_ends_the_run_with_its_records(tmp_path):
     assert not alive(pids[0])
 
 
-def test_failed_start_leaves_no_ray_behind(monkeypatch):
+def test_failed_start_leaves_no_ray_behind(monkeypatch, without_ray):
     """A start that fails after Ray came up (here: the trainer's models fail to load) shuts down the Ray it
     started and kills the workers it started, before the error reaches the caller."""
     from oppo.exec import async_pipeline
@@ -191,7 +191,7 @@ def test_failed_start_leaves_no_ray_behind(monkeypatch):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_trainer_and_worker_each_pinned_to_their_core_until_close():
+def test_trainer_and_worker_each_pinned_to_their_core_until_close(without_ray):
     """On CPU a device is a core: the trainer (this process) runs on the first core it may use and rollout
     worker k on the next, as the simulator's placement has it; close gives this process its cores back."""
     from oppo.exec.async_pipeline import AsyncPipeline

@@ -64,8 +64,8 @@ def test_bad_pool_options_exit_2_in_one_line(tmp_path, args, message):
 
 
 @pytest.mark.slow
-def test_a_two_node_ray_cluster_gives_the_rows_of_one_process(monkeypatch):
-    ray = pytest.importorskip("ray")
+def test_a_two_node_ray_cluster_gives_the_rows_of_one_process(monkeypatch, without_ray):
+    ray = without_ray
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("RAY_worker_niceness", "0")
