@@ -46,6 +46,7 @@ def config_for(
     minibatches: int = 2,
     steps: int = 4,
     model: dict | None = None,
+    ray_address: str | None = None,
 ) -> ExecConfig:
     groups = {"algo": "grpo", "group_size": 2} if algo == "grpo" else {}
     schedule = default_schedule(policy=policy, batch=batch, max_new_tokens=24, delta="2", check_tokens=4, **groups)
@@ -59,6 +60,7 @@ def config_for(
         check_ranks=dp > 1,
         placement=placement,
         shard=shard,
+        ray_address=ray_address,
     )
 
 
@@ -75,7 +77,8 @@ class Run(NamedTuple):
 
 
 def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", shard: bool = False, **sizes) -> Run:
-    """A run with ``dp`` ranks. ``sizes``: dtype, batch, minibatches, steps, model (ModelConfig fields)."""
+    """A run with ``dp`` ranks. ``sizes``: dtype, batch, minibatches, steps, model (ModelConfig fields),
+    ray_address (a cluster to join)."""
     config = config_for(policy, dp, algo, placement, shard, **sizes)
     torch.manual_seed(config.seed)
     if dp == 1 and placement == "colocated":
@@ -95,9 +98,11 @@ def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", s
     return Run(observed, [[t.seq_id for t in o.trained] for o, _ in steps], weights, devices, held)
 
 
-def run_in_child(tmp_path: Path, timeout_s: float = 240, **kwargs):
+def run_in_child(tmp_path: Path, ray, timeout_s: float = 240, **kwargs):
     """:func:`run` in a child process, stopped with every process it started (its session) after ``timeout_s``: a
-    run that hangs (a rank waiting in a collective its peer never joins) fails the test instead of hanging it."""
+    run that hangs (a rank waiting in a collective its peer never joins) fails the test instead of hanging it. The
+    child joins ``ray`` (the tests' shared local Ray) rather than starting its own."""
+    kwargs["ray_address"] = ray.get_runtime_context().gcs_address
     out = tmp_path / "run.pt"
     code = f"import torch; from tests.exec.test_data_parallel import run; torch.save(run(**{kwargs!r}), {str(out)!r})"
     proc = subprocess.Popen(
@@ -167,13 +172,13 @@ def test_sharded_ranks_in_float32_stay_close_to_one():
 
 # unsharded, a rank without a row would all-reduce zeros (-m slow); sharded, it would hang: the default run
 @pytest.mark.parametrize("shard", [pytest.param(False, marks=pytest.mark.slow), True])
-def test_uneven_minibatches_on_two_ranks_take_the_steps_of_one(tmp_path, shard):
+def test_uneven_minibatches_on_two_ranks_take_the_steps_of_one(tmp_path, shard, shared_ray):
     """7 rows in 3 minibatches: 3, 2, 2 rows, each dealt to both ranks (sharded, a rank without a row would leave
     its peer waiting in FSDP's reduce-scatter: the two-rank run is a child process with a deadline)."""
     sizes = dict(batch=7, minibatches=3, steps=1)
     one = run("sync", 1, **sizes)
     if shard:
-        two = run_in_child(tmp_path, policy="sync", dp=2, shard=True, **sizes)
+        two = run_in_child(tmp_path, shared_ray, policy="sync", dp=2, shard=True, **sizes)
     else:  # (whole weights: a rank without a row all-reduces zeros with its peer)
         two = run("sync", 2, **sizes)
     assert_same_steps(one, two)

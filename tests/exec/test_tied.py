@@ -39,9 +39,9 @@ def test_tied_checkpoint_loads_tied(tied_model):
 
 # unsharded, both ranks hold the one tied parameter whole (-m slow); sharded, the tie must survive FSDP
 @pytest.mark.parametrize("shard", [pytest.param(False, marks=pytest.mark.slow), True])
-def test_tied_two_ranks_take_the_steps_of_one_in_float64(tmp_path, tied_model, one_rank, shard):
+def test_tied_two_ranks_take_the_steps_of_one_in_float64(tmp_path, tied_model, one_rank, shard, shared_ray):
     """Sharded, the embedding and the head must stay one parameter (one FSDP unit): as two units they would be
     two copies, each updated with part of the gradient, and the run would differ from the first update on."""
-    two = run_in_child(tmp_path, policy="oppo", dp=2, shard=shard, model=tied_model, steps=STEPS)
+    two = run_in_child(tmp_path, shared_ray, policy="oppo", dp=2, shard=shard, model=tied_model, steps=STEPS)
     assert_same_steps(one_rank, two)
     assert head_is_embedding(one_rank.weights["actor"]) and head_is_embedding(two.weights["actor"])
