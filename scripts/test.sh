@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports --no-cache
-.venv/bin/python -m pytest -q "$@"
+# two test processes (pytest-xdist): most tests run on one core, and the machines this is sized for have two
+.venv/bin/python -m pytest -q -n 2 "$@"

@@ -148,6 +148,10 @@ def test_sim_records_match(tmp_path):
     assert "2 of 2 cases the same byte for byte" in res.stdout
 
 
+# ~65 s (subprocess runs and a Ray start); by default the two halves it joins are covered: the executor's rollout
+# workers (tests/exec/test_rollout_workers.py) and the simulated async pipeline against its closed form
+# (tests/sim/test_async_pipeline.py)
+@pytest.mark.slow
 def test_async_fidelity(tmp_path):
     pytest.importorskip("ray")
     args = ("--preset", "tiny-cpu", "--batch", "2", "--steps", "2", "--max-new-tokens", "8", "--staleness", "1")

@@ -67,6 +67,10 @@ def prepared_checkpoints(preset: str) -> dict[str, Path]:
         tmp = paths[name].with_name(f"{paths[name].name}.tmp{os.getpid()}")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        shutil.rmtree(paths[name], ignore_errors=True)  # a partial folder from an interrupted build
-        os.replace(tmp, paths[name])
+        if not (paths[name] / "config.json").exists():
+            shutil.rmtree(paths[name], ignore_errors=True)  # a partial folder from an interrupted build
+        try:
+            os.replace(tmp, paths[name])
+        except OSError:  # another process (a parallel test run) put its complete folder there first: the same
+            shutil.rmtree(tmp)  # bytes, built from the same seed; replacing it could pull it from under a reader
     return paths

@@ -289,8 +289,12 @@ def pareto_plot(
     final = [r for r in rows if r["steps"] == last]
     front = sorted((r for r in final if r["pareto"]), key=lambda r: r["steady_lag"])
     fig, ax = _subplots(figsize=(7, 4.5))
-    ax.scatter([r["steady_lag"] for r in final], [r[objective] for r in final], color="#bbbbbb", s=25, label="evaluated")
-    ax.plot([r["steady_lag"] for r in front], [r[objective] for r in front], "o-", color="#d62728", label="Pareto front")
+    ax.scatter(
+        [r["steady_lag"] for r in final], [r[objective] for r in final], color="#bbbbbb", s=25, label="evaluated"
+    )
+    ax.plot(
+        [r["steady_lag"] for r in front], [r[objective] for r in front], "o-", color="#d62728", label="Pareto front"
+    )
     if max_lag is not None:
         ax.axvline(max_lag, color="#555555", ls="--", lw=1, label=f"max lag {max_lag:g}")
     ax.set_xlabel("steady mean policy lag: samples of the second half of the steps (versions)")

@@ -45,6 +45,9 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+# a CLI run with its own Ray, ~55 s: test_data_parallel's disaggregated case (the reward model in its own worker, the
+# run equal to one colocated rank) covers the placement by default
+@pytest.mark.slow
 def test_disaggregated_matches_colocated(tmp_path):
     colocated, _ = run(tmp_path, "colocated")
     disaggregated, stderr = run(tmp_path, "disaggregated")

@@ -113,6 +113,10 @@ def test_ctrl_c_cancels_queued_simulations_and_leaves_no_worker(tmp_path):
             proc.kill()
             proc.wait()
     left = session_processes(proc.pid)
+    deadline = time.monotonic() + 5  # a process of the session may still be exiting (the forkserver, on a busy
+    while left and time.monotonic() < deadline:  # machine, closes once its parent's pipe does)
+        time.sleep(0.1)
+        left = session_processes(proc.pid)
     for pid in left:  # ours (its session): end them, then fail
         os.kill(pid, signal.SIGKILL)
     assert not left, f"workers left running: {left}"
