@@ -16,11 +16,15 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 def shared_ray():
     """A local Ray started once for the tests that run on one (a run that finds Ray started joins it and leaves it
     up): its start and stop, ~15 s here, are paid once, not per test. Stopped at the session's end, or by
-    :func:`without_ray` before a test of how a run starts and stops its own."""
+    :func:`without_ray` before a test of how a run starts and stops its own. What a run does only when it starts
+    Ray itself (the resource check, the workers' environment, pinning) is tested without it: the tests of
+    tests/exec/test_rollout_workers.py that take :func:`without_ray` (a failed start, the pinned cores), and with
+    ``-m slow`` test_placement.py's command-line runs."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         os.environ.setdefault("RAY_worker_niceness", "0")  # as a run's own start sets it: workers at full priority
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        # address "local": a new cluster of this process's own, never one a `ray start` left on the machine
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     return ray
 
 

@@ -5,8 +5,10 @@ that need a real process (Ctrl-C, a killed worker, running from another director
 still start one.
 
 Output is captured as a subprocess's would be (``returncode``, ``stdout``, ``stderr``). A bug (an exception that
-is no user error) propagates with its traceback and fails the test. The process-wide settings a run may change (torch
-threads, the CPU cores this process may use, the working directory) are put back after it."""
+is no user error) propagates with its traceback and fails the test; warnings go to the captured stderr, as in a
+process. The process-wide state a run may change (torch threads and random state, the CPU cores this process may
+use, the environment, the working directory) is put back after it. What one process cannot show (a stored config
+re-run by another interpreter, with another hash seed) keeps a real process: tests/exec/test_train_cli.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,19 +39,29 @@ def invoke(module: str, *args, cwd: str | Path | None = None) -> subprocess.Comp
     """``python -m module *args`` in this process (``cwd``: run from there)."""
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
-    threads = torch.get_num_threads()
+    threads, rng, environ = torch.get_num_threads(), torch.get_rng_state(), dict(os.environ)
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     with contextlib.ExitStack() as stack:
         if cwd is not None:
             stack.enter_context(contextlib.chdir(cwd))
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
+        stack.enter_context(warnings.catch_warnings())
+        # as an interpreter shows them (once per place, on stderr): pytest would otherwise collect them itself and a
+        # test of "one line on stderr" would not see a stray warning
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
+            warnings.formatwarning(message, category, filename, lineno, line)
+        )
         try:
             code = run_cli(_main(module), argv)
         except SystemExit as exit_:  # argparse: --help (0), a malformed option (2)
-            code = exit_.code if isinstance(exit_.code, int) else 1
+            code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
         finally:
             torch.set_num_threads(threads)
+            torch.set_rng_state(rng)
+            os.environ.clear()
+            os.environ.update(environ)
             if cores is not None:
                 os.sched_setaffinity(0, cores)
     return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], code, out.getvalue(), err.getvalue())

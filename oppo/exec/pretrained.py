@@ -122,7 +122,10 @@ def materialise(folder: Path, marker: dict, write: Callable[[Path], None]) -> Pa
 
 
 def replace_folder(tmp: Path, folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)  # untrusted: the caller found no valid marker there
+    if folder.exists():  # untrusted (the caller found no valid marker, or one of another package version): moved
+        aside = folder.with_name(f"{folder.name}.stale{os.getpid()}")  # aside in one rename, then deleted
+        os.replace(folder, aside)
+        shutil.rmtree(aside, ignore_errors=True)
     try:
         os.replace(tmp, folder)
     except OSError:

@@ -50,6 +50,22 @@ def tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>")
 
 
+def place_built(tmp: Path, folder: Path) -> None:
+    """Rename the complete folder ``tmp`` to ``folder``. A complete ``folder`` (its ``config.json`` there) is never
+    removed: another process (a parallel test run) may be reading it, and it holds the same bytes, built from the
+    same seed; an incomplete one (an interrupted build of older code) is moved aside first, then deleted."""
+    if folder.exists() and not (folder / "config.json").exists():
+        aside = folder.with_name(f"{folder.name}.stale{os.getpid()}")
+        os.replace(folder, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.replace(tmp, folder)
+    except OSError:
+        if not (folder / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)  # another process placed its complete folder first: keep that one
+
+
 def prepared_checkpoints(preset: str) -> dict[str, Path]:
     """Folders of the preset's actor and reward model, built and prepared at first use (deterministic)."""
     root = cache_dir() / f"{preset}-{CACHE_VERSION}"
@@ -67,10 +83,5 @@ def prepared_checkpoints(preset: str) -> dict[str, Path]:
         tmp = paths[name].with_name(f"{paths[name].name}.tmp{os.getpid()}")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if not (paths[name] / "config.json").exists():
-            shutil.rmtree(paths[name], ignore_errors=True)  # a partial folder from an interrupted build
-        try:
-            os.replace(tmp, paths[name])
-        except OSError:  # another process (a parallel test run) put its complete folder there first: the same
-            shutil.rmtree(tmp)  # bytes, built from the same seed; replacing it could pull it from under a reader
+        place_built(tmp, paths[name])
     return paths

@@ -285,14 +285,16 @@ def _summary(item) -> dict:
     :data:`LAG`."""
     config, trace = item
     run = run_config(config, trace)
-    return run.summary | {LAG: steady_lag(run.result.trained, config.steps)}
+    warm_up = config.schedule.staleness if config.schedule.policy == "async" else 0
+    return run.summary | {LAG: steady_lag(run.result.trained, config.steps, warm_up)}
 
 
-def steady_lag(trained, steps: int) -> float:
-    """The mean policy lag of the samples trained in the second half of ``steps``. The first steps lag less (async
-    K: the first K steps cannot be K behind): over a short early rung a run's mean lag understates the lag it
-    settles at, and a configuration over ``--max-lag`` would pass that rung."""
-    late = [t.policy_lag for t in trained if t.step >= steps // 2]
+def steady_lag(trained, steps: int, warm_up: int = 0) -> float:
+    """The mean policy lag of the samples trained in the second half of ``steps``, and after the first ``warm_up``
+    steps (async K: the first K steps cannot be K behind) where those are more. Over a short early rung a run's mean
+    lag understates the lag it settles at, and a configuration over ``--max-lag`` would pass that rung."""
+    first = min(max(steps // 2, warm_up), steps - 1)
+    late = [t.policy_lag for t in trained if t.step >= first]
     return float(np.mean(late)) if late else 0.0
 
 

@@ -52,18 +52,21 @@ def test_intra_close_to_sync_in_float32():
 
 
 def test_a_sync_step_records_its_decode_in_rounds_that_span_its_contexts(monkeypatch):
-    """One decode call per sync step, timed in rounds of at most RECORDED_ITERATIONS (4 here, for responses of
+    """One decode call per sync step, timed in rounds of at most RECORDED_ITERATIONS (3 here, for responses of
     up to 24 tokens): the trace a calibration fits sees the context grow within the step (one row per step could
     not tell per-context cost from per-iteration). Same tokens as one round: the rounds only split the timing."""
     from oppo.exec import rollout
 
-    _, one_round = run("sync", steps=2)
-    monkeypatch.setattr(rollout, "RECORDED_ITERATIONS", 4)
+    whole, one_round = run("sync", steps=2)
+    monkeypatch.setattr(rollout, "RECORDED_ITERATIONS", 3)  # 24-token responses: EOS inside rounds, 24 = 8 x 3
     executor, rounds = run("sync", steps=2)
     assert [m.mean_reward for _, m in rounds] == [m.mean_reward for _, m in one_round]
+    for seq_id, data in whole.data.items():  # every token and its behaviour log-prob, bit for bit
+        assert executor.data[seq_id].response == data.response
+        assert executor.data[seq_id].behaviour_logprobs == data.behaviour_logprobs
     for step in (0, 1):
         rows = [r for r in executor.rec.rows if r.phase == "decode" and r.step == step]
-        assert len(rows) >= 2 and all(r.num_tokens <= 4 * r.batch_size for r in rows), rows
+        assert len(rows) >= 2 and all(r.num_tokens <= 3 * r.batch_size for r in rows), rows
         contexts = [r.context_tokens for r in rows]
         assert contexts == sorted(contexts) and contexts[0] < contexts[-1]
 

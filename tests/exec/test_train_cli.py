@@ -147,7 +147,10 @@ def test_config_reruns_the_same_run(tmp_path):
     stored = json.loads((first / "config.json").read_text())
     assert os.path.isabs(stored["task"]["lengths"]) and stored["sources"]["lengths"]["sha256"]
     assert stored["ppo"]["epochs"] == 1 and stored["remote_roles"] == ["reward"] and stored["placement"] == "colocated"
-    res = train("--config", str(first / "config.json"), "--out", str(again), cwd=tmp_path)
+    # re-run by another interpreter (another hash seed, nothing cached), from another directory
+    cmd = [sys.executable, "-m", "oppo.exec.train", "--config", str(first / "config.json"), "--out", str(again)]
+    env = os.environ | {"PYTHONHASHSEED": "12345"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr
     # same seed, same records: everything but the measured times
     for name in ("metrics.csv", "sequences.csv", "config.json"):

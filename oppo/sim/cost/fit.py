@@ -317,17 +317,18 @@ def _xy(rows: list[TraceRow]) -> tuple[np.ndarray, np.ndarray]:
 
 def _fit(rows: list[TraceRow]) -> np.ndarray:
     x, y = _xy(rows)
-    return supported_lstsq(x / y[:, None], np.ones_like(y))
+    return supported_lstsq(x / y[:, None], np.ones_like(y), groups=np.array([r.step for r in rows]))
 
 
 HELD_OUT_FOLDS = 10  # folds of the cross-validation that picks a fit's columns (leave-one-out below this many rows)
 SIMPLER_WITHIN = 1.1  # a model with fewer columns wins while its held-out error is within 10% of the best
 
 
-def supported_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def supported_lstsq(a: np.ndarray, b: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
     """:func:`nonnegative_lstsq` on the columns the rows support: every subset of the non-zero columns is scored by
-    its held-out error (rows dealt round-robin to at most :data:`HELD_OUT_FOLDS` folds), and the fewest columns
-    within :data:`SIMPLER_WITHIN` of the best are kept, earlier columns first; the others are 0. A subset needs a
+    its held-out error (at most :data:`HELD_OUT_FOLDS` folds; ``groups``, e.g. each row's step, are held out whole,
+    so that rows of one step never predict each other), and of the fewest columns within :data:`SIMPLER_WITHIN` of
+    the best, the subset with the least error is kept; the other columns are 0. A subset needs a
     row to spare when one is held out, so ``n`` rows support at most ``n - 2`` columns.
 
     A run that never varies a load cannot tell its terms apart: a sync run decodes every step at one batch size
@@ -341,11 +342,15 @@ def supported_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     largest = min(len(columns), n - 2)  # a subset is scored on n - 1 rows with one to spare
     if largest < 1:
         return nonnegative_lstsq(a, b)  # too few rows to hold any out
-    folds = np.arange(n) % min(n, HELD_OUT_FOLDS)
+    labels = np.unique(groups, return_inverse=True)[1] if groups is not None else np.arange(n)
+    folds = labels % min(labels.max() + 1, HELD_OUT_FOLDS)
+    if len(np.unique(folds)) < 2:
+        return nonnegative_lstsq(a, b)  # one group: nothing to hold out
     subsets = [s for size in range(1, largest + 1) for s in itertools.combinations(columns, size)]
-    errors = [_held_out_error(a[:, list(s)], b, folds) for s in subsets]
-    best = min(errors)
-    chosen = next(s for s, e in zip(subsets, errors) if e <= best * SIMPLER_WITHIN)
+    errors = dict(zip(subsets, (_held_out_error(a[:, list(s)], b, folds) for s in subsets)))
+    best = min(errors.values())
+    size = min(len(s) for s, e in errors.items() if e <= best * SIMPLER_WITHIN)
+    chosen = min((s for s in subsets if len(s) == size), key=errors.__getitem__)
     coef = np.zeros(k)
     coef[list(chosen)] = nonnegative_lstsq(a[:, list(chosen)], b)
     return coef
