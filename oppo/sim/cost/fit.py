@@ -320,7 +320,7 @@ def _fit(rows: list[TraceRow]) -> np.ndarray:
     return supported_lstsq(x / y[:, None], np.ones_like(y), groups=np.array([r.step for r in rows]))
 
 
-HELD_OUT_FOLDS = 10  # folds of the cross-validation that picks a fit's columns (leave-one-out below this many rows)
+HELD_OUT_FOLDS = 10  # folds of the cross-validation that picks a fit's columns (one group each below this many)
 SIMPLER_WITHIN = 1.1  # a model with fewer columns wins while its held-out error is within 10% of the best
 
 
