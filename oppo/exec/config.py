@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oppo.core.config import ScheduleConfig, check_positive, opt, schedule_from
+from oppo.exec.datasets import CHAT_TEMPLATES, TRUNCATIONS
+from oppo.exec.rewards import REWARD_FN_NAMES, load_reward_fn, reward_file
 from oppo.stored_config import check_sources, config_from_dict, load_stored_config
 
-PRESETS = ("tiny-cpu", "small-cpu", "hf")
+TINY_PRESETS = ("tiny-cpu", "small-cpu")  # random-weight checkpoints made here (oppo.exec.tiny)
+PRESETS = (*TINY_PRESETS, "hf", "smollm2")
 REMOTE_ROLES = ("reward", "reference", "critic")
 PLACEMENTS = ("colocated", "disaggregated")
 REWARDS = ("learned", "rule")
@@ -21,7 +24,9 @@ DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 class ModelConfig:
     preset: str = opt("tiny-cpu", f"model preset: {', '.join(PRESETS)}")
     actor: str | None = opt(None, "hf preset: actor checkpoint folder (causal LM)")
-    reward: str | None = opt(None, "hf preset: reward model folder (sequence classification, 1 label)")
+    reward: str | None = opt(
+        None, "hf, smollm2 presets: reward model folder (sequence classification, 1 label); or --reward-fn"
+    )
     critic: str | None = opt(None, "hf preset: critic folder (default: the reward model)")
     reference: str | None = opt(None, "hf preset: reference folder (default: the actor)")
     device: str = opt("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1, ...")
@@ -33,9 +38,11 @@ class ModelConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
-        if self.preset == "hf":
-            if not self.actor or not self.reward:
-                raise ValueError("preset hf needs --actor PATH and --reward PATH")
+        if self.preset == "hf" and not self.actor:
+            raise ValueError("preset hf needs --actor PATH (and --reward PATH or --reward-fn)")
+        if self.preset != "hf" and (self.actor or self.critic or self.reference):
+            raise ValueError(f"--actor, --critic and --reference name the hf preset's folders, not {self.preset}'s")
+        if self.preset in ("hf", "smollm2"):
             for name in ("actor", "reward", "critic", "reference"):
                 path = getattr(self, name)
                 if path is not None and not Path(path).is_dir():
@@ -58,8 +65,10 @@ KL_PLACES = ("auto", "reward", "loss")
 
 @dataclass(frozen=True)
 class PPOConfig:
-    lr: float = opt(3e-4, "actor learning rate (Adam)")
-    critic_lr: float = opt(1e-3, "critic learning rate (Adam)")
+    lr: float | None = opt(None, "actor learning rate (Adam; default: 3e-4 on the tiny presets, else 1e-6 as verl)")
+    critic_lr: float | None = opt(
+        None, "critic learning rate (Adam; default: 1e-3 on the tiny presets, else 1e-5 as verl)"
+    )
     epochs: int = opt(2, "PPO epochs over each step's batch")
     minibatches: int = opt(2, "minibatches per epoch")
     kl_coef: float = opt(0.05, "token-level KL penalty coefficient (to the reference)")
@@ -100,8 +109,11 @@ class PPOConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("lr", "critic_lr", "epochs", "minibatches", "temperature", "max_grad_norm"):
+        for name in ("epochs", "minibatches", "temperature", "max_grad_norm"):
             check_positive(name, getattr(self, name))
+        for name in ("lr", "critic_lr"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
         if self.clip_low is not None and not 0 < self.clip_low < 1:
             raise ValueError(f"clip_low must be in (0, 1), got {self.clip_low}")
         if self.clip_high is not None and self.clip_high <= 0:  # clip-higher: above 1 is allowed, as in verl
@@ -131,9 +143,22 @@ class PPOConfig:
 @dataclass(frozen=True)
 class TaskConfig:
     reward_kind: str = opt("learned", "learned (transformer RM trained on synthetic preferences) or rule")
-    prompt_tokens: int = opt(8, "prompt length in tokens (synthetic prompts; the cap for --prompts)")
+    prompt_tokens: int = opt(8, "prompt length in tokens (synthetic prompts; the cap of --prompts and --data)")
     prompts: str | None = opt(
         None, "text file, one prompt per line, tokenized by the actor's tokenizer (default: synthetic prompts)"
+    )
+    data: str | None = opt(
+        None,
+        "training prompts with answers: .jsonl, .json or .parquet, in verl's schema (prompt, data_source, "
+        "reward_model.ground_truth, extra_info) or question/answer columns; epochs over it, shuffled by --seed",
+    )
+    val_data: str | None = opt(None, "held-out prompts with answers, scored every --eval-every steps (as --data)")
+    chat_template: str = opt("auto", "--data prompts: auto (the actor tokenizer's chat template, if any) or none")
+    prompt_truncation: str = opt("error", "--data prompts over --prompt-tokens: error, or left (keep the end)")
+    reward_fn: str | None = opt(
+        None,
+        f"verifiable reward: {', '.join(REWARD_FN_NAMES)} or PATH.py:FUNCTION (verl's compute_score(data_source, "
+        "solution_str, ground_truth, extra_info)); needs --data; excludes a reward model",
     )
     lengths: str | None = opt(
         None,
@@ -147,7 +172,12 @@ class TaskConfig:
         "(metrics.csv held_out_*; 0: never)",
     )
     eval_decoding: str = opt("sample", "--eval-every answers: sample (the same noise every time) or greedy")
-    eval_prompts: int = opt(16, "held-out prompts of --eval-every (with --prompts: the file's last lines, not trained)")
+    eval_prompts: int = opt(
+        16,
+        "held-out prompts of --eval-every (--prompts or --data without --val-data: the file's last ones, not trained; "
+        "--val-data: its first ones, 0 for all)",
+    )
+    eval_samples: int = opt(1, "sampled answers per held-out prompt (--eval-decoding sample): mean@n")
 
     def __post_init__(self) -> None:
         if self.reward_kind not in REWARDS:
@@ -159,7 +189,31 @@ class TaskConfig:
             raise ValueError("--lengths-model needs --lengths")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
-        check_positive("eval_prompts", self.eval_prompts)
+        if self.eval_prompts < 0 or (self.eval_prompts == 0 and self.val_data is None):
+            raise ValueError(f"eval_prompts must be > 0 (0: all of --val-data), got {self.eval_prompts}")
+        check_positive("eval_samples", self.eval_samples)
+        if self.eval_samples > 1 and self.eval_decoding == "greedy":
+            raise ValueError("--eval-samples > 1 draws samples: greedy answers are all alike")
+        for name in ("data", "val_data"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{name.replace('_', '-')} file not found: {path}")
+        if self.data and self.prompts:
+            raise ValueError("give one of --data and --prompts")
+        if self.val_data and not self.data:
+            raise ValueError("--val-data holds out prompts of a --data task: give --data too")
+        if self.val_data and not self.eval_every:
+            raise ValueError("--val-data is scored every --eval-every steps: give --eval-every N")
+        if self.reward_fn:
+            load_reward_fn(self.reward_fn)  # an unknown name, a missing file or function: refused here
+        if self.reward_fn and not self.data:
+            raise ValueError("--reward-fn scores answers against ground truths: give --data")
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise ValueError(f"unknown chat_template {self.chat_template!r}; choose from {', '.join(CHAT_TEMPLATES)}")
+        if self.prompt_truncation not in TRUNCATIONS:
+            raise ValueError(
+                f"unknown prompt_truncation {self.prompt_truncation!r}; choose from {', '.join(TRUNCATIONS)}"
+            )
         if self.eval_decoding not in EVAL_DECODINGS:
             raise ValueError(f"unknown eval_decoding {self.eval_decoding!r}; choose from {', '.join(EVAL_DECODINGS)}")
 
@@ -273,11 +327,37 @@ class ExecConfig:
             raise ValueError(
                 "async trains in one process (its rollout in --rollout-workers): --dp 1 and colocated placement only"
             )
+        self._check_reward()
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
         unknown = {role for entry in self.remote_roles for role in entry.split("+")} - set(REMOTE_ROLES)
         if unknown or not self.remote_roles:
             raise ValueError(f"remote roles {sorted(unknown) or 'empty'}: choose among {', '.join(REMOTE_ROLES)}")
+
+    def _check_reward(self) -> None:
+        model, task = self.model, self.task
+        if model.preset in ("hf", "smollm2") and bool(model.reward) == bool(task.reward_fn):
+            raise ValueError(f"preset {model.preset} needs exactly one of --reward PATH and --reward-fn NAME")
+        if task.reward_fn and (self.rollout_workers or self.dp > 1 or self.placement != "colocated"):
+            raise ValueError("--reward-fn scores in this process: --dp 1, colocated placement, no --rollout-workers")
+        if task.data and self.rollout_workers:
+            raise ValueError("--data prompts reach rollout workers as token ids only: not yet supported with them")
+
+    @property
+    def learning_rates(self) -> tuple[float, float]:
+        """(actor, critic) Adam learning rates: the given ones, else the preset's. Models trained from random
+        weights here take large steps; a pretrained checkpoint is broken by them (SmolLM2-135M at 3e-4 over two
+        epochs: ratios of 1e4 by the second minibatch), so it gets verl's defaults (actor 1e-6, critic 1e-5)."""
+        tiny = self.model.preset in TINY_PRESETS
+        actor = self.ppo.lr if self.ppo.lr is not None else (3e-4 if tiny else 1e-6)
+        return actor, self.ppo.critic_lr if self.ppo.critic_lr is not None else (1e-3 if tiny else 1e-5)
+
+    @property
+    def reward_model(self) -> bool:
+        """Whether a reward model scores the responses (else a rule: the tiny task's, or ``--reward-fn``)."""
+        if self.task.reward_fn:
+            return False
+        return bool(self.model.reward) if self.model.preset in ("hf", "smollm2") else self.task.reward_kind == "learned"
 
 
 SECTIONS = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, "task": TaskConfig}
@@ -296,5 +376,8 @@ def load_config(path: str | Path) -> ExecConfig:
 
 def input_files(config: ExecConfig) -> dict[str, str]:
     """The files a run reads besides its models, by setting name (their digests are stored with the config)."""
-    files = {"lengths": config.task.lengths, "prompts": config.task.prompts}
+    task = config.task
+    files = {"lengths": task.lengths, "prompts": task.prompts, "data": task.data, "val_data": task.val_data}
+    if task.reward_fn and reward_file(task.reward_fn):  # PATH.py:FUNCTION: the file's content is part of the run
+        files["reward_fn"] = str(reward_file(task.reward_fn))
     return {name: path for name, path in files.items() if path is not None}

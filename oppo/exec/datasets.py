@@ -92,6 +92,8 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: empty file")
     import datasets  # not a dependency of the core: only reading prompt files needs it
 
+    datasets.disable_progress_bars()  # a file read in a second: no bar for it
+
     # A throwaway cache: the rows are kept in memory and nothing is left under the user's home.
     with tempfile.TemporaryDirectory(prefix="oppo-datasets-") as cache_dir:
         try:

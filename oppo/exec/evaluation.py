@@ -10,14 +10,17 @@ evaluations differ by the weights alone, or decoded greedily. Greedy decoding su
 the default task it stops at once (EOS is the single most likely token of a policy whose content tokens spread over
 the vocabulary), so sampling is the default.
 
-Held-out prompts are synthetic prompts drawn from their own seed stream, or, with ``--prompts``, the file's last
-``--eval-prompts`` lines (then left out of training).
+Held-out prompts are synthetic prompts drawn from their own seed stream; with ``--prompts`` or ``--data``, the
+file's last ``--eval-prompts`` prompts (then left out of training); with ``--val-data``, that file's. A task with
+answers (``--data`` and ``--reward-fn``) is judged by its reward function: ``rule_score`` is then the answer check
+alone (accuracy), the mean over ``--eval-samples`` answers per prompt when sampling (mean@n).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,13 +32,17 @@ from oppo.exec.scoring import score_once
 
 @dataclass(frozen=True)
 class HeldOutScore:
-    reward: float  # the reward model's mean score of the answers (the rule's where the reward is a rule)
-    rule_score: float  # the task's ground-truth score
+    reward: float  # the mean reward of the answers: the reward model's, the reward function's or the rule's
+    rule_score: float  # the task's ground-truth score (with a reward function: the answer check, accuracy)
     response_len: float  # mean answer tokens, EOS included
     seconds: float  # wall time of the evaluation (outside every step's timing)
 
 
 NOT_EVALUATED = HeldOutScore(math.nan, math.nan, math.nan, 0.0)
+
+
+# (answers, one per held-out prompt in order) -> (reward, answer check) per answer, each of shape (N,)
+Judge = Callable[[list[list[int]]], tuple[torch.Tensor, torch.Tensor]]
 
 
 class HeldOut:
@@ -51,30 +58,38 @@ class HeldOut:
         decoding: str = "sample",
         temperature: float = 1.0,
         seed: int = 0,
+        samples: int = 1,
+        judge: Judge | None = None,
     ):
         """``reward``: the reward model, or None for the rule; ``token_ids``: (padding id, EOS id); ``seed``: the
-        sampling keys' (the same at every evaluation)."""
-        self.actor, self.reward, self.prompts, self.max_new_tokens = actor, reward, prompts, max_new_tokens
+        sampling keys' (the same at every evaluation); ``samples``: answers per prompt; ``judge``: scores the
+        answers instead of the reward model and the rule (a task with answers), called with ``samples`` answers
+        per prompt, prompt by prompt."""
+        self.actor, self.reward, self.max_new_tokens = actor, reward, max_new_tokens
+        self.prompts = [p for p in prompts for _ in range(samples)]
         self.pad_id, self.eos_id = token_ids
-        self.greedy, self.temperature = decoding == "greedy", temperature
-        self.keys = [(seed * 7919 + i) % 2**62 for i in range(len(prompts))]  # int64 keys whatever the seed
+        self.greedy, self.temperature, self.judge = decoding == "greedy", temperature, judge
+        self.keys = [(seed * 7919 + i) % 2**62 for i in range(len(self.prompts))]  # int64 keys whatever the seed
 
     @torch.no_grad()
     def score(self) -> HeldOutScore:
         start = time.perf_counter()
         answers = self.answers()
-        rule = task.rule_score(answers)
-        if self.reward is None:
-            reward = rule
-        else:
-            seqs = [(i, p + a, len(p)) for i, (p, a) in enumerate(zip(self.prompts, answers))]
-            reward = torch.stack(score_once(self.reward, "reward", seqs, self.pad_id)).double()
+        reward, rule = self.judge(answers) if self.judge is not None else self._scores(answers)
         return HeldOutScore(
             float(reward.mean()),
             float(rule.mean()),
             sum(map(len, answers)) / len(answers),
             time.perf_counter() - start,
         )
+
+    def _scores(self, answers: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reward model's scores (the rule's without one) and the rule's, per answer."""
+        rule = task.rule_score(answers)
+        if self.reward is None:
+            return rule, rule
+        seqs = [(i, p + a, len(p)) for i, (p, a) in enumerate(zip(self.prompts, answers))]
+        return torch.stack(score_once(self.reward, "reward", seqs, self.pad_id)).double(), rule
 
     def answers(self) -> list[list[int]]:
         """Each prompt's answer, until EOS or the cap."""

@@ -1,7 +1,8 @@
 """Models of the four roles, loaded through ``from_pretrained(path)`` from Hugging Face checkpoint folders.
 
 Presets ``tiny-cpu`` and ``small-cpu`` are checkpoints prepared at first use (:mod:`oppo.exec.tiny`); preset
-``hf`` loads local folders.
+``smollm2`` is SmolLM2-135M-Instruct converted at first use (:mod:`oppo.exec.pretrained`), its critic the same
+backbone under a zero value head; preset ``hf`` loads local folders.
 
 Roles: actor (causal LM, trained), reference (frozen copy of the actor), critic (sequence-classification model
 with one label whose score head is applied at every position, trained) and reward (same class, head applied at
@@ -55,14 +56,24 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def role_paths(config: ModelConfig) -> dict[str, Path | str]:
-    """Checkpoint folder of each role (preparing the tiny presets at first use)."""
+    """Checkpoint folder of each role (preparing the tiny presets and smollm2 at first use); no ``reward`` entry
+    where no reward model is given (a ``--reward-fn`` run). Without a critic folder, the critic starts from the
+    reward model (hf), or from the actor's checkpoint under a new value head (hf with ``--reward-fn``; smollm2's
+    head is zeros)."""
     if config.preset == "hf":
-        return {
+        paths = {
             "actor": config.actor,
             "reward": config.reward,
-            "critic": config.critic or config.reward,
+            "critic": config.critic or config.reward or config.actor,
             "reference": config.reference or config.actor,
         }
+        return {role: path for role, path in paths.items() if path is not None}
+    if config.preset == "smollm2":
+        from oppo.exec.pretrained import smollm2_critic_folder, smollm2_folder
+
+        actor = smollm2_folder()
+        paths = {"actor": actor, "reference": actor, "critic": smollm2_critic_folder()}
+        return paths | ({"reward": config.reward} if config.reward else {})
     paths = prepared_checkpoints(config.preset)
     return {"actor": paths["actor"], "reward": paths["reward"], "critic": paths["reward"], "reference": paths["actor"]}
 
@@ -185,12 +196,17 @@ def is_tied(model: torch.nn.Module) -> bool:
     return score_head(model).weight is model.get_input_embeddings().weight
 
 
+def actor_tokenizer(config: ModelConfig):
+    """The tokenizer saved with the actor's checkpoint."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(role_paths(config)["actor"])
+
+
 def load_prompts(config) -> list[list[int]]:
     """Token ids of each non-empty line of ``config.task.prompts`` (actor's tokenizer, no special tokens),
     keeping the last ``prompt_tokens`` tokens of a long prompt."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(role_paths(config.model)["actor"])
+    tokenizer = actor_tokenizer(config.model)
     lines = [line.strip() for line in Path(config.task.prompts).read_text().splitlines() if line.strip()]
     prompts = [tokenizer(line, add_special_tokens=False)["input_ids"][-config.task.prompt_tokens :] for line in lines]
     prompts = [p for p in prompts if p]

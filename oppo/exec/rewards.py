@@ -235,11 +235,30 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
     return 1.0 if boxed is not None and boxed.strip() else 0.0
 
 
-REWARD_FNS: dict[str, RewardFn] = {"gsm8k": gsm8k_reward, "math": math_reward, "format": format_reward}
+def gsm8k_flexible_reward(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+) -> float:
+    """:func:`gsm8k_reward` with the flexible extraction (the last number written), as verl's ``method="flexible"``."""
+    return gsm8k_reward(data_source, solution_str, ground_truth, {**(extra_info or {}), "method": "flexible"})
+
+
+REWARD_FNS: dict[str, RewardFn] = {
+    "gsm8k": gsm8k_reward,
+    "gsm8k-flexible": gsm8k_flexible_reward,
+    "math": math_reward,
+    "format": format_reward,
+}
+REWARD_FN_NAMES = tuple(REWARD_FNS)
+SHAPING_ONLY = ("format",)  # built-ins that never say whether an answer is right: never reported as accuracy
 
 # -- loading -----------------------------------------------------------------------------------------------------
 
 DEFAULT_FUNCTION = "compute_score"  # verl's custom_reward_function.name default
+
+
+def reward_file(spec: str) -> Path | None:
+    """The Python file a ``--reward-fn`` spec loads from (None for a built-in name)."""
+    return None if spec in REWARD_FNS else _split_spec(spec)[0]
 
 
 def _split_spec(spec: str) -> tuple[Path, str]:

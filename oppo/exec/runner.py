@@ -24,11 +24,12 @@ from oppo.core.scheduler import Scheduler, StepOutcome
 from oppo.exec import task
 from oppo.exec.config import ExecConfig
 from oppo.exec.evaluation import HeldOut, synthetic_prompts
-from oppo.exec.models import Roles, load_prompts
+from oppo.exec.models import Roles, actor_tokenizer, load_prompts
 from oppo.exec.rank import ActorRank, LocalGroup
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
 from oppo.exec.update import deal, longest_first, minibatch_totals, minibatches, step_batch
+from oppo.exec.verifiable import DatasetPrompts, Judge, Judgement, RewardFailed
 
 
 class RunAborted(RuntimeError):
@@ -40,6 +41,7 @@ class SeqData:
     prompt: list[int]
     response: list[int] = field(default_factory=list)
     forced_length: int | None = None  # traced response length (EOS forced there), None = natural
+    item: int | None = None  # --data: the dataset item the prompt comes from
     behaviour_logprobs: list[float] = field(default_factory=list)  # per response token, at sampling (float64)
 
     @property
@@ -137,6 +139,8 @@ class Executor:
         self.streamed_roles = config.schedule.streamed_scorers if config.schedule.streaming else ()
         self.streamed = {role: handle for role, handle in scorers.items() if role in self.streamed_roles}
         self.prompts = load_prompts(config) if config.task.prompts else None  # token ids per line
+        self.dataset, self.judge = task_with_answers(config, token_ids[1])  # --data, --reward-fn (else None)
+        self.judged: dict[int, Judgement] = {}  # --reward-fn: each sequence's, from when it finished
         self.history = None  # async: the actor's recent versions (one process: the group's one rank)
         if config.schedule.policy == "async" and not config.rollout_workers:
             self.history = WeightHistory(group.rank.roles.actor, config.schedule.staleness)
@@ -147,6 +151,8 @@ class Executor:
         """The evaluator of ``--eval-every`` (one process: it scores the live actor); a prompts file gives up its
         last lines to it."""
         n = self.config.task.eval_prompts
+        if self.dataset is not None:
+            return self._held_out_items(token_ids)
         if self.prompts is not None:
             if len(self.prompts) <= n:
                 raise ValueError(f"--eval-prompts {n} leaves no training prompt of the {len(self.prompts)} given")
@@ -158,6 +164,44 @@ class Executor:
         actor = self.group.rank.roles.actor
         temperature = self.config.ppo.temperature
         return HeldOut(actor, reward, held_out, token_ids[:2], cap, task.eval_decoding, temperature, self._seed(6))
+
+    def _held_out_items(self, token_ids: tuple[int, int, int]) -> HeldOut:
+        """``--eval-every`` on a task with answers: ``--val-data`` (its first ``--eval-prompts``, 0: all), or the
+        last ``--eval-prompts`` items of ``--data``, left out of training."""
+        task = self.config.task
+        if task.val_data:
+            held = DatasetPrompts(
+                task.val_data, self.dataset.tokenizer, task.chat_template, task.prompt_tokens, task.prompt_truncation
+            )
+            indices = list(range(len(held)))[: task.eval_prompts or None]
+        else:
+            held, indices = self.dataset, self.dataset.split_last(task.eval_prompts)
+        samples = task.eval_samples
+
+        def judge(answers: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.judge is None:  # a reward model scores; no answer check
+                reward = self.held_out._scores(answers)[0]
+                return reward, torch.full_like(reward, math.nan)
+            verdicts = [
+                self.judge(held.items[indices[k // samples]], answer, f"held-out item {indices[k // samples]}")
+                for k, answer in enumerate(answers)
+            ]
+            return torch.tensor([v.reward for v in verdicts]), torch.tensor([v.correct for v in verdicts])
+
+        reward = self.scorers["reward"].model if "reward" in self.scorers else None
+        prompts = [held.prompts[i] for i in indices]
+        return HeldOut(
+            self.group.rank.roles.actor,
+            reward,
+            prompts,
+            token_ids[:2],
+            self.config.schedule.max_new_tokens,
+            task.eval_decoding,
+            self.config.ppo.temperature,
+            self._seed(6),
+            samples,
+            judge,
+        )
 
     @classmethod
     def colocated(cls, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None):
@@ -242,9 +286,21 @@ class Executor:
             held_out_s=held.seconds,
         )
 
+    def evaluate_start(self) -> dict[str, float] | None:
+        """``--eval-every``: the held-out scores of the weights before any update (None without evaluation)."""
+        if not self.held_out:
+            return None
+        with self.rec.paused() if self.pause_for_evaluation else contextlib.nullcontext():
+            held = self.held_out.score()
+        return {"reward": held.reward, "rule_score": held.rule_score, "response_len": held.response_len}
+
     def _new_sequence(self, seq_id: int) -> SeqData:
         group = self.scheduler.buffer.group_id[seq_id]  # the samples of a group answer one prompt
-        if self.prompts is not None:  # the dataset, cycled in order
+        item = None
+        if self.dataset is not None:  # epochs over the dataset, each shuffled
+            item = self.dataset.item_of_group(group, self.config.seed)
+            prompt = self.dataset.prompts[item]
+        elif self.prompts is not None:  # the prompts file, cycled in order
             prompt = self.prompts[group % len(self.prompts)]
         else:
             g = torch.Generator().manual_seed(self._seed(1, group))
@@ -252,7 +308,7 @@ class Executor:
         forced = None
         if self.lengths is not None:
             forced = forced_length(self.lengths, self.config.seed, seq_id, self.config.schedule.max_new_tokens)
-        return SeqData(prompt=prompt, forced_length=forced)
+        return SeqData(prompt=prompt, forced_length=forced, item=item)
 
     def _deal(self, plan) -> None:
         """Sequences new to the group go to the rank with the least expected work (the tokens it will prefill
@@ -291,6 +347,8 @@ class Executor:
                     self.data[seq_id].response.extend(tokens)
                     self.data[seq_id].behaviour_logprobs.extend(logprobs[seq_id])
                     unstreamed.setdefault(seq_id, []).extend(tokens)
+            if self.judge is not None:  # a rule reward scores each sequence as it finishes (on the host)
+                self._judge(plan.step, list(finished))
             sched.report_round(rec.now(), n, finished)  # over-commit stops every rank at the same check
             if sched.stream_now:
                 group.send("stream", [(plan.step,)] * group.size)  # ranks feed their own scorers
@@ -315,8 +373,11 @@ class Executor:
         out = {role: [rows[i] for i in ids] for role, rows in by_id.items()}
         out |= {role: [t.cpu() for t in p.get()] for role, p in pending.items()}
         out |= {role: [rows.pop(i) for i in ids] for role, rows in self.precomputed.items()}
-        rule = task.rule_score([self.data[i].response for i in ids])
-        score = torch.stack(out["reward"]).float() if "reward" in out else rule
+        if self.dataset is not None:
+            score, rule = self._dataset_scores(step, ids, out.get("reward"))
+        else:
+            rule = task.rule_score([self.data[i].response for i in ids])
+            score = torch.stack(out["reward"]).float() if "reward" in out else rule
         finished = torch.tensor([t.finished for t in trained])
         shown = score[finished] if finished.any() else score
         kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
@@ -331,6 +392,30 @@ class Executor:
             "rule_score": float(rule.mean()),
             "kl": float(kl.mean()),
         }
+
+    def _judge(self, step: int, seq_ids: list[int]) -> None:
+        """Score ``seq_ids`` with the reward function, once each; recorded as the reward role's scoring."""
+        todo = [i for i in seq_ids if i not in self.judged]
+        if not todo:
+            return
+        with self.rec.op(step, HOST, "reward", "score", batch=len(todo)) as info:
+            info["tokens"] = sum(len(self.data[i].response) for i in todo)
+            for i in todo:
+                seq = self.data[i]
+                try:
+                    self.judged[i] = self.judge(self.dataset.items[seq.item], seq.response, f"sequence {i}")
+                except RewardFailed as err:
+                    raise RunAborted(f"step {step}: {err}") from err
+
+    def _dataset_scores(self, step: int, ids: list[int], reward_model) -> tuple[torch.Tensor, torch.Tensor]:
+        """(reward, answer check) of the trained sequences of a task with answers: the reward function's (those
+        cut at the cap are judged now), or the reward model's with no answer check."""
+        if self.judge is None:
+            score = torch.stack(reward_model).float()
+            return score, torch.full_like(score, math.nan)
+        self._judge(step, ids)
+        verdicts = [self.judged.pop(i) for i in ids]
+        return torch.tensor([v.reward for v in verdicts]), torch.tensor([v.correct for v in verdicts])
 
     def _train(self, step: int, trained, scores: dict) -> tuple[float, ...]:
         """``epochs`` x ``minibatches`` synchronous data-parallel steps; the means of the (policy, value) loss, the
@@ -356,6 +441,19 @@ class Executor:
 
     def close(self) -> None:
         self.group.close()
+
+
+HOST = "host"  # the device label of work on the driver's CPU (a rule reward)
+
+
+def task_with_answers(config: ExecConfig, eos_id: int) -> tuple[DatasetPrompts | None, Judge | None]:
+    """``--data``'s prompts and ``--reward-fn``'s judge, each None where not given."""
+    task = config.task
+    if not task.data:
+        return None, None
+    tokenizer = actor_tokenizer(config.model)
+    dataset = DatasetPrompts(task.data, tokenizer, task.chat_template, task.prompt_tokens, task.prompt_truncation)
+    return dataset, Judge(task.reward_fn, tokenizer, eos_id) if task.reward_fn else None
 
 
 def derived_seed(seed: int, *parts: int) -> int:
@@ -396,7 +494,7 @@ def run_roles(config: ExecConfig) -> tuple[str, ...]:
 def scorer_roles(config: ExecConfig) -> list[str]:
     """Scorer roles of a run: reference, the critic (PPO), and the reward model unless it is a rule."""
     names = ["reference"] + (["critic"] if config.schedule.algo == "ppo" else [])
-    return names + (["reward"] if config.task.reward_kind == "learned" else [])
+    return names + (["reward"] if config.reward_model else [])
 
 
 def rank_roles(config: ExecConfig, remote: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ class Saved:
     versions: list | None = None  # async: the actor's recent versions (state dicts), oldest first
     format: int = 1  # STATE_FORMAT when saved (a state.pkl written before the field existed reads 1)
     written_by: str | None = None  # "oppo VERSION (commit C)" that saved it; None before format 3
+    held_out_start: dict | None = None  # --eval-every: the held-out scores before any update
 
 
 def save(run_dir: Path, executor, log, recorder) -> None:
@@ -70,6 +71,7 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         None if executor.history is None else list(executor.history.versions),
         STATE_FORMAT,
         _this_oppo(),
+        log.held_out_start,
     )
     with open(tmp / "state.pkl", "wb") as fh:
         pickle.dump(state, fh)
@@ -108,6 +110,7 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
         executor.history.versions.extend(state.versions)
         executor.history.newest = len(state.steps)
     log.steps, log.trained, log.metrics = state.steps, state.trained, state.metrics
+    log.held_out_start = state.held_out_start
     recorder.rows = state.trace
     recorder.t0 -= state.elapsed_s  # the clock goes on from the save
     return len(state.steps)

@@ -19,6 +19,7 @@ from pathlib import Path
 from oppo.cli import add_config_args, given_options, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
+from oppo.exec.rewards import reward_file
 from oppo.tracking import add_tracking_args, track_run, trackers_from
 
 
@@ -53,13 +54,17 @@ def config_from(args: argparse.Namespace) -> ExecConfig:
     return _replace(base, given_options(ExecConfig, args) | sections | {"schedule": schedule})
 
 
-PATH_OPTIONS = ("actor", "reward", "critic", "reference", "prompts", "lengths")
+PATH_OPTIONS = ("actor", "reward", "critic", "reference", "prompts", "lengths", "data", "val_data")
 
 
 def _absolute(options: dict) -> dict:
     """Paths given relative to the working directory, made absolute so that the stored config re-runs from any
-    directory (a bundled trace name, which is no file here, stays a name)."""
-    return {k: str(Path(v).resolve()) if k in PATH_OPTIONS and Path(v).exists() else v for k, v in options.items()}
+    directory (a bundled trace name or a built-in reward function, which are no files here, stay names)."""
+    out = {k: str(Path(v).resolve()) if k in PATH_OPTIONS and Path(v).exists() else v for k, v in options.items()}
+    spec = out.get("reward_fn")
+    if spec and (path := reward_file(spec)) and path.is_file():  # PATH.py[:FUNCTION]
+        out["reward_fn"] = str(path.resolve()) + spec[len(str(path)) :]
+    return out
 
 
 def _replace(config, changes: dict):
@@ -141,6 +146,8 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
 
             log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
         done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
+        if not resume:
+            log.held_out_start = executor.evaluate_start()  # the start a run's held-out rise is measured from
     except BaseException:
         executor.close()
         raise
@@ -190,6 +197,7 @@ class RunLog:
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops  # for MFU per stage
         self.steps, self.trained, self.metrics = [], [], []
         self.tables: dict[str, tuple[list, type]] = {}  # further per-run files: name -> (rows, row type)
+        self.held_out_start: dict[str, float] | None = None  # --eval-every: the scores before any update
         out.mkdir(parents=True, exist_ok=True)
         self.config_dict = to_dict(config) | {"sources": sources_of(input_files(config))}
         resumed_from = out / "config.json" if resume else None
@@ -220,6 +228,8 @@ class RunLog:
             peak_flops=self.peak_flops,
         )
         summary["reward_first10"], summary["reward_last10"] = self.mean_reward(True), self.mean_reward(False)
+        if self.held_out_start is not None:
+            summary["held_out_start"] = self.held_out_start
         write_run(self.out, self.steps, trace, self.trained, summary)
         write_rows(self.out / "metrics.csv", self.metrics, StepMetrics)
         for name, (rows, row_type) in self.tables.items():

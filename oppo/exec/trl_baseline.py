@@ -166,7 +166,7 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
             local_rollout_forward_batch_size=b,
             response_length=config.schedule.max_new_tokens,
             stop_token="eos",
-            learning_rate=ppo.lr,
+            learning_rate=config.learning_rates[0],
             lr_scheduler_type="constant",
             kl_coef=ppo.kl_coef,
             kl_estimator=kl_estimator,

@@ -42,8 +42,9 @@ class Learner:
     def __init__(self, config: ExecConfig, roles: Roles, recorder: Recorder, device: str) -> None:
         self.config, self.roles, self.rec, self.device = config, roles, recorder, device
         self.grpo = config.schedule.algo == "grpo"  # no critic: group-relative advantages, KL in the loss
-        self.actor_opt = adam(roles.actor, config.ppo.lr)
-        self.critic_opt = None if self.grpo else adam(roles.critic, config.ppo.critic_lr)
+        actor_lr, critic_lr = config.learning_rates
+        self.actor_opt = adam(roles.actor, actor_lr)
+        self.critic_opt = None if self.grpo else adam(roles.critic, critic_lr)
         self.optimizers = [self.actor_opt] + ([] if self.grpo else [self.critic_opt])
         self.written: dict[torch.nn.Module, str] = {}  # --check-ranks, sharded: shard digests after each update
         if config.check_ranks and config.shard:

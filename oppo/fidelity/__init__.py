@@ -18,6 +18,7 @@ import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.exec.config import ExecConfig, load_config
+from oppo.exec.models import role_paths
 from oppo.exec.runner import forced_length
 from oppo.records.io import read_rows
 from oppo.records.schema import StepRecord, TraceRow
@@ -31,14 +32,15 @@ def sim_setup_for(config: ExecConfig, profile: str | Path) -> Setup:
     """The simulator setup that mirrors an executor config on this machine, costs from ``profile``."""
     colocated = config.placement == "colocated"
     placement = Placement("colocated", 1, 0) if colocated else Placement("disaggregated", 1, 1)
-    hf = config.model.preset == "hf"  # a checkpoint's own config.json is its shape
-    actor = f"{config.model.actor}/config.json" if hf else config.model.preset
-    reward = f"{config.model.reward}/config.json" if hf else config.model.preset
+    checkpoints = config.model.preset in ("hf", "smollm2")  # a checkpoint's own config.json is its shape
+    paths = role_paths(config.model) if checkpoints else {}
+    actor = f"{paths['actor']}/config.json" if checkpoints else config.model.preset
+    reward = f"{paths['reward']}/config.json" if checkpoints and config.reward_model else config.model.preset
     return Setup(
         name=f"{config.model.preset}-calibrated",
         gpu="cpu-core",
         actor=actor,
-        reward=reward if config.task.reward_kind == "learned" else None,
+        reward=reward if config.reward_model else None,
         batch=config.schedule.batch,
         max_new_tokens=config.schedule.max_new_tokens,
         engine="torch-cpu",

@@ -59,6 +59,12 @@ def _replacing(path: str | Path) -> Iterator[TextIO]:
         tmp.unlink(missing_ok=True)
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a sibling file renamed onto it: a reader sees the old file or the new."""
+    with _replacing(path) as fh:
+        fh.write(text)
+
+
 def _line_format(cls: type, rows: Iterable[Any]) -> str | None:
     """A ``%`` format writing a NamedTuple row as the csv module does, or None where it would not.
 

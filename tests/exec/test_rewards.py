@@ -267,7 +267,9 @@ def test_load_user_function_by_name(user_file) -> None:
 
 @pytest.mark.parametrize("spec", ["gsm9k", "math:compute_score", "rewards.txt:f"])
 def test_load_unknown_name_lists_builtins(spec: str) -> None:
-    with pytest.raises(ValueError, match=f"unknown reward '{spec}': use a built-in \\(gsm8k, math, format\\)"):
+    with pytest.raises(
+        ValueError, match=f"unknown reward '{spec}': use a built-in \\(gsm8k, gsm8k-flexible, math, format\\)"
+    ):
         load_reward_fn(spec)
 
 
