@@ -93,7 +93,7 @@ class AsyncPipeline(Executor):
         spawn = RolloutWorker.options(**_one_device(on_gpu)).remote
         for k in range(config.rollout_workers):
             core = cores[k + 1] if cores else None
-            self.workers.append(spawn(config.model, recorder.t0, f"cpu{k + 1}", config.ppo.temperature, frozen, core))
+            self.workers.append(spawn(config.model, recorder.t0, f"cpu{k + 1}", config.ppo, frozen, core))
         for k, (label, pid) in enumerate(_get([w.ready.remote() for w in self.workers], "rollout")):
             print(f"placement: rollout worker {k} on {label} (worker pid {pid})", file=sys.stderr)
         self.cond = threading.Condition()  # guards the scheduling core, the version and the queue count

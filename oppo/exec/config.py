@@ -79,6 +79,10 @@ class PPOConfig:
     value_coef: float = opt(0.5, "value loss weight")
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
     temperature: float = opt(1.0, "sampling temperature")
+    top_k: int = opt(0, "sample among the k most likely tokens only (0: all); log-probs stay the full softmax's")
+    top_p: float = opt(
+        1.0, "sample among the most likely tokens whose probabilities sum to p (nucleus; 1: all); log-probs as top-k"
+    )
     tppo_drop_tokens: int = opt(0, "tppo: drop this many last tokens of unfinished segments from the loss")
     offpolicy: str = opt(
         "none",
@@ -128,6 +132,8 @@ class PPOConfig:
             raise ValueError(f"unknown kl_in {self.kl_in!r}; choose from {', '.join(KL_PLACES)}")
         if self.loss_agg not in LOSS_AGGS:
             raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
+        if self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {self.top_k} and {self.top_p}")
         if self.kl_clamp < 0 or self.entropy_coef < 0:
             raise ValueError("kl_clamp and entropy_coef must be >= 0")
         if self.kl_coef == 0 and (self.kl_estimator != "auto" or self.kl_clamp > 0):

@@ -60,15 +60,16 @@ class HeldOut:
         seed: int = 0,
         samples: int = 1,
         judge: Judge | None = None,
+        cut: tuple[int, float] = (0, 1.0),
     ):
         """``reward``: the reward model, or None for the rule; ``token_ids``: (padding id, EOS id); ``seed``: the
         sampling keys' (the same at every evaluation); ``samples``: answers per prompt; ``judge``: scores the
         answers instead of the reward model and the rule (a task with answers), called with ``samples`` answers
-        per prompt, prompt by prompt."""
+        per prompt, prompt by prompt; ``cut``: the sampling's (top_k, top_p)."""
         self.actor, self.reward, self.max_new_tokens = actor, reward, max_new_tokens
         self.prompts = [p for p in prompts for _ in range(samples)]
         self.pad_id, self.eos_id = token_ids
-        self.greedy, self.temperature, self.judge = decoding == "greedy", temperature, judge
+        self.greedy, self.temperature, self.judge, self.cut = decoding == "greedy", temperature, judge, cut
         self.keys = [(seed * 7919 + i) % 2**62 for i in range(len(self.prompts))]  # int64 keys whatever the seed
 
     @torch.no_grad()
@@ -103,6 +104,8 @@ class HeldOut:
             self.keys,
             temperature=self.temperature,
             greedy=self.greedy,
+            top_k=self.cut[0],
+            top_p=self.cut[1],
         )
         decoder.decode(self.max_new_tokens)
         return decoder.new_tokens

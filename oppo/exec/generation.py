@@ -54,16 +54,31 @@ class ChunkedDecoder:
 
     ``forced``: per row, the response length at which EOS is forced (None = natural); before it, EOS is masked
     out. Used to replay traced lengths for benchmarking; it changes the sampling distribution. ``greedy``: the most
-    likely token instead of a sample (held-out evaluation).
+    likely token instead of a sample (held-out evaluation). ``top_k`` / ``top_p``: sample among the k most likely
+    tokens / the smallest set of most likely tokens whose probability reaches p (0 and 1: no such cut). The
+    behaviour log-probs stay those of the whole softmax(logits / T), the distribution the scorers and the trainer
+    compute, as verl's trainer recomputes them (and vLLM returns its raw ones) whatever the rollout's top-p.
     """
 
     @torch.no_grad()
     def __init__(
-        self, actor, rows, budgets, eos_id, pad_id, row_keys, temperature=1.0, forced=None, done=None, greedy=False
+        self,
+        actor,
+        rows,
+        budgets,
+        eos_id,
+        pad_id,
+        row_keys,
+        temperature=1.0,
+        forced=None,
+        done=None,
+        greedy=False,
+        top_k=0,
+        top_p=1.0,
     ):
         """``row_keys``: one 32-bit key per row (derived from the run's seed and the sequence's id)."""
         self.actor, self.eos_id, self.pad_id = actor, eos_id, pad_id
-        self.temperature, self.greedy = temperature, greedy
+        self.temperature, self.greedy, self.top_k, self.top_p = temperature, greedy, top_k, top_p
         device = next(actor.parameters()).device
         self.row_keys = torch.tensor(row_keys, dtype=torch.int64, device=device) & MASK32
         self.budgets = torch.tensor(budgets, device=device)
@@ -119,6 +134,7 @@ class ChunkedDecoder:
         forced = self.forced >= 0
         logp = policy.clone() if forced.any() else policy
         logp[forced & (total + 1 < self.forced), self.eos_id] = float("-inf")
+        logp = nucleus(logp, self.top_k, self.top_p)
         if self.greedy:
             token = logp.argmax(dim=-1)
         else:
@@ -139,6 +155,21 @@ class ChunkedDecoder:
         )
         self.position += live.long()
         self.logits = _at_least_float32(out.logits[:, -1])
+
+
+def nucleus(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``logp`` (B, V) with every token outside each row's top-k and top-p set at -inf (the most likely token always
+    stays). Sampling from it by Gumbel-max draws from the renormalised cut distribution."""
+    if top_k <= 0 and top_p >= 1.0:
+        return logp
+    ordered, order = logp.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(ordered, dtype=torch.bool)
+    if top_k > 0:
+        drop[:, top_k:] = True
+    if top_p < 1.0:
+        probs = ordered.softmax(dim=-1)
+        drop |= probs.cumsum(dim=-1) - probs >= top_p  # the mass before a token already reaches p
+    return logp.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
 
 
 def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,10 @@ class ActorRank:
         self.sharded = sharding.is_sharded(roles.actor)
         self.gathered = False  # sharded models' weights gathered for this step's generation and scoring
         self.streamed: dict[str, LocalScorer] = {}
-        self.rollout = Rollout(roles.actor, roles.eos_id, roles.pad_id, config.ppo.temperature, recorder, label)
+        ppo = config.ppo
+        self.rollout = Rollout(
+            roles.actor, roles.eos_id, roles.pad_id, ppo.temperature, recorder, label, ppo.top_k, ppo.top_p
+        )
         self.unstreamed: dict[int, list[int]] = {}  # tokens decoded since the last streamed chunk
 
     @classmethod

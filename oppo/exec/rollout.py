@@ -17,9 +17,20 @@ RECORDED_ITERATIONS = 16
 
 
 class Rollout:
-    def __init__(self, actor, eos_id: int, pad_id: int, temperature: float, recorder: Recorder, label: str) -> None:
-        """``label``: the device in the records."""
+    def __init__(
+        self,
+        actor,
+        eos_id: int,
+        pad_id: int,
+        temperature: float,
+        recorder: Recorder,
+        label: str,
+        top_k: int = 0,
+        top_p: float = 1.0,
+    ) -> None:
+        """``label``: the device in the records; ``temperature``, ``top_k``, ``top_p``: the sampling's."""
         self.actor, self.eos_id, self.pad_id, self.temperature = actor, eos_id, pad_id, temperature
+        self.top_k, self.top_p = top_k, top_p
         self.rec, self.label = recorder, label
         self.decoder: ChunkedDecoder | None = None
         self.rows: list[int] = []  # sequence id of each decoder row
@@ -36,8 +47,9 @@ class Rollout:
             info["tokens"] = len(rows) * max(map(len, rows))  # left-padded: every row computes the width
             budgets, keys, forced, done = ([row[k] for row in decoding] for k in range(1, 5))
             self.decoder = ChunkedDecoder(
-                self.actor, rows, budgets, self.eos_id, self.pad_id, keys, self.temperature, forced, done
-            )
+                self.actor, rows, budgets, self.eos_id, self.pad_id, keys, self.temperature, forced, done,
+                top_k=self.top_k, top_p=self.top_p,
+            )  # fmt: skip
 
     def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
         """Up to ``n`` iterations, timed in rounds of at most :data:`RECORDED_ITERATIONS`. Returns ({seq id: tokens

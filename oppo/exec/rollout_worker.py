@@ -71,9 +71,7 @@ class RolloutWorker:
     """A rollout worker of ``async``: its own copy of the actor on one device (one core or one GPU), generating
     the sequences it is dealt with the weights version it was last sent, timed on the driver's clock (``t0``)."""
 
-    def __init__(
-        self, model_config, t0: float, label: str, temperature: float, frozen: tuple[str, ...], core: int | None
-    ):
+    def __init__(self, model_config, t0: float, label: str, ppo, frozen: tuple[str, ...], core: int | None):
         """``frozen``: the scorer roles that never change (reward model, reference) this worker scores its
         sequences with, as they finish, off the trainer's device; ``core``: the CPU core it runs on (None: where
         the OS puts it, as on a cluster's other node)."""
@@ -87,10 +85,12 @@ class RolloutWorker:
         device, self.label = _worker_device(label)
         self.actor = load_role(model_config, "actor", device).requires_grad_(False)
         self.pad_id, eos_id, _ = token_ids(model_config)
-        self.temperature = temperature
+        self.temperature = ppo.temperature  # ``ppo``: the run's PPOConfig, whose sampling settings this worker uses
         self.frozen = {role: load_role(model_config, role, device).requires_grad_(False) for role in frozen}
         self.rec = Recorder(t0)
-        self.rollout = Rollout(self.actor, eos_id, self.pad_id, temperature, self.rec, self.label)
+        self.rollout = Rollout(
+            self.actor, eos_id, self.pad_id, ppo.temperature, self.rec, self.label, ppo.top_k, ppo.top_p
+        )
         self.version: int | None = None
         self.step, self.tokens, self.decoding = -1, {}, []
         self.finished: dict[int, int] = {}  # seq id -> tokens it decoded this step, EOS included

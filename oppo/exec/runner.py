@@ -163,7 +163,11 @@ class Executor:
         task, cap = self.config.task, self.config.schedule.max_new_tokens
         actor = self.group.rank.roles.actor
         temperature = self.config.ppo.temperature
-        return HeldOut(actor, reward, held_out, token_ids[:2], cap, task.eval_decoding, temperature, self._seed(6))
+        cut = (self.config.ppo.top_k, self.config.ppo.top_p)
+        return HeldOut(
+            actor, reward, held_out, token_ids[:2], cap, task.eval_decoding, temperature, self._seed(6),
+            task.eval_samples, cut=cut,
+        )  # fmt: skip
 
     def _held_out_items(self, token_ids: tuple[int, int, int]) -> HeldOut:
         """``--eval-every`` on a task with answers: ``--val-data`` (its first ``--eval-prompts``, 0: all), or the
@@ -201,6 +205,7 @@ class Executor:
             self._seed(6),
             samples,
             judge,
+            (self.config.ppo.top_k, self.config.ppo.top_p),
         )
 
     @classmethod
