@@ -1,12 +1,14 @@
-"""Experiment trackers written without a server: TensorBoard event files (``--tensorboard DIR``) and an MLflow
-local file store (``--mlflow DIR``). Off by default; both CLIs call :func:`track_run` once a run's files are
-written, and it reads what it logs back from those files, so a tracker shows exactly the run's records:
+"""Experiment trackers: TensorBoard event files (``--tensorboard DIR``), an MLflow local file store (``--mlflow
+DIR``) and Weights & Biases (``--wandb PROJECT``: offline, a run folder under the run's ``--out`` that ``wandb sync``
+uploads, unless ``WANDB_MODE`` says otherwise). Off by default. What they show is the run's records:
 
 - per step: the ``steps.csv`` columns (``steps/<column>``) and, for the executor, ``metrics.csv``
-  (``metrics/<column>``), at the step's index;
+  (``metrics/<column>``), at the step's index. The executor logs each step as it closes (:class:`Live`: curves
+  while a run of hours runs); the simulator, whose runs take seconds, logs its files once written;
 - the ``summary.json`` scalars (``summary/<key>``, nested keys joined by ``/``) at the last step;
-- the config (``config.json``, nested keys joined by ``.``) as parameters (MLflow) or a text entry (TensorBoard);
-- the run's PNG plots as artifacts (MLflow) or images (TensorBoard).
+- the config (``config.json``, nested keys joined by ``.``) as parameters (MLflow, W&B) or a text entry
+  (TensorBoard);
+- the run's PNG plots as artifacts (MLflow), images (TensorBoard, W&B).
 
 The tracker libraries are imported here only, lazily: the rest of oppo runs without them."""
 
@@ -19,7 +21,7 @@ import math
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,37 +34,117 @@ MLFLOW_METRICS_PER_CALL = 1000
 class Trackers:
     tensorboard: Path | None = None
     mlflow: Path | None = None
+    wandb: str | None = None  # the W&B project
+
+    @property
+    def any(self) -> bool:
+        return any(value is not None for value in (self.tensorboard, self.mlflow, self.wandb))
 
 
 def add_tracking_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tracking (off by default)")
     group.add_argument("--tensorboard", metavar="DIR", help="also write TensorBoard event files to DIR")
     group.add_argument("--mlflow", metavar="DIR", help="also log the run to an MLflow local file store in DIR")
+    group.add_argument(
+        "--wandb",
+        metavar="PROJECT",
+        help="also log the run to Weights & Biases project PROJECT: offline into OUT/wandb (upload with wandb sync) "
+        "unless WANDB_MODE says otherwise",
+    )
 
 
 def trackers_from(args: argparse.Namespace) -> Trackers:
     """The trackers asked for, checked installed before the run starts (a missing library is bad input)."""
     trackers = Trackers(
-        Path(args.tensorboard) if args.tensorboard else None, Path(args.mlflow) if args.mlflow else None
+        Path(args.tensorboard) if args.tensorboard else None,
+        Path(args.mlflow) if args.mlflow else None,
+        getattr(args, "wandb", None) or None,
     )
-    for flag, module in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
+    for flag in ("tensorboard", "mlflow", "wandb"):
         if getattr(trackers, flag) is not None:
             try:
-                __import__(module)
+                __import__(flag)
             except ImportError:
-                raise ValueError(f"--{flag} needs the {module} package: {INSTALL}") from None
+                raise ValueError(f"--{flag} needs the {flag} package: {INSTALL}") from None
     return trackers
 
 
 def track_run(run_dir: str | Path, trackers: Trackers, backend: str) -> None:
-    """Log the run in ``run_dir`` (its records already written) to each tracker asked for."""
-    if trackers.tensorboard is None and trackers.mlflow is None:
+    """Log the run in ``run_dir`` (its records already written) to each tracker asked for, all at once."""
+    if not trackers.any:
         return
-    run = RunFiles.read(Path(run_dir))
-    if trackers.tensorboard is not None:
-        write_tensorboard(run, trackers.tensorboard / run.name)
-    if trackers.mlflow is not None:
-        write_mlflow(run, trackers.mlflow, backend)
+    run_dir = Path(run_dir)
+    live = Live(trackers, run_dir, backend)
+    for step, values in RunFiles.read(run_dir).by_step():
+        live.step(step, values)
+    live.close()
+
+
+class Live:
+    """The trackers of one run, open while it runs: :meth:`step` logs a step's values as it closes, :meth:`close`
+    the summary, the config and the plots from the run's files once written."""
+
+    def __init__(self, trackers: Trackers, run_dir: Path, backend: str) -> None:
+        self.trackers, self.run_dir, self.backend = trackers, Path(run_dir), backend
+        self.name = self.run_dir.resolve().name
+        self.last_step = 0
+        self.tensorboard = self.mlflow = self.wandb = None
+        if trackers.tensorboard is not None:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self.tensorboard = EventFileWriter(str(trackers.tensorboard / self.name))
+        if trackers.mlflow is not None:
+            self.mlflow = _mlflow_run(trackers.mlflow, self.name, backend)
+        if trackers.wandb is not None:
+            self.wandb = _wandb_run(trackers.wandb, self.run_dir, self.name, backend)
+
+    def step(self, step: int, values: dict[str, float]) -> None:
+        """Log ``values`` (name -> number, True/False as 1/0, as read from the CSV files; non-finite numbers and
+        anything else are left out) at ``step``."""
+        values = {k: float(v) for k, v in values.items() if _is_number(v) or isinstance(v, bool)}
+        self.last_step = max(self.last_step, step)
+        if self.tensorboard is not None:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            for tag, value in values.items():
+                self._tb_emit(step, Summary.Value(tag=tag, simple_value=value))
+            self.tensorboard.flush()
+        if self.mlflow is not None:
+            from mlflow.entities import Metric
+
+            client, run_id = self.mlflow
+            stamp = int(time.time() * 1000)
+            metrics = [Metric(tag, value, stamp, step) for tag, value in values.items()]
+            for i in range(0, len(metrics), MLFLOW_METRICS_PER_CALL):
+                client.log_batch(run_id, metrics=metrics[i : i + MLFLOW_METRICS_PER_CALL])
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
+
+    def step_rows(self, step: int, **rows: Any) -> None:
+        """Log a step's record rows (dataclasses or named tuples), each under its prefix: ``steps=``, ``metrics=``."""
+        values = {}
+        for prefix, row in rows.items():
+            fields = asdict(row) if is_dataclass(row) else row._asdict()
+            values |= {f"{prefix}/{k}": v for k, v in fields.items() if k != "step"}
+        self.step(step, values)
+
+    def close(self) -> None:
+        """The summary, the config and the plots, from the run's files; the trackers closed."""
+        run = RunFiles.read(self.run_dir)
+        final_step = max(self.last_step, run.final_step)
+        if self.tensorboard is not None:
+            _tensorboard_final(self, run, final_step)
+            self.tensorboard.close()
+        if self.mlflow is not None:
+            _mlflow_final(*self.mlflow, run, final_step)
+        if self.wandb is not None:
+            _wandb_final(self.wandb, run)
+
+    def _tb_emit(self, step: int, value) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self.tensorboard.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
 
 
 @dataclass
@@ -94,6 +176,14 @@ class RunFiles:
             config={k: json.dumps(v) if not isinstance(v, str) else v for k, v in _flatten(config, ".").items()},
             plots=sorted(run_dir.glob("*.png")),
         )
+
+    def by_step(self) -> list[tuple[int, dict[str, float]]]:
+        """The series as each step's values, in step order."""
+        steps: dict[int, dict[str, float]] = {}
+        for tag, points in self.series.items():
+            for step, value in points:
+                steps.setdefault(step, {})[tag] = value
+        return sorted(steps.items())
 
 
 def _csv_series(path: Path, prefix: str) -> dict[str, list[tuple[int, float]]]:
@@ -133,55 +223,66 @@ def _flatten(data: dict[str, Any], sep: str, prefix: str = "") -> dict[str, Any]
     return flat
 
 
-def write_tensorboard(run: RunFiles, logdir: Path) -> None:
-    """One event file in ``logdir``: scalars, the config as text, the plots as images."""
-    from tensorboard.compat.proto.event_pb2 import Event
+def _tensorboard_final(live: Live, run: RunFiles, step: int) -> None:
+    """The summary scalars, the config as text and the plots as images."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    writer = EventFileWriter(str(logdir))
-    now = time.time()
-
-    def emit(step: int, value: Summary.Value) -> None:
-        writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=[value])))
-
-    for tag, points in run.series.items():
-        for step, value in points:
-            emit(step, Summary.Value(tag=tag, simple_value=value))
     for tag, value in run.final.items():
-        emit(run.final_step, Summary.Value(tag=tag, simple_value=value))
+        live._tb_emit(step, Summary.Value(tag=tag, simple_value=value))
     text = "\n".join(f"    {k} = {v}" for k, v in sorted(run.config.items()))  # indented: markdown code block
     text_meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
-    emit(0, Summary.Value(tag="config", metadata=text_meta, tensor=TensorProto(dtype=7, string_val=[text.encode()])))
+    config = TensorProto(dtype=7, string_val=[text.encode()])
+    live._tb_emit(0, Summary.Value(tag="config", metadata=text_meta, tensor=config))
     for png in run.plots:
         data = png.read_bytes()
         width, height = struct.unpack(">II", data[16:24])  # the PNG header's IHDR chunk
         image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=data)
-        emit(run.final_step, Summary.Value(tag=f"plots/{png.stem}", image=image))
-    writer.close()
+        live._tb_emit(step, Summary.Value(tag=f"plots/{png.stem}", image=image))
 
 
-def write_mlflow(run: RunFiles, store: Path, backend: str) -> None:
-    """One MLflow run in experiment ``oppo`` of the local file store ``store``."""
+def _mlflow_run(store: Path, name: str, backend: str):
+    """(client, run id) of a new MLflow run in experiment ``oppo`` of the local file store ``store``."""
     # MLflow 3 keeps the file store in maintenance mode and asks for this opt-in; a server or a database
     # backend would need more than a folder.
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=store.resolve().as_uri())
     experiment = client.get_experiment_by_name("oppo")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment("oppo")
-    run_id = client.create_run(experiment_id, run_name=run.name, tags={"backend": backend}).info.run_id
+    return client, client.create_run(experiment_id, run_name=name, tags={"backend": backend}).info.run_id
+
+
+def _mlflow_final(client, run_id: str, run: RunFiles, step: int) -> None:
+    from mlflow.entities import Metric, Param
+
     stamp = int(time.time() * 1000)
     params = [Param(k, v[:6000]) for k, v in run.config.items()]  # MLflow's limit on a param value's length
-    metrics = [Metric(tag, value, stamp, step) for tag, points in run.series.items() for step, value in points]
-    metrics += [Metric(tag, value, stamp, run.final_step) for tag, value in run.final.items()]
     for i in range(0, len(params), MLFLOW_PARAMS_PER_CALL):
         client.log_batch(run_id, params=params[i : i + MLFLOW_PARAMS_PER_CALL])
-    for i in range(0, len(metrics), MLFLOW_METRICS_PER_CALL):
-        client.log_batch(run_id, metrics=metrics[i : i + MLFLOW_METRICS_PER_CALL])
+    client.log_batch(run_id, metrics=[Metric(tag, value, stamp, step) for tag, value in run.final.items()])
     for png in run.plots:
         client.log_artifact(run_id, str(png), artifact_path="plots")
     client.set_terminated(run_id)
+
+
+def _wandb_run(project: str, run_dir: Path, name: str, backend: str):
+    """A W&B run writing under ``run_dir/wandb``: offline unless ``WANDB_MODE`` is set (``online`` uploads as it
+    goes)."""
+    import wandb
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WANDB_SILENT", "true")  # its banners would interleave with the progress bar
+    mode = os.environ.get("WANDB_MODE", "offline")
+    return wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, tags=[backend], reinit="create_new")
+
+
+def _wandb_final(wb, run: RunFiles) -> None:
+    import wandb
+
+    wb.config.update(run.config, allow_val_change=True)
+    wb.summary.update(run.final)
+    if run.plots:
+        wb.log({f"plots/{png.stem}": wandb.Image(str(png)) for png in run.plots}, commit=True)
+    wb.finish()

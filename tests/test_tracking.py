@@ -1,5 +1,5 @@
-"""Experiment tracking (``--tensorboard``, ``--mlflow``) read back with the trackers' own readers, and every run's
-provenance in ``config.json``."""
+"""Experiment tracking (``--tensorboard``, ``--mlflow``, ``--wandb``) read back with the trackers' own readers, and
+every run's provenance in ``config.json``."""
 
 import argparse
 import csv
@@ -94,10 +94,65 @@ def test_executor_run_is_tracked_with_its_training_metrics(tmp_path):
     assert run.data.params["schedule.policy"] == "sync"
 
 
+def wandb_history(run_dir) -> tuple[dict[int, dict], dict]:
+    """Each step's logged values and the summary of the offline W&B run under ``run_dir/wandb``, read back from its
+    record file with W&B's own reader."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    store = datastore.DataStore()
+    store.open_for_scan(str(path))
+    history, summary = {}, {}
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            values = {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+            }
+            history[values.pop("_step")] = values
+        elif kind == "summary":
+            summary |= {u.key or "/".join(u.nested_key): u.value_json for u in record.summary.update}
+    return history, summary
+
+
+def test_an_executor_run_logs_each_step_as_it_closes_to_tensorboard_and_wandb(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline: nothing leaves the machine
+    run = tmp_path / "exec"
+    args = ("--preset", "tiny-cpu", "--mode", "sync", "--steps", "3", "--batch", "2", "--out", str(run))
+    res = cli("oppo.exec.train", *args, "--tensorboard", str(tmp_path / "tb"), "--wandb", "oppo-test", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    with open(run / "metrics.csv", newline="") as fh:
+        rewards = [float(row["mean_reward"]) for row in csv.DictReader(fh)]
+    ends = [end for _, end in steps_column(run, "end_s")]
+    acc = EventAccumulator(str(tmp_path / "tb" / "exec"), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("metrics/mean_reward")
+    assert [e.step for e in events] == [0, 1, 2]
+    assert all(e.value == pytest.approx(r, rel=1e-6) for e, r in zip(events, rewards))  # float32 there
+    # written as each step closed: the events are as far apart in time as the steps' ends (logged after the run,
+    # they would be milliseconds apart)
+    assert events[2].wall_time - events[0].wall_time > 0.5 * (ends[2] - ends[0]) > 0
+    history, summary = wandb_history(run)
+    assert sorted(history) == [0, 1, 2]
+    assert [history[s]["metrics/mean_reward"] for s in range(3)] == pytest.approx(rewards, rel=1e-12)
+    assert json.loads(summary["summary/mean_step_s"]) == pytest.approx(
+        json.loads((run / "summary.json").read_text())["mean_step_s"], rel=1e-12
+    )
+
+
 def test_a_missing_tracker_library_is_bad_input(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow now raises ImportError
     with pytest.raises(ValueError, match="--mlflow needs the mlflow package"):
         trackers_from(argparse.Namespace(tensorboard=None, mlflow="somewhere"))
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ValueError, match="--wandb needs the wandb package"):
+        trackers_from(argparse.Namespace(tensorboard=None, mlflow=None, wandb="project"))
 
 
 def test_provenance_names_versions_commit_and_host(tmp_path):

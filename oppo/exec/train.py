@@ -20,7 +20,7 @@ from oppo.cli import add_config_args, given_options, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 from oppo.exec.rewards import reward_file
-from oppo.tracking import add_tracking_args, track_run, trackers_from
+from oppo.tracking import Live, Trackers, add_tracking_args, trackers_from
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,10 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from(args)  # validates before anything is loaded or written
     if args.resume:
         check_resumable(config, load_config(out / "config.json"), out)
-    trackers = trackers_from(args)
-    code = train(config, out, resume=bool(args.resume))
-    track_run(out, trackers, backend="exec")
-    return code
+    return train(config, out, resume=bool(args.resume), trackers=trackers_from(args))
 
 
 def resume_dir(args: argparse.Namespace) -> Path:
@@ -108,9 +105,9 @@ def check_resumable(config: ExecConfig, stored: ExecConfig, run_dir: Path) -> No
         raise ValueError(f"--resume {run_dir}: {', '.join(changed)} differ from the run's; only --steps may change")
 
 
-def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
+def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Trackers | None = None) -> int:
     """Run ``config.steps`` steps, writing records to ``out`` as it goes (kept on Ctrl-C); ``resume``: go on from
-    the last checkpoint in ``out``."""
+    the last checkpoint in ``out``; ``trackers``: logged to as each step closes."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from oppo.catalog.lengths import load_lengths
 
@@ -152,11 +149,14 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
         executor.close()
         raise
     code = 0
+    live = Live(trackers, out, backend="exec") if trackers and trackers.any else None
     try:
         with tqdm(total=config.steps, initial=done, desc=config.schedule.policy, unit="step", disable=None) as bar:
             for _ in range(config.steps - done):
                 outcome, metrics = executor.step()
                 log.add(outcome, metrics)
+                if live:
+                    live.step_rows(outcome.record.step, steps=outcome.record, metrics=metrics)
                 bar.update()
                 bar.set_postfix(reward=f"{metrics.mean_reward:.3f}", step_s=f"{outcome.record.step_s:.2f}")
                 if len(log.steps) % 10 == 0:
@@ -173,6 +173,8 @@ def train(config: ExecConfig, out: Path, resume: bool = False) -> int:
     finally:
         executor.close()
     summary = log.write(recorder.rows, time.perf_counter() - start, final=True)
+    if live:
+        live.close()  # the summary, the config and the plots, now written
     print(
         f"{config.schedule.policy}: {summary['steps']} steps, mean step {summary['mean_step_s']:.3f} s, "
         f"reward first-10 {log.mean_reward(first=True):.3f} -> last-10 {log.mean_reward(first=False):.3f}, "

@@ -67,10 +67,12 @@ def test_an_async_run_resumes_with_its_recent_versions(tmp_path):
     straight, steps = run("async", steps=6, staleness=2)
     first = executor_for("async", staleness=2)
     done = [first.step() for _ in range(3)]
-    log = SimpleNamespace(steps=[o.record for o, _ in done], trained=[], metrics=[m for _, m in done])
+    log = SimpleNamespace(
+        steps=[o.record for o, _ in done], trained=[], metrics=[m for _, m in done], held_out_start=None
+    )
     snapshot.save(tmp_path, first, log, first.rec)
     resumed = executor_for("async", staleness=2)
-    log2 = SimpleNamespace(steps=[], trained=[], metrics=[])
+    log2 = SimpleNamespace(steps=[], trained=[], metrics=[], held_out_start=None)
     assert snapshot.restore(snapshot.latest(tmp_path), resumed, log2, resumed.rec) == 3
     rest = [resumed.step() for _ in range(3)]
     assert [m.mean_reward for _, m in done + rest] == pytest.approx([m.mean_reward for _, m in steps], rel=1e-12)
