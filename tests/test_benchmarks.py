@@ -5,6 +5,7 @@ arguments and its refusal without CUDA are tested in tests/exec/test_gpu_validat
 import argparse
 import csv
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -63,6 +64,29 @@ def test_trl_baseline(tmp_path):
     assert res.returncode == 0, res.stderr
     rows = res.stdout.split("vs TRL")[-1].splitlines()[1:]
     assert [r[:15].strip() for r in rows] == ["TRL", "oppo.exec sync", "oppo.exec oppo"]
+
+
+def test_trl_grpo(tmp_path):
+    pytest.importorskip("trl")
+    rows = [
+        {"prompt": [{"role": "user", "content": f"t{5 + i} t7"}], "reward_model": {"ground_truth": f"t{3 + i % 4}"}}
+        for i in range(8)
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    args = ("--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f", "--eval-every", "1")
+    small = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "2", "--group-size", "2", "--max-new-tokens", "6")
+    res = bench("trl_grpo", *args, *small, "--prompt-tokens", "8", "--eval-prompts", "3", "--out", "out", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = res.stdout.split("held-out accuracy at")[-1].splitlines()[1:]
+    assert [r[:18].strip() for r in rows] == ["TRL GRPOTrainer", "oppo.exec sync", "oppo.exec oppo"]
+    with open(tmp_path / "out" / "grpo_side_by_side.csv") as fh:
+        table = list(csv.DictReader(fh))
+    # before training and after each of 2 steps, every answer right (the reward function says 1 to anything)
+    assert [(r["run"][:4], r["updates"], float(r["held_out_accuracy"])) for r in table] == [
+        (run, str(n), 1.0) for run in ("TRL ", "oppo", "oppo") for n in range(3)
+    ]
 
 
 @pytest.mark.slow  # starts Ray (~12 s idle, ~35 s busy); the Ray paths it drives are tested in tests/exec
