@@ -108,6 +108,9 @@ class PPOConfig:
         "the -norm divisor is --max-new-tokens)",
     )
     entropy_coef: float = opt(0.0, "entropy bonus weight in the actor loss (verl entropy_coeff); the entropy is logged")
+    mask_truncated: bool = opt(
+        False, "leave samples cut at --max-new-tokens (no EOS) out of the loss (TRL mask_truncated_completions)"
+    )
     norm_adv_by_std: bool = opt(
         True, "GRPO: divide by the group's std (verl norm_adv_by_std_in_grpo; Dr. GRPO: --no-norm-adv-by-std)"
     )

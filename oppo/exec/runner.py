@@ -28,7 +28,7 @@ from oppo.exec.models import Roles, actor_tokenizer, load_prompts
 from oppo.exec.rank import ActorRank, LocalGroup
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
-from oppo.exec.update import deal, longest_first, minibatch_totals, minibatches, step_batch
+from oppo.exec.update import cut_at_cap, deal, longest_first, minibatch_totals, minibatches, step_batch
 from oppo.exec.verifiable import DatasetPrompts, Judge, Judgement, RewardFailed
 
 
@@ -76,6 +76,8 @@ class StepMetrics:
     # mean over the trained tokens of (this step - the weights version that generated the token): K without
     # in-flight updates once the run is K steps in, less with them (NaN: not recorded, runs without rollout workers)
     mean_token_lag: float = math.nan
+    # the share of trained samples cut at --max-new-tokens without their EOS (NaN: not recorded)
+    truncated_frac: float = math.nan
 
 
 class WeightHistory:
@@ -132,7 +134,7 @@ class Executor:
         ``scorers``: a handle per scorer role the driver holds (local or remote, same methods); ``token_ids``:
         (padding id, EOS id, vocabulary size)."""
         self.config, self.group, self.scorers, self.rec, self.lengths = config, group, scorers, recorder, lengths
-        self.pad_id, _, self.vocab_size = token_ids
+        self.pad_id, self.eos_id, self.vocab_size = token_ids
         self.scheduler = Scheduler(config.schedule)
         self.data: dict[int, SeqData] = {}
         self.rank_of: dict[int, int] = {}  # the rank holding each sequence in flight (and its scorer caches)
@@ -249,6 +251,7 @@ class Executor:
         scores = self._score(plan.step, trained)
         # 5. PPO update
         losses = self._train(plan.step, trained, scores)
+        cut = cut_at_cap(trained, self.data, self.config.schedule.max_new_tokens, self.eos_id)
         if self.history:
             self.history.updated()
         # 6. close the step
@@ -274,6 +277,7 @@ class Executor:
             *losses[:4],
             response_len=float(np.mean([t.response_tokens for t in trained])),
             entropy=losses[4],
+            truncated_frac=float(cut.float().mean()),
         )
         return outcome, self._held_out_metrics(plan.step, metrics)
 
@@ -425,7 +429,7 @@ class Executor:
     def _train(self, step: int, trained, scores: dict) -> tuple[float, ...]:
         """``epochs`` x ``minibatches`` synchronous data-parallel steps; the means of the (policy, value) loss, the
         (actor, critic) gradient norm and the policy's entropy over its minibatches."""
-        batch = step_batch(self.config, trained, self.data, scores, self.pad_id)
+        batch = step_batch(self.config, trained, self.data, scores, self.pad_id, self.eos_id)
         losses = []
         for mb in minibatches(len(trained), self.config.ppo, self._seed(4, step)):
             totals = minibatch_totals(batch, mb)

@@ -208,17 +208,33 @@ def weights_digest(*models: torch.nn.Module, optimizers=(), written: dict | None
     return h.hexdigest()[:16]
 
 
-def step_batch(config: ExecConfig, trained, data, scores: dict, pad_id: int) -> dict[str, torch.Tensor]:
+def step_batch(config: ExecConfig, trained, data, scores: dict, pad_id: int, eos_id: int) -> dict[str, torch.Tensor]:
     """The trained sequences as one right-padded batch (CPU) with their PPO or GRPO targets, computed over the
-    whole batch (advantage whitening, group statistics) whatever the number of ranks."""
+    whole batch (advantage whitening, group statistics) whatever the number of ranks. ``--mask-truncated``: the
+    samples cut at the length cap keep their place in those statistics (their reward counts, as in TRL) but leave
+    the loss."""
     truncated = config.schedule.truncated
     batch = padded_batch(trained, data, pad_id, config.ppo.tppo_drop_tokens, truncated)
     if config.ppo.offpolicy == "decoupled":  # the log-probs of the weights that sampled each token
         dtype = scores["old_logprobs"][0].dtype
         batch["behav_lp"] = pad_rows(scores["behaviour_logprobs"], batch["mask"].shape[1]).to(dtype)
     if config.schedule.algo == "grpo":
-        return batch | grpo_targets(config, trained, scores, batch["mask"])
-    return batch | ppo_targets(config, trained, scores, batch["mask"])
+        batch |= grpo_targets(config, trained, scores, batch["mask"])
+    else:
+        batch |= ppo_targets(config, trained, scores, batch["mask"])
+    if config.ppo.mask_truncated:
+        cut = cut_at_cap(trained, data, config.schedule.max_new_tokens, eos_id)
+        for key in ("mask", "value_mask"):
+            if key in batch:
+                batch[key] = batch[key] * ~cut[:, None]
+    return batch
+
+
+def cut_at_cap(trained, data, cap: int, eos_id: int) -> torch.Tensor:
+    """Per trained sample, whether it ended at the length cap without its EOS. Shape (B,), bool."""
+    return torch.tensor(
+        [t.finished and len(data[t.seq_id].response) >= cap and data[t.seq_id].response[-1] != eos_id for t in trained]
+    )
 
 
 def minibatches(n: int, ppo: PPOConfig, seed: int) -> list[torch.Tensor]:

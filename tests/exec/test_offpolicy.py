@@ -26,8 +26,8 @@ def run(policy, offpolicy="none", steps=3, capture=None, monkeypatch=None, **sch
         step_batch = update.step_batch
         monkeypatch.setattr(
             "oppo.exec.runner.step_batch",
-            lambda cfg, trained, data, scores, pad: (
-                capture.append((trained, scores)) or step_batch(cfg, trained, data, scores, pad)
+            lambda cfg, trained, data, scores, pad, eos: (
+                capture.append((trained, scores)) or step_batch(cfg, trained, data, scores, pad, eos)
             ),
         )
     torch.manual_seed(config.seed)

@@ -286,3 +286,27 @@ def test_where_the_kl_goes():
     torch.testing.assert_close(in_reward["adv"][:, 0], want, rtol=1e-12, atol=1e-12)
     in_loss_grpo = grpo_targets(grpo(), trained, scores, mask)
     assert not torch.allclose(in_loss_grpo["adv"], in_reward["adv"])
+
+
+def test_mask_truncated_leaves_the_samples_cut_at_the_cap_out_of_the_loss_but_in_their_groups():
+    from oppo.exec.runner import SeqData
+    from oppo.exec.update import cut_at_cap, step_batch
+
+    cap, eos = 4, 1
+    responses = [[7, 8, 1], [7, 8, 9, 10], [7, 8, 9, 1], [9, 9, 9, 9]]  # the 2nd and 4th hit the cap without EOS
+    data = {i: SeqData(prompt=[5, 6], response=r) for i, r in enumerate(responses)}
+    trained = [TrainedSeq(0, i, i // 2, 0, 0, len(r), len(r), True, 0) for i, r in enumerate(responses)]
+    zeros = [torch.zeros(len(r), dtype=torch.float64) for r in responses]
+    scores = {"old_logprobs": zeros, "ref_logprobs": zeros, "score": torch.tensor([1.0, 0.0, 0.0, 1.0])}
+    assert cut_at_cap(trained, data, cap, eos).tolist() == [False, True, False, True]
+
+    def batch(mask_truncated: bool):
+        schedule = default_schedule(algo="grpo", group_size=2, batch=2, max_new_tokens=cap)
+        config = ExecConfig(schedule=schedule, ppo=PPOConfig(mask_truncated=mask_truncated))
+        return step_batch(config, trained, data, scores, pad_id=0, eos_id=eos)
+
+    kept, masked = batch(False), batch(True)
+    assert masked["mask"][[1, 3]].sum() == 0  # out of the loss
+    assert torch.equal(masked["mask"][[0, 2]], kept["mask"][[0, 2]])
+    assert torch.equal(masked["adv"], kept["adv"])  # the group statistics still count their rewards
+    assert kept["adv"][0, 0] > 0 > kept["adv"][1, 0]

@@ -224,6 +224,7 @@ def test_one_grpo_step_of_smollm2_on_a_jsonl_dataset_with_the_gsm8k_reward(tmp_p
     assert res.returncode == 0, res.stderr
     row = metrics(tmp_path / "run")[0]
     assert float(row["response_len"]) == 6.0  # 6 tokens cannot reach "#### N" and EOS
+    assert float(row["truncated_frac"]) == 1.0
     assert float(row["rule_score"]) == 0.0 and math.isfinite(float(row["kl"]))
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["preset"] == "smollm2" and config["task"]["reward_fn"] == "gsm8k"
