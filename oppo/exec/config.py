@@ -362,6 +362,17 @@ class ExecConfig:
         return actor, self.ppo.critic_lr if self.ppo.critic_lr is not None else (1e-3 if tiny else 1e-5)
 
     @property
+    def streamed_roles(self) -> tuple[str, ...]:
+        """The scorer roles fed chunk by chunk: the schedule's ``streamed_scorers`` under a streaming policy. Where
+        those are the default (the reward model alone) and ``--reward-fn`` scores on the host instead, streaming goes
+        to the reference and, under PPO, the critic: the scorers left to overlap with the decode."""
+        if not self.schedule.streaming:
+            return ()
+        if self.task.reward_fn and self.schedule.streamed_scorers == ("reward",):
+            return ("reference", "critic") if self.schedule.algo == "ppo" else ("reference",)
+        return self.schedule.streamed_scorers
+
+    @property
     def reward_model(self) -> bool:
         """Whether a reward model scores the responses (else a rule: the tiny task's, or ``--reward-fn``)."""
         if self.task.reward_fn:

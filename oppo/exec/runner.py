@@ -138,7 +138,7 @@ class Executor:
         self.scheduler = Scheduler(config.schedule)
         self.data: dict[int, SeqData] = {}
         self.rank_of: dict[int, int] = {}  # the rank holding each sequence in flight (and its scorer caches)
-        self.streamed_roles = config.schedule.streamed_scorers if config.schedule.streaming else ()
+        self.streamed_roles = config.streamed_roles
         self.streamed = {role: handle for role, handle in scorers.items() if role in self.streamed_roles}
         self.prompts = load_prompts(config) if config.task.prompts else None  # token ids per line
         self.dataset, self.judge = task_with_answers(config, token_ids[1])  # --data, --reward-fn (else None)

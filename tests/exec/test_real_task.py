@@ -228,3 +228,20 @@ def test_one_grpo_step_of_smollm2_on_a_jsonl_dataset_with_the_gsm8k_reward(tmp_p
     assert float(row["rule_score"]) == 0.0 and math.isfinite(float(row["kl"]))
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["preset"] == "smollm2" and config["task"]["reward_fn"] == "gsm8k"
+
+
+def test_with_a_reward_function_intra_streams_to_the_reference_and_trains_as_sync(task):
+    runs = {}
+    for mode in ("sync", "intra"):
+        res = tiny_run(task, "--mode", mode, "--steps", "2", "--dtype", "float64", "--max-new-tokens", "12")
+        assert res.returncode == 0, res.stderr
+        with open(task / "run" / "trace.csv") as fh:
+            trace = list(csv.DictReader(fh))
+        runs[mode] = (metrics(task / "run"), trace)
+    streamed = [r for r in runs["intra"][1] if (r["role"], r["phase"]) == ("reference", "prefill")]
+    assert len(streamed) > 2 and not [
+        r for r in runs["sync"][1] if r["role"] == "reference" and r["phase"] == "prefill"
+    ]
+    for a, b in zip(runs["sync"][0], runs["intra"][0], strict=True):
+        for column in ("mean_reward", "rule_score", "kl", "policy_loss", "response_len"):
+            assert float(a[column]) == pytest.approx(float(b[column]), rel=1e-10, abs=1e-12), column
