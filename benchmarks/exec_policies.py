@@ -2,6 +2,8 @@
 
     python benchmarks/exec_policies.py --preset tiny-cpu --steps 30
     python benchmarks/exec_policies.py --preset small-cpu --steps 8 --batch 8
+    python benchmarks/exec_policies.py --preset smollm2 --data data/add/train.jsonl --reward-fn gsm8k --algo grpo \
+        --group-size 4 --batch 4 --max-new-tokens 48 --prompt-tokens 96 --lengths '' --policies sync,intra,oppo
 
 Prints per policy: mean / p50 step time, ratio to sync, tokens decoded per second, the per-phase breakdown and
 the deferral histogram. tok/s counts the response tokens of the trained sequences per second. Records of each
@@ -25,13 +27,25 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--chunk", default="64", help="chunk size of streamed policies (or auto)")
-    parser.add_argument("--lengths", default="alpaca_eval")
+    parser.add_argument("--lengths", default="alpaca_eval", help="trace of forced lengths ('': natural lengths)")
     parser.add_argument("--lengths-model", default="alpaca-7b", help="AlpacaEval model whose lengths to replay")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--algo", default="ppo", help="ppo or grpo")
+    parser.add_argument("--group-size", type=int, default=1)
+    parser.add_argument("--data", help="a task with answers (with --reward-fn): prompts from this dataset")
+    parser.add_argument("--reward-fn", help="the verifiable reward of --data (e.g. gsm8k)")
+    parser.add_argument("--prompt-tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench-exec")
     args = parser.parse_args()
-    task = TaskConfig(lengths=args.lengths, lengths_model=args.lengths_model)
+    lengths = args.lengths or None
+    task = TaskConfig(
+        lengths=lengths,
+        lengths_model=args.lengths_model if lengths else None,
+        data=args.data,
+        reward_fn=args.reward_fn,
+        prompt_tokens=args.prompt_tokens,
+    )
     summaries = {}
     for policy in args.policies.split(","):
         assert policy in POLICIES, policy
@@ -44,6 +58,8 @@ def main() -> None:
             delta_init=args.batch // 4,
             delta_max=args.batch // 4,
             window_tokens=args.max_new_tokens // 4,
+            algo=args.algo,
+            group_size=args.group_size,
         )
         model = ModelConfig(preset=args.preset, threads=args.threads)
         config = ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed, task=task)
@@ -56,7 +72,8 @@ def main() -> None:
 def report(summaries: dict, args) -> None:
     base = summaries.get("sync", next(iter(summaries.values())))["mean_step_s"]
     print(
-        f"\npreset {args.preset}, B={args.batch}, lengths {args.lengths_model} (cap {args.max_new_tokens}), "
+        f"\npreset {args.preset}, B={args.batch}, lengths {args.lengths_model if args.lengths else 'natural'} "
+        f"(cap {args.max_new_tokens}), "
         f"{args.steps} steps each"
     )
     print(f"{'policy':<7} {'mean_s':>8} {'p50_s':>8} {'vs sync':>8} {'tok/s':>8} {'deferrals':>10}  deferral hist")
