@@ -25,7 +25,10 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from oppo.records.io import write_json
+
 INSTALL = "pip install 'oppo[track]'"
+TRACKER_IDS = "trackers.json"  # in a run's folder: the MLflow and W&B run ids its trackers log to
 MLFLOW_PARAMS_PER_CALL = 100  # MLflow's log_batch limits: 100 params, 1000 metrics per call
 MLFLOW_METRICS_PER_CALL = 1000
 
@@ -84,19 +87,32 @@ class Live:
     """The trackers of one run, open while it runs: :meth:`step` logs a step's values as it closes, :meth:`close`
     the summary, the config and the plots from the run's files once written."""
 
-    def __init__(self, trackers: Trackers, run_dir: Path, backend: str) -> None:
+    def __init__(self, trackers: Trackers, run_dir: Path, backend: str, resumed_at: int = 0) -> None:
+        """``resumed_at``: a run resumed from a checkpoint after this many steps goes on in the trackers' runs it
+        started (their ids kept in ``run_dir/trackers.json``); TensorBoard drops what it logged from that step on
+        (a session restart), the steps being done again."""
         self.trackers, self.run_dir, self.backend = trackers, Path(run_dir), backend
         self.name = self.run_dir.resolve().name
         self.last_step = 0
         self.tensorboard = self.mlflow = self.wandb = None
+        ids = _read_ids(self.run_dir) if resumed_at else {}
         if trackers.tensorboard is not None:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self.tensorboard = EventFileWriter(str(trackers.tensorboard / self.name))
+            if resumed_at:
+                from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+                restart = Event(wall_time=time.time(), step=resumed_at, session_log=SessionLog(status=SessionLog.START))
+                self.tensorboard.add_event(restart)
         if trackers.mlflow is not None:
-            self.mlflow = _mlflow_run(trackers.mlflow, self.name, backend)
+            self.mlflow = _mlflow_run(trackers.mlflow, self.name, backend, ids.get("mlflow"))
+            ids["mlflow"] = self.mlflow[1]
         if trackers.wandb is not None:
-            self.wandb = _wandb_run(trackers.wandb, self.run_dir, self.name, backend)
+            self.wandb = _wandb_run(trackers.wandb, self.run_dir, self.name, backend, ids.get("wandb"))
+            ids["wandb"] = self.wandb.id
+        if ids:
+            write_json(self.run_dir / TRACKER_IDS, ids)
 
     def step(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` (name -> number, True/False as 1/0, as read from the CSV files; non-finite numbers and
@@ -129,16 +145,24 @@ class Live:
         self.step(step, values)
 
     def close(self) -> None:
-        """The summary, the config and the plots, from the run's files; the trackers closed."""
-        run = RunFiles.read(self.run_dir)
-        final_step = max(self.last_step, run.final_step)
+        """The summary, the config and the plots, from the run's files; the trackers closed. A run that wrote no
+        summary (stopped before its first step) closes them as they are."""
+        run = RunFiles.read(self.run_dir) if (self.run_dir / "summary.json").is_file() else None
+        final_step = max(self.last_step, run.final_step if run else 0)
         if self.tensorboard is not None:
-            _tensorboard_final(self, run, final_step)
+            if run:
+                _tensorboard_final(self, run, final_step)
             self.tensorboard.close()
         if self.mlflow is not None:
-            _mlflow_final(*self.mlflow, run, final_step)
+            if run:
+                _mlflow_final(*self.mlflow, run, final_step)
+            else:
+                self.mlflow[0].set_terminated(self.mlflow[1], status="KILLED")
         if self.wandb is not None:
-            _wandb_final(self.wandb, run)
+            if run:
+                _wandb_final(self.wandb, run)
+            else:
+                self.wandb.finish(exit_code=1)
 
     def _tb_emit(self, step: int, value) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -241,14 +265,23 @@ def _tensorboard_final(live: Live, run: RunFiles, step: int) -> None:
         live._tb_emit(step, Summary.Value(tag=f"plots/{png.stem}", image=image))
 
 
-def _mlflow_run(store: Path, name: str, backend: str):
-    """(client, run id) of a new MLflow run in experiment ``oppo`` of the local file store ``store``."""
+def _read_ids(run_dir: Path) -> dict[str, str]:
+    path = run_dir / TRACKER_IDS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _mlflow_run(store: Path, name: str, backend: str, run_id: str | None = None):
+    """(client, run id) of a new MLflow run in experiment ``oppo`` of the local file store ``store``, or of run
+    ``run_id`` there, open again (a resumed run: its steps done again are logged again, MLflow keeps both)."""
     # MLflow 3 keeps the file store in maintenance mode and asks for this opt-in; a server or a database
     # backend would need more than a folder.
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    if run_id is not None:
+        client.update_run(run_id, status="RUNNING")
+        return client, run_id
     experiment = client.get_experiment_by_name("oppo")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment("oppo")
     return client, client.create_run(experiment_id, run_name=name, tags={"backend": backend}).info.run_id
@@ -258,7 +291,10 @@ def _mlflow_final(client, run_id: str, run: RunFiles, step: int) -> None:
     from mlflow.entities import Metric, Param
 
     stamp = int(time.time() * 1000)
-    params = [Param(k, v[:6000]) for k, v in run.config.items()]  # MLflow's limit on a param value's length
+    # MLflow's limit on a param value's length; a resumed run's params stay those logged first (MLflow keeps a param
+    # once: --steps and the provenance may have changed)
+    logged = client.get_run(run_id).data.params
+    params = [Param(k, v[:6000]) for k, v in run.config.items() if k not in logged]
     for i in range(0, len(params), MLFLOW_PARAMS_PER_CALL):
         client.log_batch(run_id, params=params[i : i + MLFLOW_PARAMS_PER_CALL])
     client.log_batch(run_id, metrics=[Metric(tag, value, stamp, step) for tag, value in run.final.items()])
@@ -267,15 +303,18 @@ def _mlflow_final(client, run_id: str, run: RunFiles, step: int) -> None:
     client.set_terminated(run_id)
 
 
-def _wandb_run(project: str, run_dir: Path, name: str, backend: str):
+def _wandb_run(project: str, run_dir: Path, name: str, backend: str, run_id: str | None = None):
     """A W&B run writing under ``run_dir/wandb``: offline unless ``WANDB_MODE`` is set (``online`` uploads as it
-    goes)."""
+    goes); ``run_id``: go on with that run (a resumed run; W&B keeps the first logging of a step done again)."""
     import wandb
 
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")  # its banners would interleave with the progress bar
     mode = os.environ.get("WANDB_MODE", "offline")
-    return wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, tags=[backend], reinit="create_new")
+    resume = {"id": run_id, "resume": "allow"} if run_id else {}
+    return wandb.init(
+        project=project, name=name, dir=str(run_dir), mode=mode, tags=[backend], reinit="create_new", **resume
+    )
 
 
 def _wandb_final(wb, run: RunFiles) -> None:

@@ -74,7 +74,10 @@ def test_trl_grpo(tmp_path):
     ]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
-    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    # a reward of the item alone: a third of the validation items (ground truth t3) are "right" whatever the answer
+    (tmp_path / "r.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return float(ground_truth == 't3')\n"
+    )
     args = ("--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f", "--eval-every", "1")
     small = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "2", "--group-size", "2", "--max-new-tokens", "6")
     res = bench("trl_grpo", *args, *small, "--prompt-tokens", "8", "--eval-prompts", "3", "--out", "out", cwd=tmp_path)
@@ -83,9 +86,9 @@ def test_trl_grpo(tmp_path):
     assert [r[:18].strip() for r in rows] == ["TRL GRPOTrainer", "oppo.exec sync", "oppo.exec oppo"]
     with open(tmp_path / "out" / "grpo_side_by_side.csv") as fh:
         table = list(csv.DictReader(fh))
-    # before training and after each of 2 steps, every answer right (the reward function says 1 to anything)
+    # before training and after each of 2 steps, each answer judged against its own item
     assert [(r["run"][:4], r["updates"], float(r["held_out_accuracy"])) for r in table] == [
-        (run, str(n), 1.0) for run in ("TRL ", "oppo", "oppo") for n in range(3)
+        (run, str(n), pytest.approx(1 / 3)) for run in ("TRL ", "oppo", "oppo") for n in range(3)
     ]
 
 

@@ -146,6 +146,26 @@ def test_an_executor_run_logs_each_step_as_it_closes_to_tensorboard_and_wandb(tm
     )
 
 
+def test_a_resumed_run_logs_on_into_the_runs_it_started(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, tracking = tmp_path / "exec", ("--tensorboard", str(tmp_path / "tb"), "--mlflow", str(tmp_path / "ml"))
+    args = ("--preset", "tiny-cpu", "--mode", "sync", "--batch", "2", "--save-every", "2", "--out", str(run))
+    for steps in ("3", "5"):  # 3 steps (a checkpoint after 2), then resumed from it to 5: step 2 is done again
+        res = cli("oppo.exec.train", *(args if steps == "3" else ("--resume", str(run))), "--steps", steps, *tracking)
+        assert res.returncode == 0, res.stderr
+    client, mlrun = mlflow_run(tmp_path / "ml")  # one run: the resumed one logged into it
+    history = client.get_metric_history(mlrun.info.run_id, "metrics/mean_reward")
+    assert sorted(m.step for m in history) == [0, 1, 2, 2, 3, 4]  # MLflow keeps both loggings of step 2
+    acc = EventAccumulator(str(tmp_path / "tb" / "exec"), size_guidance={"scalars": 0})
+    acc.Reload()
+    with open(run / "metrics.csv", newline="") as fh:
+        rewards = [float(row["mean_reward"]) for row in csv.DictReader(fh)]
+    events = acc.Scalars("metrics/mean_reward")
+    assert [e.step for e in events] == [0, 1, 2, 3, 4]  # the first logging of step 2 dropped at the restart
+    assert [e.value for e in events] == pytest.approx(rewards, rel=1e-6)
+
+
 def test_a_missing_tracker_library_is_bad_input(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow now raises ImportError
     with pytest.raises(ValueError, match="--mlflow needs the mlflow package"):

@@ -12,14 +12,17 @@ samples disagree and GRPO has a signal, and well below 1. Its errors are ones RL
 past the cap before it writes ``####``.
 
 Rows are in verl's schema (``prompt`` as chat messages, ``data_source``, ``reward_model.ground_truth``,
-``extra_info``), written as JSON lines. The same seed writes the same files; no validation problem is a training
-problem (a problem is its numbers, name and object).
+``extra_info``), written as JSON lines. The same seed writes the same files. Validation holds its own pairs of
+addends: no validation problem has the numbers of a training problem, in either order (names and objects aside,
+which change nothing of the sum), so held-out accuracy measures adding numbers not seen in training, not recalling
+a trained problem's answer.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -34,12 +37,21 @@ LOW, HIGH = 2, 20  # the two addends' range (inclusive)
 QUESTION = "{n} has {a} {o}. {n} gets {b} more {o}. How many {o} does {n} have now? Give the final answer after ####."
 
 
-def problems(count: int, seed: int) -> list[tuple[int, int, str, str]]:
-    """``count`` distinct problems (a, b, name, object), in a seeded order."""
-    space = [(a, b, n, o) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1) for n in NAMES for o in OBJECTS]
-    if count > len(space):
-        raise ValueError(f"only {len(space)} distinct problems exist; asked for {count}")
-    return random.Random(seed).sample(space, count)
+def problems(train: int, val: int, seed: int) -> tuple[list, list]:
+    """``train`` and ``val`` distinct problems (a, b, name, object), in a seeded order, the validation ones on
+    pairs {a, b} of their own: the pairs are shuffled and split in proportion to the two counts."""
+    rng = random.Random(seed)
+    pairs = sorted({(min(a, b), max(a, b)) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)})
+    rng.shuffle(pairs)
+    cut = math.ceil(len(pairs) * val / (train + val)) if val else 0
+    chosen = []
+    for part, count in ((pairs[:cut], val), (pairs[cut:], train)):
+        space = [(a, b, n, o) for x, y in part for a, b in {(x, y), (y, x)} for n in NAMES for o in OBJECTS]
+        if count > len(space):
+            raise ValueError(f"{train} training and {val} validation problems do not fit the {len(pairs)} pairs")
+        chosen.append(rng.sample(sorted(space), count))
+    val_problems, train_problems = chosen
+    return train_problems, val_problems
 
 
 def row(problem: tuple[int, int, str, str], split: str, index: int) -> dict:
@@ -55,9 +67,8 @@ def row(problem: tuple[int, int, str, str], split: str, index: int) -> dict:
 
 def write(out: Path, train: int, val: int, seed: int) -> dict[str, Path]:
     """Write ``out/train.jsonl`` and ``out/val.jsonl``; their paths."""
-    chosen = problems(train + val, seed)
     files = {}
-    for split, part in (("train", chosen[:train]), ("val", chosen[train:])):
+    for split, part in zip(("train", "val"), problems(train, val, seed)):
         text = "".join(json.dumps(row(p, split, i)) + "\n" for i, p in enumerate(part))
         files[split] = out / f"{split}.jsonl"
         atomic_write_text(files[split], text)

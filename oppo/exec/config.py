@@ -347,6 +347,8 @@ class ExecConfig:
         model, task = self.model, self.task
         if model.preset in ("hf", "smollm2") and bool(model.reward) == bool(task.reward_fn):
             raise ValueError(f"preset {model.preset} needs exactly one of --reward PATH and --reward-fn NAME")
+        if task.data and not (task.reward_fn or self.reward_model):
+            raise ValueError("--data needs a reward: --reward-fn NAME|PATH.py:FUNCTION, or a reward model")
         if task.reward_fn and (self.rollout_workers or self.dp > 1 or self.placement != "colocated"):
             raise ValueError("--reward-fn scores in this process: --dp 1, colocated placement, no --rollout-workers")
         if task.data and self.rollout_workers:

@@ -158,18 +158,19 @@ class ChunkedDecoder:
 
 
 def nucleus(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """``logp`` (B, V) with every token outside each row's top-k and top-p set at -inf (the most likely token always
-    stays). Sampling from it by Gumbel-max draws from the renormalised cut distribution."""
-    if top_k <= 0 and top_p >= 1.0:
-        return logp
-    ordered, order = logp.sort(dim=-1, descending=True)
-    drop = torch.zeros_like(ordered, dtype=torch.bool)
-    if top_k > 0:
-        drop[:, top_k:] = True
+    """``logp`` (B, V) with every token outside each row's top-k, then outside the top-p of what is left, set at
+    -inf, as HF's warpers cut in that order: top-k keeps every token tied with the k-th, top-p the smallest set of
+    most likely tokens whose renormalised mass reaches p (the most likely token always stays). Sampling from it by
+    Gumbel-max draws from the renormalised cut distribution."""
+    if 0 < top_k < logp.shape[-1]:
+        kth = logp.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logp = logp.masked_fill(logp < kth, float("-inf"))
     if top_p < 1.0:
+        ordered, order = logp.sort(dim=-1, descending=True)
         probs = ordered.softmax(dim=-1)
-        drop |= probs.cumsum(dim=-1) - probs >= top_p  # the mass before a token already reaches p
-    return logp.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # the mass before a token already reaches p
+        logp = logp.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
+    return logp
 
 
 def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:

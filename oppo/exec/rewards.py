@@ -258,10 +258,10 @@ DEFAULT_FUNCTION = "compute_score"  # verl's custom_reward_function.name default
 
 def reward_file(spec: str) -> Path | None:
     """The Python file a ``--reward-fn`` spec loads from (None for a built-in name)."""
-    return None if spec in REWARD_FNS else _split_spec(spec)[0]
+    return None if spec in REWARD_FNS else split_reward_spec(spec)[0]
 
 
-def _split_spec(spec: str) -> tuple[Path, str]:
+def split_reward_spec(spec: str) -> tuple[Path, str]:
     """``PATH.py:FUNCTION`` or ``PATH.py`` (-> ``compute_score``); the last ":" splits, so "C:\\x.py:f" works."""
     path, sep, function = spec.rpartition(":")
     if sep and path and not function.endswith(".py"):
@@ -292,7 +292,7 @@ def load_reward_fn(spec: str) -> RewardFn:
     alone loads ``compute_score``). Raises ``ValueError`` with one line naming the problem."""
     if spec in REWARD_FNS:
         return REWARD_FNS[spec]
-    path, function = _split_spec(spec)
+    path, function = split_reward_spec(spec)
     if path.suffix != ".py":
         raise ValueError(f"unknown reward {spec!r}: use a built-in ({', '.join(REWARD_FNS)}) or PATH.py:FUNCTION")
     if not path.is_file():

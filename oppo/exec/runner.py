@@ -188,10 +188,13 @@ class Executor:
             if self.judge is None:  # a reward model scores; no answer check
                 reward = self.held_out._scores(answers)[0]
                 return reward, torch.full_like(reward, math.nan)
-            verdicts = [
-                self.judge(held.items[indices[k // samples]], answer, f"held-out item {indices[k // samples]}")
-                for k, answer in enumerate(answers)
-            ]
+            try:
+                verdicts = [
+                    self.judge(held.items[indices[k // samples]], answer, f"held-out item {indices[k // samples]}")
+                    for k, answer in enumerate(answers)
+                ]
+            except RewardFailed as err:
+                raise RunAborted(f"held-out evaluation: {err}") from err
             return torch.tensor([v.reward for v in verdicts]), torch.tensor([v.correct for v in verdicts])
 
         reward = self.scorers["reward"].model if "reward" in self.scorers else None
@@ -226,8 +229,7 @@ class Executor:
         # 1. admit the new prompts and deal every sequence in flight to a rank
         for seq_id in plan.new:
             self.data[seq_id] = self._new_sequence(seq_id)
-        for seq_id in plan.restarted:  # tailbatch: an aborted sample is generated again from its prompt
-            self.data[seq_id].response, self.data[seq_id].behaviour_logprobs = [], []
+        self._restart(plan.restarted)
         self._deal(plan)
         # 2. a critic scoring elsewhere gets this step's weights; streamed scorers take every sequence in flight
         #    (carried ones keep a frozen scorer's cache)
@@ -294,6 +296,13 @@ class Executor:
             held_out_len=held.response_len,
             held_out_s=held.seconds,
         )
+
+    def _restart(self, seq_ids) -> None:
+        """tailbatch: aborted samples are generated again from their prompts; what they had (their tokens, and the
+        verdict on an answer finished before the abort) is discarded."""
+        for seq_id in seq_ids:
+            self.data[seq_id].response, self.data[seq_id].behaviour_logprobs = [], []
+            self.judged.pop(seq_id, None)
 
     def evaluate_start(self) -> dict[str, float] | None:
         """``--eval-every``: the held-out scores of the weights before any update (None without evaluation)."""
@@ -383,7 +392,7 @@ class Executor:
         out |= {role: [t.cpu() for t in p.get()] for role, p in pending.items()}
         out |= {role: [rows.pop(i) for i in ids] for role, rows in self.precomputed.items()}
         if self.dataset is not None:
-            score, rule = self._dataset_scores(step, ids, out.get("reward"))
+            score, rule = self._dataset_scores(step, trained, out.get("reward"))
         else:
             rule = task.rule_score([self.data[i].response for i in ids])
             score = torch.stack(out["reward"]).float() if "reward" in out else rule
@@ -398,7 +407,7 @@ class Executor:
             "values": out.get("critic"),
             "score": score,
             "mean_reward": float(shown.mean()),
-            "rule_score": float(rule.mean()),
+            "rule_score": float(rule.nanmean()) if not rule.isnan().all() else math.nan,
             "kl": float(kl.mean()),
         }
 
@@ -416,14 +425,16 @@ class Executor:
                 except RewardFailed as err:
                     raise RunAborted(f"step {step}: {err}") from err
 
-    def _dataset_scores(self, step: int, ids: list[int], reward_model) -> tuple[torch.Tensor, torch.Tensor]:
-        """(reward, answer check) of the trained sequences of a task with answers: the reward function's (those
-        cut at the cap are judged now), or the reward model's with no answer check."""
+    def _dataset_scores(self, step: int, trained, reward_model) -> tuple[torch.Tensor, torch.Tensor]:
+        """(reward, answer check) of the trained sequences of a task with answers: the reward function's on the
+        finished ones (those cut at the cap are judged now), or the reward model's with no answer check. A T-PPO
+        segment of an unfinished sequence has no answer yet: reward 0 (unused: it bootstraps) and no check."""
         if self.judge is None:
             score = torch.stack(reward_model).float()
             return score, torch.full_like(score, math.nan)
-        self._judge(step, ids)
-        verdicts = [self.judged.pop(i) for i in ids]
+        self._judge(step, [t.seq_id for t in trained if t.finished])
+        unanswered = Judgement(0.0, math.nan)
+        verdicts = [self.judged.pop(t.seq_id) if t.finished else unanswered for t in trained]
         return torch.tensor([v.reward for v in verdicts]), torch.tensor([v.correct for v in verdicts])
 
     def _train(self, step: int, trained, scores: dict) -> tuple[float, ...]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from oppo.cli import add_config_args, given_options, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
-from oppo.exec.rewards import reward_file
+from oppo.exec.rewards import reward_file, split_reward_spec
 from oppo.tracking import Live, Trackers, add_tracking_args, trackers_from
 
 
@@ -63,7 +63,7 @@ def _absolute(options: dict) -> dict:
     out = {k: str(Path(v).resolve()) if k in PATH_OPTIONS and Path(v).exists() else v for k, v in options.items()}
     spec = out.get("reward_fn")
     if spec and (path := reward_file(spec)) and path.is_file():  # PATH.py[:FUNCTION]
-        out["reward_fn"] = str(path.resolve()) + spec[len(str(path)) :]
+        out["reward_fn"] = f"{path.resolve()}:{split_reward_spec(spec)[1]}"
     return out
 
 
@@ -143,14 +143,14 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
 
             log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
         done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
-        if not resume:
-            log.held_out_start = executor.evaluate_start()  # the start a run's held-out rise is measured from
     except BaseException:
         executor.close()
         raise
-    code = 0
-    live = Live(trackers, out, backend="exec") if trackers and trackers.any else None
+    code, live = 0, None
     try:
+        live = Live(trackers, out, backend="exec", resumed_at=done) if trackers and trackers.any else None
+        if not resume:
+            log.held_out_start = executor.evaluate_start()  # the start a run's held-out rise is measured from
         with tqdm(total=config.steps, initial=done, desc=config.schedule.policy, unit="step", disable=None) as bar:
             for _ in range(config.steps - done):
                 outcome, metrics = executor.step()
@@ -172,6 +172,11 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
         code = 1
     finally:
         executor.close()
+    if not log.steps:  # stopped before its first step closed: config.json is all there is
+        if live:
+            live.close()
+        print(f"{config.schedule.policy}: no step done -> {out}")
+        return code
     summary = log.write(recorder.rows, time.perf_counter() - start, final=True)
     if live:
         live.close()  # the summary, the config and the plots, now written

@@ -23,8 +23,10 @@ from oppo.exec.config import ExecConfig
 from oppo.exec.evaluation import HeldOut
 from oppo.exec.verifiable import DatasetPrompts, Judge
 
-# oppo's loss aggregations as TRL 1.12's loss_type (the mapping oppo.exec.config states); the others have none
-LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}
+# oppo's loss aggregations as TRL 1.12's loss_type: token-mean over each minibatch is "bnpo" (TRL's "dapo" divides by
+# the whole generation's tokens over steps_per_generation: the same where one minibatch is the whole step); the
+# others have no counterpart there
+LOSS_TYPES = {"token-mean": "bnpo", "seq-mean-token-mean": "grpo"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ def grpo_args(config: ExecConfig, out: str):
             ("dual_clip", cfg.dual_clip > 0),
             ("entropy_coef", cfg.entropy_coef > 0),
             ("offpolicy decoupled", cfg.offpolicy != "none"),
+            ("kl_clamp", cfg.kl_clamp > 0),
+            ("prompt_truncation left", config.task.prompt_truncation == "left"),  # TRL 1.12 keeps whole prompts
         )
         if bad
     ]
@@ -67,7 +71,7 @@ def grpo_args(config: ExecConfig, out: str):
         steps_per_generation=cfg.minibatches,
         num_iterations=cfg.epochs,
         gradient_accumulation_steps=1,
-        max_steps=config.steps,
+        max_steps=config.steps * updates_per_step(config),  # TRL counts optimizer steps
         max_completion_length=sched.max_new_tokens,
         learning_rate=config.learning_rates[0],
         lr_scheduler_type="constant",  # oppo's Adam runs at a constant rate (TRL's default decays linearly)
@@ -81,7 +85,7 @@ def grpo_args(config: ExecConfig, out: str):
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
-        mask_truncated_completions=False,
+        mask_truncated_completions=cfg.mask_truncated,
         logging_steps=1,
         save_strategy="no",
         use_cpu=not torch.cuda.is_available(),
@@ -90,11 +94,21 @@ def grpo_args(config: ExecConfig, out: str):
     )
 
 
-def reward_funcs(judge: Judge, items: list):
-    """The judge as a TRL reward function: TRL passes each completion with the dataset's other columns (here the
-    item's index) and wants a float per completion."""
+def updates_per_step(config: ExecConfig) -> int:
+    """Optimizer steps per generation: epochs x minibatches (TRL's num_iterations x steps_per_generation)."""
+    return config.ppo.epochs * config.ppo.minibatches
+
+
+def reward_funcs(judge: Judge, items: list, item_prompts: list):
+    """The judge as a TRL reward function: TRL passes each completion with its prompt and the dataset's other
+    columns (here the item's index) and wants a float per completion. ``item_prompts``: each item's prompt as TRL was
+    given it, checked against the one TRL passes (a completion judged against another item's answer would train
+    on noise)."""
 
     def verifiable_reward(prompts, completions, completion_ids, item, **kwargs) -> list[float]:
+        for i, prompt in zip(item, prompts):
+            if prompt != item_prompts[i]:
+                raise RuntimeError(f"TRL passed item {i} with another item's prompt: {prompt!r}")
         return [judge(items[i], list(ids), f"TRL sample of item {i}").reward for i, ids in zip(item, completion_ids)]
 
     return [verifiable_reward]
@@ -136,12 +150,12 @@ def run_trl_grpo(config: ExecConfig, eval_every: int = 0, progress=None) -> list
     with tempfile.TemporaryDirectory() as out:
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=reward_funcs(judge, data.items),
+            reward_funcs=reward_funcs(judge, data.items, rows["prompt"]),
             args=grpo_args(config, out),
             train_dataset=Dataset.from_dict(rows),
             processing_class=tokenizer,
         )
-        log = _Clock(held, eval_every, progress)
+        log = _Clock(held, eval_every, updates_per_step(config), progress)
         trainer.add_callback(log)
         log.start()
         trainer.train()
@@ -165,10 +179,12 @@ def _held_out(config: ExecConfig, model, tokenizer, judge: Judge, ids: tuple[int
 class _Clock(TrainerCallback):
     """The run's clock, each step's logged reward, and held-out accuracy every ``eval_every`` steps (off the clock)."""
 
-    def __init__(self, held: HeldOut | None, eval_every: int, progress) -> None:
-        self.held, self.eval_every, self.progress = held, eval_every, progress
+    def __init__(self, held: HeldOut | None, eval_every: int, updates: int, progress) -> None:
+        """``updates``: TRL's optimizer steps per oppo step (one generation)."""
+        self.held, self.eval_every, self.updates, self.progress = held, eval_every, updates, progress
         self.points: list[TRLPoint] = []
         self.paused_s = 0.0
+        self.rewards: dict[int, float] = {}  # generations done -> their samples' mean reward
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
@@ -183,15 +199,22 @@ class _Clock(TrainerCallback):
             accuracy = self.held.score().rule_score
             self.held.actor.train(training)  # TRL reads its logged metrics by the model's mode
             self.paused_s += time.perf_counter() - before
-        self.points.append(TRLPoint(step, wall, math.nan, accuracy))
+        self.points.append(TRLPoint(step, wall, self.rewards.get(step, math.nan), accuracy))
         if self.progress:
             self.progress(self.points[-1])
 
     def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
+        if state.global_step % self.updates:  # inside a generation's updates
+            return
+        step = state.global_step // self.updates
         self._record(step, evaluate=self.held is not None and step % self.eval_every == 0)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        """The step's logged reward (TRL logs after the step ends) onto its point."""
-        if logs and "reward" in logs and self.points:
-            self.points[-1] = dataclasses.replace(self.points[-1], mean_reward=float(logs["reward"]))
+        """A generation's reward (logged with the first optimizer step on its samples) onto its point: the one
+        recorded once all its updates are done, now or later."""
+        if logs and "reward" in logs:
+            self.rewards[(state.global_step - 1) // self.updates + 1] = float(logs["reward"])
+            self.points = [
+                dataclasses.replace(p, mean_reward=self.rewards[p.step]) if p.step in self.rewards else p
+                for p in self.points
+            ]

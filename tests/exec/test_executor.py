@@ -121,9 +121,9 @@ def test_grpo_trains_exactly_the_groups_the_core_selected(monkeypatch):
     seen = []
     original = runner.step_batch
 
-    def spy(config, trained, data, scores, pad_id):
+    def spy(config, trained, data, scores, pad_id, eos_id):
         seen.append(([t.seq_id for t in trained], [data[t.seq_id].prompt for t in trained]))
-        return original(config, trained, data, scores, pad_id)
+        return original(config, trained, data, scores, pad_id, eos_id)
 
     monkeypatch.setattr(runner, "step_batch", spy)
     executor, steps = run("oppo", steps=4, dtype="float32", algo="grpo", group_size=3, delta="2", check_tokens=2)
@@ -154,11 +154,11 @@ def test_a_sequence_samples_the_same_tokens_whatever_the_batch(monkeypatch):
     responses = {}
     original = runner.step_batch
 
-    def spy(config, trained, data, scores, pad_id):
+    def spy(config, trained, data, scores, pad_id, eos_id):
         responses.setdefault(config.schedule.policy, {}).update(
             {t.seq_id: list(data[t.seq_id].response) for t in trained if t.finished}
         )
-        return original(config, trained, data, scores, pad_id)
+        return original(config, trained, data, scores, pad_id, eos_id)
 
     monkeypatch.setattr(runner, "step_batch", spy)
     run("sync", steps=1)

@@ -59,6 +59,11 @@ def test_top_k_and_top_p_sample_the_renormalised_cut_distribution():
         assert float(((counts - expected)[seen].abs() / expected[seen].sqrt()).max()) < 4.5
 
 
+def test_top_k_keeps_the_tokens_tied_with_the_kth():
+    logp = torch.log_softmax(torch.tensor([[1.0, 2.0, 1.0, 0.0, 1.0]], dtype=torch.float64), -1)
+    assert torch.isfinite(nucleus(logp, 2, 1.0)).flatten().tolist() == [True, True, True, False, True]
+
+
 def test_top_k_1_decodes_the_greedy_tokens_and_keeps_the_full_softmax_log_probs(tiny_models):
     actor, _ = tiny_models[torch.float64]
     rows = [[5, 9, 4], [7, 3, 3, 8, 6]]

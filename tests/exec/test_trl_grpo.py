@@ -1,0 +1,34 @@
+"""TRL 1.12's GRPOTrainer set as an oppo GRPO run is: the option mapping of oppo.exec.trl_grpo."""
+
+import pytest
+
+from oppo.exec.config import ExecConfig, PPOConfig, TaskConfig, default_schedule
+
+pytest.importorskip("trl")
+
+from oppo.exec.trl_grpo import grpo_args  # noqa: E402
+
+
+def config(**ppo) -> ExecConfig:
+    schedule = default_schedule(policy="sync", algo="grpo", group_size=4, batch=3, max_new_tokens=32)
+    return ExecConfig(schedule=schedule, ppo=PPOConfig(**ppo), steps=5, task=TaskConfig())
+
+
+def test_one_oppo_step_is_one_trl_generation_of_epochs_x_minibatches_updates(tmp_path):
+    args = grpo_args(config(epochs=2, minibatches=3, clip_high=0.28, mask_truncated=True, lr=2e-6), str(tmp_path))
+    assert args.num_generations == 4 and args.max_completion_length == 32
+    assert args.per_device_train_batch_size * args.steps_per_generation == 12  # 3 prompts x 4 samples a step
+    assert (args.steps_per_generation, args.num_iterations) == (3, 2)
+    assert args.max_steps == 5 * 2 * 3  # TRL counts optimizer steps
+    assert args.loss_type == "bnpo"  # token-mean over each minibatch, as oppo's
+    assert (args.epsilon, args.epsilon_high, args.beta, args.scale_rewards) == (0.2, 0.28, 0.05, "group")
+    assert args.mask_truncated_completions and args.learning_rate == 2e-6 and args.lr_scheduler_type == "constant"
+
+
+@pytest.mark.parametrize(
+    ("ppo", "named"),
+    [({"loss_agg": "seq-mean-token-sum"}, "loss_agg"), ({"kl_clamp": 10.0}, "kl_clamp"), ({"dual_clip": 3.0}, "dual")],
+)
+def test_options_trl_has_no_counterpart_for_are_refused(tmp_path, ppo, named):
+    with pytest.raises(ValueError, match=f"no counterpart for .*{named}"):
+        grpo_args(config(**ppo), str(tmp_path))
