@@ -21,7 +21,7 @@ from oppo.exec.trl_baseline import run_trl
 from oppo.records.metrics import time_to_reward
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny-cpu")
     parser.add_argument("--steps", type=int, default=60)
@@ -34,7 +34,7 @@ def main() -> None:
     )
     parser.add_argument("--threshold", type=float, default=0.0, help="reward threshold for time-to-reward")
     parser.add_argument("--out", default="runs/bench-trl")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     lengths = load_lengths(args.lengths) if args.lengths else None
     model = ModelConfig(preset=args.preset, threads=1)
     task = TaskConfig(lengths=args.lengths or None)  # oppo.exec loads the same trace from its config

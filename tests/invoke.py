@@ -35,13 +35,29 @@ def _main(module: str):
     return main
 
 
+@contextlib.contextmanager
+def process_state_kept():
+    """Inside, a run may change torch's threads and random state, the environment and the cores this process may
+    use; they are put back after it."""
+    threads, rng, environ = torch.get_num_threads(), torch.get_rng_state(), dict(os.environ)
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+        os.environ.clear()
+        os.environ.update(environ)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+
+
 def invoke(module: str, *args, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
     """``python -m module *args`` in this process (``cwd``: run from there)."""
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
-    threads, rng, environ = torch.get_num_threads(), torch.get_rng_state(), dict(os.environ)
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     with contextlib.ExitStack() as stack:
+        stack.enter_context(process_state_kept())
         if cwd is not None:
             stack.enter_context(contextlib.chdir(cwd))
         stack.enter_context(contextlib.redirect_stdout(out))
@@ -57,13 +73,6 @@ def invoke(module: str, *args, cwd: str | Path | None = None) -> subprocess.Comp
             code = run_cli(_main(module), argv)
         except SystemExit as exit_:  # argparse: --help (0), a malformed option (2)
             code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
-        finally:
-            torch.set_num_threads(threads)
-            torch.set_rng_state(rng)
-            os.environ.clear()
-            os.environ.update(environ)
-            if cores is not None:
-                os.sched_setaffinity(0, cores)
     return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], code, out.getvalue(), err.getvalue())
 
 

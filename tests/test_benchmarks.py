@@ -3,8 +3,10 @@ directory, records under it: the checkout is left as it was). gpu_validate.py ne
 arguments and its refusal without CUDA are tested in tests/exec/test_gpu_validate.py."""
 
 import argparse
+import contextlib
 import csv
 import importlib.util
+import io
 import json
 import re
 import subprocess
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.invoke import process_state_kept
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TINY = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "4", "--max-new-tokens", "8")
 
@@ -20,6 +24,18 @@ TINY = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "4", "--max-new-token
 def bench(name, *args, cwd):
     cmd = [sys.executable, str(BENCHMARKS / f"{name}.py"), *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def bench_here(name, *args, cwd) -> str:
+    """The benchmark's ``main(argv)`` in this process (TRL and torch imported once per test process, not per
+    script), from ``cwd``; its stdout."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    with process_state_kept(), contextlib.chdir(cwd), contextlib.redirect_stdout(out):
+        module.main([str(a) for a in args])
+    return out.getvalue()
 
 
 def test_sim_speed(tmp_path):
@@ -60,9 +76,8 @@ def test_fidelity(tmp_path):
 
 def test_trl_baseline(tmp_path):
     pytest.importorskip("trl")
-    res = bench("trl_baseline", *TINY, "--out", str(tmp_path), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    rows = res.stdout.split("vs TRL")[-1].splitlines()[1:]
+    stdout = bench_here("trl_baseline", *TINY, "--out", str(tmp_path), cwd=tmp_path)
+    rows = stdout.split("vs TRL")[-1].splitlines()[1:]
     assert [r[:15].strip() for r in rows] == ["TRL", "oppo.exec sync", "oppo.exec oppo"]
 
 
@@ -80,9 +95,10 @@ def test_trl_grpo(tmp_path):
     )
     args = ("--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f", "--eval-every", "1")
     small = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "2", "--group-size", "2", "--max-new-tokens", "6")
-    res = bench("trl_grpo", *args, *small, "--prompt-tokens", "8", "--eval-prompts", "3", "--out", "out", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    rows = res.stdout.split("held-out accuracy at")[-1].splitlines()[1:]
+    stdout = bench_here(
+        "trl_grpo", *args, *small, "--prompt-tokens", "8", "--eval-prompts", "3", "--out", "out", cwd=tmp_path
+    )
+    rows = stdout.split("held-out accuracy at")[-1].splitlines()[1:]
     assert [r[:18].strip() for r in rows] == ["TRL GRPOTrainer", "oppo.exec sync", "oppo.exec oppo"]
     with open(tmp_path / "out" / "grpo_side_by_side.csv") as fh:
         table = list(csv.DictReader(fh))

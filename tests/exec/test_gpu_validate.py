@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from oppo.catalog.shapes import HF_SHAPES
 from oppo.exec.checkpoints import random_checkpoints
+from tests.invoke import train
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate.py"
 SMALL = dict(
@@ -59,34 +60,10 @@ def test_random_checkpoints_of_a_real_architecture_load_and_train(tmp_path):
     assert type(actor).__name__ == "Qwen2ForCausalLM" and reward.config.num_labels == 1
     assert actor.config.num_hidden_layers == 2 and json.loads((paths["actor"] / "config.json").read_text())
     assert set(HF_SHAPES["qwen2.5-1.5b"]) >= set(SMALL)  # the real shapes have the fields a small one does
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "oppo.exec.train",
-            "--preset",
-            "hf",
-            "--actor",
-            str(paths["actor"]),
-            "--reward",
-            str(paths["reward"]),
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-            "--mode",
-            "oppo",
-            "--steps",
-            "2",
-            "--batch",
-            "2",
-            "--max-new-tokens",
-            "8",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    res = train(
+        "--preset", "hf", "--actor", paths["actor"], "--reward", paths["reward"], "--dtype", "float32",
+        "--device", "cpu", "--mode", "oppo", "--steps", "2", "--batch", "2", "--max-new-tokens", "8",
+        "--out", tmp_path / "run",
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
