@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -22,27 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule  # noqa: E402
+from oppo.exec.learning import add_study_args, study_from  # noqa: E402
 from oppo.exec.train import train  # noqa: E402
 from oppo.exec.trl_grpo import run_trl_grpo  # noqa: E402
-
-
-def config_for(args: argparse.Namespace, policy: str) -> ExecConfig:
-    schedule = default_schedule(
-        policy=policy, algo="grpo", batch=args.batch, group_size=args.group_size, max_new_tokens=args.max_new_tokens
-    )
-    task = TaskConfig(
-        data=args.data,
-        val_data=args.val_data,
-        reward_fn=args.reward_fn,
-        prompt_tokens=args.prompt_tokens,
-        eval_every=args.eval_every,
-        eval_prompts=args.eval_prompts,
-        eval_decoding="greedy",
-    )
-    ppo = PPOConfig(epochs=1, minibatches=1, lr=args.lr, kl_coef=args.kl_coef)
-    model = ModelConfig(preset=args.preset, threads=args.threads)
-    return ExecConfig(schedule=schedule, model=model, ppo=ppo, task=task, steps=args.steps, seed=args.seed)
 
 
 def oppo_points(out: Path) -> tuple[list[float], list[tuple[int, float, float]]]:
@@ -61,38 +44,25 @@ def oppo_points(out: Path) -> tuple[list[float], list[tuple[int, float, float]]]
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="smollm2")
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--val-data", required=True)
-    parser.add_argument("--reward-fn", default="gsm8k")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=4, help="prompts per step")
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--prompt-tokens", type=int, default=96)
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--kl-coef", type=float, default=0.0, help="beta (TRL's default 0)")
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--eval-prompts", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=1)
+    add_study_args(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench-grpo")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    study, out = study_from(args), Path(args.out)
     runs: dict[str, tuple[list[float], list[tuple[int, float, float]]]] = {}
-    trl = run_trl_grpo(config_for(args, "sync"), eval_every=args.eval_every)
+    trl = run_trl_grpo(study.config("sync", args.seed), eval_every=study.eval_every)
     wall = [p.wall_s for p in trl]
     runs["TRL GRPOTrainer"] = (
         list(np.diff(wall)),
         [(p.step, p.wall_s, p.held_out_accuracy) for p in trl if np.isfinite(p.held_out_accuracy)],
     )
     for policy in ("sync", "oppo"):
-        train(config_for(args, policy), out / policy)
+        train(dataclasses.replace(study.config(policy, args.seed), save_every=0), out / policy)
         runs[f"oppo.exec {policy}"] = oppo_points(out / policy)
-    samples = args.batch * args.group_size
+    samples = study.batch * study.group_size
     base = float(np.median(runs["TRL GRPOTrainer"][0][1:]))
-    shape = f"{args.batch} prompts x {args.group_size} samples, cap {args.max_new_tokens}"
-    print(f"\n{args.preset}: {shape}, {args.steps} steps")
+    shape = f"{study.batch} prompts x {study.group_size} samples, cap {study.max_new_tokens}"
+    print(f"\n{study.preset}: {shape}, {study.steps} steps")
     print(
         f"{'run':<18} {'step s (p25-p75)':>20} {'vs TRL':>7} {'samples/s':>10}  held-out accuracy at (updates, clock s)"
     )

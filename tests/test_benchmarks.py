@@ -81,18 +81,24 @@ def test_trl_baseline(tmp_path):
     assert [r[:15].strip() for r in rows] == ["TRL", "oppo.exec sync", "oppo.exec oppo"]
 
 
-def test_trl_grpo(tmp_path):
-    pytest.importorskip("trl")
+def word_task(folder) -> None:
+    """A task the tiny preset's word-level tokenizer reads: 8 training and 3 validation items in verl's schema, and a
+    reward of the item alone (``r.py:f``): a third of the validation items (ground truth t3) are "right" whatever
+    the answer, so held-out accuracy is 1/3 exactly where each answer is judged against its own item."""
     rows = [
         {"prompt": [{"role": "user", "content": f"t{5 + i} t7"}], "reward_model": {"ground_truth": f"t{3 + i % 4}"}}
         for i in range(8)
     ]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
-    # a reward of the item alone: a third of the validation items (ground truth t3) are "right" whatever the answer
-    (tmp_path / "r.py").write_text(
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    (folder / "r.py").write_text(
         "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return float(ground_truth == 't3')\n"
     )
+
+
+def test_trl_grpo(tmp_path):
+    pytest.importorskip("trl")
+    word_task(tmp_path)
     args = ("--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f", "--eval-every", "1")
     small = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "2", "--group-size", "2", "--max-new-tokens", "6")
     stdout = bench_here(
@@ -106,6 +112,23 @@ def test_trl_grpo(tmp_path):
     assert [(r["run"][:4], r["updates"], float(r["held_out_accuracy"])) for r in table] == [
         (run, str(n), pytest.approx(1 / 3)) for run in ("TRL ", "oppo", "oppo") for n in range(3)
     ]
+
+
+def test_real_task_learning(tmp_path):
+    word_task(tmp_path)
+    args = ["--preset", "tiny-cpu", "--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f"]
+    args += ["--variants", "sync,oppo", "--seeds", "1", "--steps", "2", "--batch", "2", "--group-size", "2"]
+    args += ["--max-new-tokens", "6", "--prompt-tokens", "8", "--eval-every", "1", "--eval-prompts", "3"]
+    stdout = bench_here("real_task_learning", *args, "--out", "out", cwd=tmp_path)
+    table = stdout.split("seconds")[-1].splitlines()[1:]
+    assert [r.split()[:3] for r in table] == [["sync", "0.333", "0.333"], ["oppo", "0.333", "0.333"]]  # 1 of 3 "right"
+    assert (tmp_path / "out" / "accuracy.png").stat().st_size > 0
+    with open(tmp_path / "out" / "learning.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == 2 * 2  # two runs of two steps
+    finished = (tmp_path / "out" / "sync-s0" / "summary.json").stat().st_mtime_ns
+    again = bench_here("real_task_learning", *args, "--out", "out", cwd=tmp_path)
+    assert "steps, mean step" not in again and again.split("accuracy")[-1] == stdout.split("accuracy")[-1]  # reused
+    assert (tmp_path / "out" / "sync-s0" / "summary.json").stat().st_mtime_ns == finished
 
 
 @pytest.mark.slow  # starts Ray (~12 s idle, ~35 s busy); the Ray paths it drives are tested in tests/exec

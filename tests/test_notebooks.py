@@ -10,9 +10,10 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-# The two that run the executor for ~40 s each run with -m slow; their library calls are tested in the default run
-# (oppo.fidelity by tests/test_benchmarks.py::test_fidelity, the async learners by tests/exec/test_async.py).
-SLOW = {"sim_vs_exec", "async_learning"}
+# The three that run the executor for ~40 s or more each run with -m slow; their library calls are tested in the
+# default run (oppo.fidelity by tests/test_benchmarks.py::test_fidelity, the async learners by tests/exec/test_async.py,
+# the task study by tests/test_benchmarks.py::test_real_task_learning).
+SLOW = {"sim_vs_exec", "async_learning", "real_task"}
 
 
 def test_notebooks_are_stripped():

@@ -115,22 +115,39 @@ def reward_curves(runs: Mapping[str, Sequence[StepRecord]], path: str | Path, ti
 SMOOTH_STEPS = 5  # the running mean of learning_plot: one step's reward over B samples is noisy
 
 
-def learning_plot(runs: Mapping[str, Sequence[Sequence[Mapping]]], path: str | Path, title: str = "") -> Path:
-    """Learning under staleness (:mod:`oppo.exec.learning` rows, per variant a list of runs over seeds): the trained
-    samples' reward (top, running mean) and the held-out reward of the trained weights (bottom, where evaluated)
-    against samples trained (left) and run seconds (right); mean line and range over seeds."""
+LEARNING_MEASURES = {  # what learning_plot draws: (trained samples' column, held-out column, what it is)
+    "reward": ("reward", "held_out_reward", "reward"),
+    "accuracy": ("rule_score", "held_out_rule_score", "accuracy (answer check)"),
+}
+
+
+def learning_plot(
+    runs: Mapping[str, Sequence[Sequence[Mapping]]], path: str | Path, title: str = "", measure: str = "reward"
+) -> Path:
+    """Learning (:mod:`oppo.exec.learning` rows, per variant a list of runs over seeds): the trained samples' reward
+    or accuracy (``measure``; top, running mean) and the held-out one of the trained weights (bottom, where
+    evaluated, from the scores before any update where every seed has them) against samples trained (left) and run
+    seconds (right); mean line and range over seeds."""
+    trained_key, held_key, name = LEARNING_MEASURES[measure]
     fig, axes = _subplots(2, 2, figsize=(11, 7.5), sharey="row")
     for variant, seeds in runs.items():
         samples = np.array([[r["samples"] for r in rows] for rows in seeds], dtype=float)  # (seeds, steps)
         seconds = np.array([[r["end_s"] for r in rows] for rows in seeds])
-        rewards = _running_mean(np.array([[r["reward"] for r in rows] for rows in seeds]), SMOOTH_STEPS)
-        color = _band(axes[0], variant, samples, seconds, rewards, None)
-        evaluated = [i for i, r in enumerate(seeds[0]) if r["held_out_reward"] is not None]  # the same steps per seed
+        trained = _running_mean(np.array([[r[trained_key] for r in rows] for rows in seeds]), SMOOTH_STEPS)
+        color = _band(axes[0], variant, samples, seconds, trained, None)
+        evaluated = [i for i, r in enumerate(seeds[0]) if r[held_key] is not None]  # the same steps per seed
         if evaluated:
-            held = np.array([[rows[i]["held_out_reward"] for i in evaluated] for rows in seeds])
-            _band(axes[1], variant, samples[:, evaluated], seconds[:, evaluated], held, color, marker="o")
-    axes[0, 0].set_ylabel(f"reward of the trained samples\n({SMOOTH_STEPS}-step mean)")
-    axes[1, 0].set_ylabel("held-out reward of the trained weights")
+            held = np.array([[rows[i][held_key] for i in evaluated] for rows in seeds])
+            at_samples, at_seconds = samples[:, evaluated], seconds[:, evaluated]
+            if all(rows[0].get("start") for rows in seeds):  # the weights before any update, at 0 samples and 0 s
+                start = np.array([[rows[0]["start"][held_key]] for rows in seeds])
+                zeros = np.zeros_like(start)
+                held, at_samples, at_seconds = (
+                    np.hstack(p) for p in ((start, held), (zeros, at_samples), (zeros, at_seconds))
+                )
+            _band(axes[1], variant, at_samples, at_seconds, held, color, marker="o")
+    axes[0, 0].set_ylabel(f"{name} of the trained samples\n({SMOOTH_STEPS}-step mean)")
+    axes[1, 0].set_ylabel(f"held-out {name} of the trained weights")
     axes[1, 0].set_xlabel("samples trained")
     axes[1, 1].set_xlabel("run seconds")
     axes[0, 0].legend(fontsize=8)
