@@ -87,32 +87,41 @@ class Live:
     """The trackers of one run, open while it runs: :meth:`step` logs a step's values as it closes, :meth:`close`
     the summary, the config and the plots from the run's files once written."""
 
-    def __init__(self, trackers: Trackers, run_dir: Path, backend: str, resumed_at: int = 0) -> None:
-        """``resumed_at``: a run resumed from a checkpoint after this many steps goes on in the trackers' runs it
-        started (their ids kept in ``run_dir/trackers.json``); TensorBoard drops what it logged from that step on
-        (a session restart), the steps being done again."""
+    def __init__(
+        self, trackers: Trackers, run_dir: Path, backend: str, resumed_at: int = 0, resumable: bool = False
+    ) -> None:
+        """``resumable``: the run may be resumed (the executor's): the MLflow and W&B run ids are kept in
+        ``run_dir/trackers.json`` with the store and project they belong to. ``resumed_at``: a run resumed from a
+        checkpoint after this many steps goes on in those runs where the store and project are the same (else in
+        new ones); TensorBoard restarts its session at that step (every session opens with a START event, so the
+        resumed one is a restart that drops what was logged from that step on)."""
         self.trackers, self.run_dir, self.backend = trackers, Path(run_dir), backend
         self.name = self.run_dir.resolve().name
         self.last_step = 0
         self.tensorboard = self.mlflow = self.wandb = None
         ids = _read_ids(self.run_dir) if resumed_at else {}
         if trackers.tensorboard is not None:
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self.tensorboard = EventFileWriter(str(trackers.tensorboard / self.name))
-            if resumed_at:
-                from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-
-                restart = Event(wall_time=time.time(), step=resumed_at, session_log=SessionLog(status=SessionLog.START))
-                self.tensorboard.add_event(restart)
+            start = SessionLog(status=SessionLog.START)
+            self.tensorboard.add_event(Event(wall_time=time.time(), step=resumed_at, session_log=start))
+        kept = {}
         if trackers.mlflow is not None:
-            self.mlflow = _mlflow_run(trackers.mlflow, self.name, backend, ids.get("mlflow"))
-            ids["mlflow"] = self.mlflow[1]
+            store = trackers.mlflow.resolve().as_uri()
+            previous = ids.get("mlflow", {})
+            self.mlflow = _mlflow_run(
+                store, self.name, backend, previous.get("run") if previous.get("store") == store else None
+            )
+            kept["mlflow"] = {"store": store, "run": self.mlflow[1]}
         if trackers.wandb is not None:
-            self.wandb = _wandb_run(trackers.wandb, self.run_dir, self.name, backend, ids.get("wandb"))
-            ids["wandb"] = self.wandb.id
-        if ids:
-            write_json(self.run_dir / TRACKER_IDS, ids)
+            previous = ids.get("wandb", {})
+            run_id = previous.get("run") if previous.get("project") == trackers.wandb else None
+            self.wandb = _wandb_run(trackers.wandb, self.run_dir, self.name, backend, run_id)
+            kept["wandb"] = {"project": trackers.wandb, "run": self.wandb.id}
+        if resumable and kept:
+            write_json(self.run_dir / TRACKER_IDS, kept)
 
     def step(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` (name -> number, True/False as 1/0, as read from the CSV files; non-finite numbers and
@@ -144,9 +153,10 @@ class Live:
             values |= {f"{prefix}/{k}": v for k, v in fields.items() if k != "step"}
         self.step(step, values)
 
-    def close(self) -> None:
-        """The summary, the config and the plots, from the run's files; the trackers closed. A run that wrote no
-        summary (stopped before its first step) closes them as they are."""
+    def close(self, code: int = 0) -> None:
+        """The summary, the config and the plots, from the run's files; the trackers closed, with the run's exit
+        ``code`` (not 0: MLflow's run is marked failed, W&B's exit code is it). A run that wrote no summary (stopped
+        before its first step) closes them as they are."""
         run = RunFiles.read(self.run_dir) if (self.run_dir / "summary.json").is_file() else None
         final_step = max(self.last_step, run.final_step if run else 0)
         if self.tensorboard is not None:
@@ -156,13 +166,11 @@ class Live:
         if self.mlflow is not None:
             if run:
                 _mlflow_final(*self.mlflow, run, final_step)
-            else:
-                self.mlflow[0].set_terminated(self.mlflow[1], status="KILLED")
+            self.mlflow[0].set_terminated(self.mlflow[1], status="FINISHED" if run and not code else "FAILED")
         if self.wandb is not None:
             if run:
                 _wandb_final(self.wandb, run)
-            else:
-                self.wandb.finish(exit_code=1)
+            self.wandb.finish(exit_code=code or (0 if run else 1))
 
     def _tb_emit(self, step: int, value) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -270,18 +278,23 @@ def _read_ids(run_dir: Path) -> dict[str, str]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _mlflow_run(store: Path, name: str, backend: str, run_id: str | None = None):
-    """(client, run id) of a new MLflow run in experiment ``oppo`` of the local file store ``store``, or of run
-    ``run_id`` there, open again (a resumed run: its steps done again are logged again, MLflow keeps both)."""
+def _mlflow_run(store: str, name: str, backend: str, run_id: str | None = None):
+    """(client, run id) of a new MLflow run in experiment ``oppo`` of the local file store at URI ``store``, or of
+    run ``run_id`` there, open again where it still exists (a resumed run: its steps done again are logged again,
+    MLflow keeps both)."""
     # MLflow 3 keeps the file store in maintenance mode and asks for this opt-in; a server or a database
     # backend would need more than a folder.
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    client = MlflowClient(tracking_uri=store)
     if run_id is not None:
-        client.update_run(run_id, status="RUNNING")
-        return client, run_id
+        try:
+            client.update_run(run_id, status="RUNNING")
+            return client, run_id
+        except MlflowException:  # deleted since: a new run
+            pass
     experiment = client.get_experiment_by_name("oppo")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment("oppo")
     return client, client.create_run(experiment_id, run_name=name, tags={"backend": backend}).info.run_id
@@ -300,7 +313,6 @@ def _mlflow_final(client, run_id: str, run: RunFiles, step: int) -> None:
     client.log_batch(run_id, metrics=[Metric(tag, value, stamp, step) for tag, value in run.final.items()])
     for png in run.plots:
         client.log_artifact(run_id, str(png), artifact_path="plots")
-    client.set_terminated(run_id)
 
 
 def _wandb_run(project: str, run_dir: Path, name: str, backend: str, run_id: str | None = None):
@@ -324,4 +336,3 @@ def _wandb_final(wb, run: RunFiles) -> None:
     wb.summary.update(run.final)
     if run.plots:
         wb.log({f"plots/{png.stem}": wandb.Image(str(png)) for png in run.plots}, commit=True)
-    wb.finish()

@@ -43,7 +43,8 @@ def problems(train: int, val: int, seed: int) -> tuple[list, list]:
     rng = random.Random(seed)
     pairs = sorted({(min(a, b), max(a, b)) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)})
     rng.shuffle(pairs)
-    cut = math.ceil(len(pairs) * val / (train + val)) if val else 0
+    # the pairs split in proportion, each side with a pair where it has a problem
+    cut = min(max(math.ceil(len(pairs) * val / (train + val)), 1 if val else 0), len(pairs) - (1 if train else 0))
     chosen = []
     for part, count in ((pairs[:cut], val), (pairs[cut:], train)):
         space = [(a, b, n, o) for x, y in part for a, b in {(x, y), (y, x)} for n in NAMES for o in OBJECTS]

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule
+from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 
 VARIANTS = ("sync", "oppo", "async1", "async2", "async4", "async1-decoupled", "async2-decoupled", "async4-decoupled")
 COLUMNS = ("step", "end_s", "samples", "reward", "rule_score", "held_out_reward", "held_out_rule_score")
@@ -171,11 +171,18 @@ class TaskStudy:
 
     def run(self, variant: str, seed: int, out: Path, train) -> list[dict]:
         """Run ``variant`` at ``seed`` into ``out`` with ``train`` (:func:`oppo.exec.train.train`, given: this module
-        stays below the command line): go on from its checkpoint, or keep a finished run as it is; its rows
-        (:func:`read_run`)."""
-        config, summary = self.config(variant, seed), out / "summary.json"
+        stays below the command line): go on from its checkpoint, or keep a finished run as it is, where ``out``
+        holds this very run (another config there is an error: a study with other knobs needs another folder); its
+        rows (:func:`read_run`). A run stopped (Ctrl-C, a failure) ends the study with the run's exit code."""
+        config = self.config(variant, seed)
+        stored = out / "config.json"
+        if stored.is_file() and dataclasses.replace(load_config(stored), steps=config.steps) != config:
+            raise ValueError(f"{out} holds a run of another config: give the study another output folder")
+        summary = out / "summary.json"
         if not (summary.is_file() and json.loads(summary.read_text())["steps"] >= config.steps):
-            train(config, out, resume=(out / "checkpoint" / "state.pkl").is_file())
+            code = train(config, out, resume=(out / "checkpoint" / "state.pkl").is_file())
+            if code:
+                raise SystemExit(code)
         return read_run(out)
 
 

@@ -148,7 +148,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
         raise
     code, live = 0, None
     try:
-        live = Live(trackers, out, backend="exec", resumed_at=done) if trackers and trackers.any else None
+        live = Live(trackers, out, "exec", resumed_at=done, resumable=True) if trackers and trackers.any else None
         if not resume:
             log.held_out_start = executor.evaluate_start()  # the start a run's held-out rise is measured from
         with tqdm(total=config.steps, initial=done, desc=config.schedule.policy, unit="step", disable=None) as bar:
@@ -174,12 +174,12 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
         executor.close()
     if not log.steps:  # stopped before its first step closed: config.json is all there is
         if live:
-            live.close()
+            live.close(code)
         print(f"{config.schedule.policy}: no step done -> {out}")
         return code
     summary = log.write(recorder.rows, time.perf_counter() - start, final=True)
     if live:
-        live.close()  # the summary, the config and the plots, now written
+        live.close(code)  # the summary, the config and the plots, now written
     print(
         f"{config.schedule.policy}: {summary['steps']} steps, mean step {summary['mean_step_s']:.3f} s, "
         f"reward first-10 {log.mean_reward(first=True):.3f} -> last-10 {log.mean_reward(first=False):.3f}, "

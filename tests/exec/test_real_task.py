@@ -6,6 +6,7 @@ same as for a real model, in seconds. One run trains the real SmolLM2 (skipped w
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -332,3 +333,20 @@ def test_with_a_reward_function_intra_streams_to_the_reference_and_trains_as_syn
     for a, b in zip(runs["sync"][0], runs["intra"][0], strict=True):
         for column in ("mean_reward", "rule_score", "kl", "policy_loss", "response_len"):
             assert float(a[column]) == pytest.approx(float(b[column]), rel=1e-10, abs=1e-12), column
+
+
+def test_a_study_refuses_a_folder_holding_a_run_of_other_knobs(task):
+    from oppo.exec.learning import TaskStudy
+    from oppo.exec.train import train as train_fn
+
+    study = TaskStudy(
+        data=str(task / "train.jsonl"), val_data=str(task / "val.jsonl"), reward_fn=f"{task / 'reward.py'}:judge",
+        preset="tiny-cpu", steps=1, batch=1, group_size=2, max_new_tokens=4, prompt_tokens=8, eval_every=1,
+        eval_prompts=2,
+    )  # fmt: skip
+    rows = study.run("sync", 0, task / "study", train_fn)
+    assert len(rows) == 1 and rows[0]["start"] is not None
+    assert study.run("sync", 0, task / "study", train_fn) == rows  # finished: reused
+    other = dataclasses.replace(study, lr=1e-3)
+    with pytest.raises(ValueError, match="holds a run of another config"):
+        other.run("sync", 0, task / "study", train_fn)

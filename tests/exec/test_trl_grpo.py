@@ -32,3 +32,21 @@ def test_one_oppo_step_is_one_trl_generation_of_epochs_x_minibatches_updates(tmp
 def test_options_trl_has_no_counterpart_for_are_refused(tmp_path, ppo, named):
     with pytest.raises(ValueError, match=f"no counterpart for .*{named}"):
         grpo_args(config(**ppo), str(tmp_path))
+
+
+def test_the_clock_records_one_point_per_generation_with_its_reward():
+    """6 optimizer steps per generation (epochs 2 x minibatches 3): TRL logs a generation's reward with its first
+    step, and oppo's point for it is recorded after its last."""
+    from types import SimpleNamespace
+
+    from oppo.exec.trl_grpo import _Clock
+
+    clock = _Clock(held=None, eval_every=0, updates=6, progress=None)
+    clock.start()
+    for global_step in range(1, 13):  # two generations
+        state = SimpleNamespace(global_step=global_step)
+        clock.on_step_end(None, state, None)
+        logs = {"loss": 0.1} | ({"reward": 0.25 * global_step} if global_step % 6 == 1 else {})
+        clock.on_log(None, state, None, logs=logs)
+    assert [p.step for p in clock.points] == [0, 1, 2]
+    assert [p.mean_reward for p in clock.points[1:]] == [0.25, 1.75]  # logged at global steps 1 and 7
