@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from oppo.cli import run_cli
@@ -37,15 +39,18 @@ def _main(module: str):
 
 @contextlib.contextmanager
 def process_state_kept():
-    """Inside, a run may change torch's threads and random state, the environment and the cores this process may
-    use; they are put back after it."""
+    """Inside, a run may change torch's threads, the random states (torch's, numpy's and Python's: transformers'
+    ``set_seed`` seeds all three), the environment and the cores this process may use; they are put back after it."""
     threads, rng, environ = torch.get_num_threads(), torch.get_rng_state(), dict(os.environ)
+    np_rng, py_rng = np.random.get_state(), random.getstate()
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
         yield
     finally:
         torch.set_num_threads(threads)
         torch.set_rng_state(rng)
+        np.random.set_state(np_rng)
+        random.setstate(py_rng)
         os.environ.clear()
         os.environ.update(environ)
         if cores is not None:
