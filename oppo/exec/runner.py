@@ -161,14 +161,17 @@ class Executor:
             self.prompts, held_out = self.prompts[:-n], self.prompts[-n:]
         else:
             held_out = synthetic_prompts(n, self.config.task.prompt_tokens, self.vocab_size, self._seed(5))
+        return self._evaluator(held_out, token_ids)
+
+    def _evaluator(self, prompts: list[list[int]], token_ids: tuple[int, int, int], judge=None) -> HeldOut:
+        """The held-out evaluator of ``prompts``, sampling as the run does; ``judge``: scores the answers instead of
+        the reward model and the rule (:class:`~oppo.exec.evaluation.HeldOut`)."""
+        cfg, task = self.config, self.config.task
         reward = self.scorers["reward"].model if "reward" in self.scorers else None
-        task, cap = self.config.task, self.config.schedule.max_new_tokens
-        actor = self.group.rank.roles.actor
-        temperature = self.config.ppo.temperature
-        cut = (self.config.ppo.top_k, self.config.ppo.top_p)
         return HeldOut(
-            actor, reward, held_out, token_ids[:2], cap, task.eval_decoding, temperature, self._seed(6),
-            task.eval_samples, cut=cut,
+            self.group.rank.roles.actor, reward, prompts, token_ids[:2], cfg.schedule.max_new_tokens,
+            task.eval_decoding, cfg.ppo.temperature, self._seed(6), task.eval_samples, judge,
+            (cfg.ppo.top_k, cfg.ppo.top_p),
         )  # fmt: skip
 
     def _held_out_items(self, token_ids: tuple[int, int, int]) -> HeldOut:
@@ -197,21 +200,7 @@ class Executor:
                 raise RunAborted(f"held-out evaluation: {err}") from err
             return torch.tensor([v.reward for v in verdicts]), torch.tensor([v.correct for v in verdicts])
 
-        reward = self.scorers["reward"].model if "reward" in self.scorers else None
-        prompts = [held.prompts[i] for i in indices]
-        return HeldOut(
-            self.group.rank.roles.actor,
-            reward,
-            prompts,
-            token_ids[:2],
-            self.config.schedule.max_new_tokens,
-            task.eval_decoding,
-            self.config.ppo.temperature,
-            self._seed(6),
-            samples,
-            judge,
-            (self.config.ppo.top_k, self.config.ppo.top_p),
-        )
+        return self._evaluator([held.prompts[i] for i in indices], token_ids, judge)
 
     @classmethod
     def colocated(cls, config: ExecConfig, roles: Roles, recorder: Recorder, lengths: LengthTrace | None = None):
