@@ -5,8 +5,10 @@ import argparse
 import csv
 import json
 import os
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,17 +96,37 @@ def test_executor_run_is_tracked_with_its_training_metrics(tmp_path):
     assert run.data.params["schedule.policy"] == "sync"
 
 
+def wandb_records(path) -> list[bytes]:
+    """The records of a W&B transaction log (``run-*.wandb``), read with the format's spec rather than a private
+    W&B module (those move between releases): a 7-byte file header (``:W&B``, magic 0xBEE1, version 0), then
+    LevelDB's log format: 32 KiB blocks of chunks, each a 7-byte header (CRC32, length as uint16 LE, type 1 full,
+    2 first, 3 middle, 4 last) and its bytes; a block's tail shorter than a header is zero padding."""
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B" and struct.unpack("<HB", data[4:7]) == (0xBEE1, 0), "not a W&B transaction log"
+    block, at, records, parts = 32768, 7, [], []
+    while at + 7 <= len(data):
+        if block - at % block < 7:  # padding at the end of a block
+            at += block - at % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[at : at + 7])
+        if kind == 0:  # preallocated, never written
+            break
+        parts.append(data[at + 7 : at + 7 + length])
+        at += 7 + length
+        if kind in (1, 4):
+            records.append(b"".join(parts))
+            parts = []
+    return records
+
+
 def wandb_history(run_dir) -> tuple[dict[int, dict], dict]:
     """Each step's logged values and the summary of the offline W&B run under ``run_dir/wandb``, read back from its
-    record file with W&B's own reader."""
+    record file and parsed with W&B's own protobuf schema."""
     from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
 
     (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
-    store = datastore.DataStore()
-    store.open_for_scan(str(path))
     history, summary = {}, {}
-    while (data := store.scan_data()) is not None:
+    for data in wandb_records(path):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         kind = record.WhichOneof("record_type")
