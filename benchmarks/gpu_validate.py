@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dp = require_cuda(args.dp)
     from oppo.catalog.lengths import load_lengths
     from oppo.fidelity import fidelity
-    from oppo.sim.cli import format_table
+    from oppo.cli import format_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

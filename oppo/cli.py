@@ -114,3 +114,12 @@ def directory(text: str) -> Path:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a directory")
     return path
+
+
+def format_table(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    cells = [[("-" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

@@ -7,7 +7,8 @@ terms of the setup that leave the span of the runs it was calibrated on.
 (leave-one-group-out, each run weighted alike); with one log, of its own validated steps. ``validate-log``, ``run``,
 ``compare``, ``sweep`` and ``plan`` on such a setup say that interval and name what extrapolates: more GPUs or
 nodes than any calibration run, a model outside [half the smallest, twice the largest], another GPU, algorithm or
-rollout engine reset, group sampling where no run sampled groups, a longer response cap.
+rollout engine reset or training backend, a training tensor- or pipeline-parallel degree outside the runs', group
+sampling where no run sampled groups, a longer response cap.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def calibration(
         rollout_tensor_parallel=span([s.framework.rollout_tensor_parallel for s in setups]),
         weight_reshards=tuple(sorted({s.framework.weight_reshard for s in setups})),
         sharded=tuple(sorted({s.framework.sharded for s in setups})),
+        train_backends=tuple(sorted({s.framework.train_backend for s in setups})),
+        train_tensor_parallel=span([s.framework.train_tensor_parallel for s in setups]),
+        train_pipeline_parallel=span([s.framework.train_pipeline_parallel for s in setups]),
     )
 
 
@@ -101,6 +105,12 @@ def extrapolations(setup: Setup) -> list[str]:
     if c.rollout_tensor_parallel and not c.rollout_tensor_parallel[0] <= tp <= c.rollout_tensor_parallel[1]:
         span = c.rollout_tensor_parallel
         found.append(f"rollout tensor parallel {tp} (calibrated on {span[0]}-{span[1]})")
+    for what, value, span in (
+        ("training tensor parallel", setup.framework.train_tensor_parallel, c.train_tensor_parallel),
+        ("training pipeline parallel", setup.framework.train_pipeline_parallel, c.train_pipeline_parallel),
+    ):
+        if span and not span[0] <= value <= span[1]:
+            found.append(f"{what} {value} (calibrated on {span[0]}-{span[1]})")
     for what, value, seen in (
         ("GPU", setup.gpu, c.gpu_names),
         ("algorithm", setup.algo, c.algos),
@@ -108,6 +118,7 @@ def extrapolations(setup: Setup) -> list[str]:
         ("rollout kv_cache_reset", setup.framework.kv_cache_reset, c.kv_cache_resets),
         ("weight_reshard", setup.framework.weight_reshard, c.weight_reshards),
         ("sharded", setup.framework.sharded, c.sharded),
+        ("train_backend", setup.framework.train_backend, c.train_backends),
     ):
         if seen and value not in seen:
             found.append(f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})")

@@ -19,21 +19,20 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from oppo.catalog.lengths import load_lengths
-from oppo.cli import add_config_args, given_options, run_cli
+from oppo.cli import add_config_args, format_table, given_options, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.records.io import write_json, write_run
 from oppo.records.optrace import cycle_collector_paused
 from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.calibration import calibration, trust_note
+from oppo.sim.calibration import trust_note
 from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
+from oppo.sim.logcli import LOG_COMMANDS, add_log_commands
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
-from oppo.sim.runlogs import load_run_log
-from oppo.sim.setups import PRESETS, Setup, load_setup, setup_from_dict, setup_toml
+from oppo.sim.setups import PRESETS, Setup, load_setup, setup_from_dict
 from oppo.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
 from oppo.tracking import add_tracking_args, track_run, trackers_from
 
@@ -99,32 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", required=True, help="directory for plan.csv, pareto.png and best/config.json")
     add_pool_args(plan)
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
-    for name, what in (
-        ("calibrate-log", "fit a setup's framework layer to a real run's per-step log, validate on the rest"),
-        ("validate-log", "predict every step of a real run's log with a setup as it is (no fitting)"),
-    ):
-        log = sub.add_parser(name, help=what)
-        several = name == "calibrate-log"  # several --log/--setup pairs: one framework layer for every run
-        log.add_argument(
-            "--log",
-            required=True,
-            action="append" if several else None,
-            help="verl console log (plain or .gz), or per-step CSV / JSON-lines"
-            + ("; repeat with a --setup each for one layer fitted across runs" if several else ""),
-        )
-        log.add_argument(
-            "--setup",
-            required=True,
-            action="append" if several else None,
-            help="the run's setup: a preset, a bundled run setup (e.g. verl-qwen2.5-0.5b-gsm8k) or a .toml file",
-        )
-        log.add_argument(
-            "--out",
-            required=True,
-            help="directory for fidelity.json, fidelity.png and setup.toml (several logs: framework.toml)",
-        )
-        if name == "calibrate-log":
-            log.add_argument("--fit-frac", type=float, default=0.6, help="share of the steps fitted (default: 0.6)")
+    add_log_commands(sub)
     cal = sub.add_parser("calibrate", help="fit a cost profile to an executor run's trace.csv")
     cal.add_argument("--trace", required=True, help="trace.csv of an oppo.exec run")
     cal.add_argument("--out", required=True, help="profile JSON to write (e.g. oppo/data/profiles/tiny-cpu.json)")
@@ -293,15 +267,6 @@ def cmd_compare(args: argparse.Namespace) -> None:
         plots.speed_vs_staleness(rows, out / "staleness.png", f"{summaries[0]['config']['setup']['name']}")
 
 
-def format_table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    cells = [[("-" if r[c] is None else str(r[c])) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
 def _write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -457,120 +422,6 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"-> {args.out}")
 
 
-def cmd_calibrate_log(args: argparse.Namespace) -> None:
-    from oppo.sim.logdevice import resolve_gpu
-    from oppo.sim.logfit import calibrate
-
-    if len(args.log) != len(args.setup):
-        raise ValueError(f"{len(args.log)} --log but {len(args.setup)} --setup: give each log its setup, in order")
-    if len(args.log) > 1:
-        _calibrate_shared(args)
-        return
-    log = load_run_log(args.log[0])
-    setup = resolve_gpu(load_setup(args.setup[0]), log)
-    calibrated, fitted = calibrate(setup, log, args.fit_frac)
-    errors = {stage: [e] for stage, e in _log_fidelity(calibrated, log, fitted, Path(args.out)).items()}
-    record = calibration([setup], errors, basis="within")
-    framework = dataclasses.replace(calibrated.framework, calibration=record)
-    calibrated = dataclasses.replace(calibrated, framework=framework)
-    print(trust_note(calibrated))
-    base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
-    (Path(args.out) / "setup.toml").write_text(setup_toml(calibrated, base))
-    print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
-
-
-def _calibrate_shared(args: argparse.Namespace) -> None:
-    """One framework layer fitted across several runs: ``framework.toml``, and per run its within-run and
-    leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
-    from oppo.records import plots
-    from oppo.sim.logdevice import resolve_gpu
-    from oppo.sim.logfit import fitted_terms, logged_run, shared_fidelity, summary
-    from oppo.sim.setups import framework_toml
-
-    logs = [load_run_log(log) for log in args.log]
-    runs = [logged_run(resolve_gpu(load_setup(s), log), log, args.fit_frac) for log, s in zip(logs, args.setup)]
-    layer, report, errors, basis = shared_fidelity(runs)
-    record = calibration([run.setup for run in runs], errors, basis=basis)
-    coverage = {run.name: float(np.mean(e <= record.step_err)) for run, e in zip(runs, errors["step"], strict=True)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    sources = "\n".join(f"  {run.name}: {run.log.source} ({run.n_fit} of {len(run.log.steps)} steps)" for run in runs)
-    (out / "framework.toml").write_text(
-        framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}", record)
-    )
-    overall = summary(report)
-    write_json(
-        out / "fidelity.json",
-        {
-            "runs": report,
-            "summary": overall,
-            "interval": {"basis": basis, "coverage": record.coverage, "step_err": record.step_err}
-            | {"coverage_by_run": coverage}
-            | {"stage_err": dict(zip(record.stages, record.stage_err, strict=True))},
-            "fitted_terms": fitted_terms(runs),
-            "fit_frac": args.fit_frac,
-        },
-    )
-    plots.fidelity_matrix(report, out / "fidelity.png")
-    rows = []
-    for name, entry in report.items():
-        for kind, fid in entry.items():
-            cells = {"run": name, "errors": kind, "step": f"{fid['step']['median_abs_err']:.1%}"}
-            cells["stage_weighted"] = f"{fid['step']['stage_weighted_err']:.1%}"
-            cells |= {stage: f"{r['median_abs_err']:.1%}" for stage, r in fid["stages"].items()}
-            rows.append(cells)
-    stages = dict.fromkeys(k for r in rows for k in r if k not in ("run", "errors", "step", "stage_weighted"))
-    columns = ["run", "errors", "step", "stage_weighted", *stages]
-    print(format_table([{c: r.get(c, "-") for c in columns} for r in rows]))
-    for kind, measures in overall.items():
-        figures = (f"{m} median {v['median']:.1%} worst {v['worst']:.1%}" for m, v in measures.items())
-        print(f"{kind}: " + ", ".join(figures))
-    print(
-        f"interval: ±{record.step_err:.1%} of a step holds {record.coverage:.0%} of the steps predicted "
-        f"{basis.replace('_', '-')} (by run: {', '.join(f'{v:.0%}' for v in coverage.values())})"
-    )
-    print(
-        f'-> {out / "framework.toml"} (a setup takes it with [framework] base = "{out / "framework.toml"}"), '
-        f"{out / 'fidelity.json'}, {out / 'fidelity.png'}"
-    )
-
-
-def cmd_validate_log(args: argparse.Namespace) -> None:
-    from oppo.sim.logdevice import resolve_gpu
-
-    log = load_run_log(args.log)
-    _log_fidelity(resolve_gpu(load_setup(args.setup), log), log, 0, Path(args.out))
-
-
-def _log_fidelity(setup, log, first: int, out: Path) -> dict:
-    """Predict the log's steps with ``setup`` (from step ``first``): ``fidelity.json``, ``fidelity.png`` and the
-    table; returns each stage's absolute relative error per validated step."""
-    from oppo.records import plots
-    from oppo.sim.logfit import replay_errors, step_errors
-
-    report, measured, predicted = replay_errors(setup, log, first)
-    out.mkdir(parents=True, exist_ok=True)
-    note = trust_note(setup)
-    if note:
-        report["prediction_note"] = note
-    write_json(out / "fidelity.json", report | {"log": log.source, "setup": setup.name})
-    plots.plot_fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
-    rows = [
-        {
-            "stage": name,
-            "measured_s": round(r["measured_s"], 3),
-            "predicted_s": round(r["predicted_s"], 3),
-            "median_abs_err": f"{r['median_abs_err']:.1%}",
-        }
-        for name, r in [("step", report["step"]), *report["stages"].items()]
-    ]
-    print(f"{setup.name}: fitted on {first} steps, validated on {report['validate_steps']} (medians)")
-    print(format_table(rows))
-    if note:
-        print(note)
-    return step_errors(measured, predicted, first)
-
-
 COMMANDS = {
     "run": cmd_run,
     "compare": cmd_compare,
@@ -578,9 +429,7 @@ COMMANDS = {
     "plan": cmd_plan,
     "fit-gpus": cmd_fit_gpus,
     "calibrate": cmd_calibrate,
-    "calibrate-log": cmd_calibrate_log,
-    "validate-log": cmd_validate_log,
-}
+} | LOG_COMMANDS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,6 +109,9 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     for stage in STAGE_OPS:
         terms = {term: added[term][stage] - bare[stage] for term in PROBES}
         extra_s = bare[stage] - terms["roofline_s"] - terms["gather_s"]
+        terms["serial_s"] = np.zeros_like(terms["gather_s"])
+        if setup.framework.train_backend == "megatron":  # its collectives (one link probe) are serial, no gathers
+            terms["serial_s"], terms["gather_s"] = terms["gather_s"], terms["serial_s"]
         # per-step terms: charged once per step by a stage that runs (generation's named ones by its engine)
         per_step = StageLoad() if stage not in runs else _step_load(generating, stage)
         once = {f: np.full(len(steps), float(getattr(per_step, f))) for f in PER_STEP}

@@ -98,7 +98,7 @@ def load_run_log(path: str | Path) -> TrainingLog:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"log not found: {path}")
-    text = _read_text(path)
+    text = read_log_text(path)
     name = path.name.removesuffix(".gz")
     if name.endswith(".csv"):
         rows = _csv_rows(path, text)
@@ -109,7 +109,7 @@ def load_run_log(path: str | Path) -> TrainingLog:
     return _run_log(path, rows)
 
 
-def _read_text(path: Path) -> str:
+def read_log_text(path: Path) -> str:
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:

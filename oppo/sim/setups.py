@@ -149,6 +149,28 @@ class Setup:
             raise ValueError("setup needs batch, max_new_tokens, ppo_epochs and minibatches > 0")
         if self.placement.kind == "disaggregated" and self.reward and self.placement.reward_gpus < 1:
             raise ValueError("a disaggregated reward model needs reward_gpus >= 1")
+        if self.framework.train_backend == "megatron":
+            self._check_megatron_layout()
+
+    def _check_megatron_layout(self) -> None:
+        """Megatron splits the actor's GPUs into replicas of tensor x pipeline GPUs, and the model's layers into
+        pipeline x virtual chunks."""
+        fw = self.framework
+        group, chunks = (
+            fw.train_tensor_parallel * fw.train_pipeline_parallel,
+            fw.train_pipeline_parallel * fw.virtual_pipeline,
+        )
+        if self.placement.actor_gpus % group:
+            raise ValueError(
+                f"setup {self.name}: train_tensor_parallel x train_pipeline_parallel = {group} does not divide the "
+                f"actor's {self.placement.actor_gpus} GPUs"
+            )
+        layers = model_shape(self.actor).layers
+        if layers % chunks:
+            raise ValueError(
+                f"setup {self.name}: train_pipeline_parallel x virtual_pipeline = {chunks} does not divide the "
+                f"model's {layers} layers"
+            )
 
     def schedule(self, **overrides: Any) -> ScheduleConfig:
         """The schedule this setup runs by default (B, cap, chunk candidates, Δ up to B/4), with overrides."""
@@ -241,7 +263,11 @@ class Setup:
             first, n = _first_gpu(device), device_count(device)
             engine_terms = self._rollout_engine(model, gpu, first, n) if role == generating else {}
             roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)
-            out[role] = FrameworkCost(roofline, role, self.framework, self.cluster.link_bytes_per_s(gpu, first, n))
+            links = {"collective_bytes_per_s": self.cluster.link_bytes_per_s(gpu, first, n)}
+            if self.framework.train_backend == "megatron":
+                tp = min(self.framework.train_tensor_parallel, n)
+                links["tensor_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, group=tp)
+            out[role] = FrameworkCost(roofline, role, self.framework, **links)
         return out
 
     def _rollout_engine(self, model, gpu, first: int, n_gpus: int) -> dict[str, Any]:
@@ -434,10 +460,10 @@ def framework_toml(layer: dict[str, StageCost], comment: str, calibration: Calib
     (``[calibration]``)."""
     lines = [f"# {line}" for line in comment.splitlines()]
     for stage, cost in layer.items():
-        lines += ["", f"[{stage}]"] + [f"{t} = {_toml_value(float(getattr(cost, t)))}" for t in STAGE_TERMS]
+        lines += ["", f"[{stage}]"] + [f"{t} = {toml_value(float(getattr(cost, t)))}" for t in STAGE_TERMS]
     if calibration is not None:
         fields = dataclasses.asdict(calibration)
-        lines += ["", "[calibration]"] + [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
+        lines += ["", "[calibration]"] + [f"{key} = {toml_value(value)}" for key, value in fields.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -445,7 +471,7 @@ def setup_toml(setup: Setup, base: str) -> str:
     """A setup as TOML over ``base`` (a preset or a setup file): the fields that differ from it, so the file reads
     as what was changed (e.g. a calibrated framework layer)."""
     reference = load_setup(base)
-    lines = [f"base = {_toml_value(base)}", f"name = {_toml_value(setup.name)}"]
+    lines = [f"base = {toml_value(base)}", f"name = {toml_value(setup.name)}"]
     tables = []
     for f in dataclasses.fields(setup):
         value, old = getattr(setup, f.name), getattr(reference, f.name)
@@ -456,7 +482,7 @@ def setup_toml(setup: Setup, base: str) -> str:
         if dataclasses.is_dataclass(value):
             tables += _toml_tables(f.name, value, old)
         else:
-            lines.append(f"{f.name} = {_toml_value(value)}")
+            lines.append(f"{f.name} = {toml_value(value)}")
     return "\n".join(lines + tables) + "\n"
 
 
@@ -470,20 +496,20 @@ def _toml_tables(name: str, value: Any, old: Any) -> list[str]:
         if dataclasses.is_dataclass(v):
             nested += _toml_tables(f"{name}.{f.name}", v, o)
         else:
-            own.append(f"{f.name} = {_toml_value(v)}")
+            own.append(f"{f.name} = {toml_value(v)}")
     return (own if len(own) > 1 else []) + nested
 
 
 _UNSET = object()  # the field of a table the base setup does not have (e.g. its gpu_spec is None)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, tuple | list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, float):
         return repr(value)
     if value is None:

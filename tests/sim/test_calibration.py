@@ -72,7 +72,7 @@ def calibrate_log(*args: str) -> subprocess.CompletedProcess:
 def test_a_calibrated_setup_prints_its_interval_where_it_predicts(tmp_path):
     """calibrate-log writes the record into the calibrated setup; run on that setup says its interval (on stderr,
     beside the records) and that it extrapolates where it does."""
-    log = str(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz")
+    log = str(DATA / "verl_qwen2.5_0.5b_resp512.log.gz")
     res = calibrate_log("--log", log, "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "cal"))
     assert res.returncode == 0, res.stderr
     assert "note: verl-qwen2.5-0.5b-gsm8k-calibrated predicts a sync step to ±" in res.stdout
@@ -116,8 +116,8 @@ def test_an_interval_of_siblings_alone_says_it_is_leave_one_out(tmp_path):
     """Two runs of one group (one model, GPU, framework version): no run is predicted without its group, so the
     interval is made of leave-one-out errors and says so."""
     runs = [
-        ("verl_qwen2.5_0.5b_resp512_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
-        ("verl_qwen2.5_0.5b_resp256_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
+        ("verl_qwen2.5_0.5b_resp512.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
+        ("verl_qwen2.5_0.5b_resp256.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
     ]
     args = [arg for log, setup in runs for arg in ("--log", str(DATA / log), "--setup", setup)]
     res = calibrate_log(*args, "--out", str(tmp_path / "cal"))

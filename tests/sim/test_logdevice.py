@@ -15,7 +15,7 @@ from oppo.sim.setups import GpuSpec, load_setup, setup_from_dict, setup_toml
 from tests import invoke
 
 DATA = Path(__file__).parent / "data"
-GPG_LOG = DATA / "verl_qwen2_7b_gpg_steps.log.gz"
+GPG_LOG = DATA / "verl_qwen2_7b_gpg.log.gz"
 GPG = "verl-qwen2-7b-gpg-8gpu"
 MI300X_CSV = DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz"
 FIGURES = "hbm_bytes_per_s = 3e12\npeak_flops = 5e14"  # of a [gpu_spec] table

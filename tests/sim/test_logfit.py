@@ -34,11 +34,11 @@ DATA = Path(__file__).with_name("data")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
 SAME_STAGE = ("old_log_prob", "values", "update_actor", "update_critic")  # TRL stages: the shared layer's own
 SHARED_RUNS = (  # the five shared runs, as oppo/data/framework/verl-shared.toml's header fits them
-    ("verl_qwen2.5_0.5b_resp512_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
-    ("verl_qwen2.5_0.5b_resp256_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
-    ("verl_gemma_2_2b_steps.log.gz", "verl-gemma-2-2b-gsm8k"),
+    ("verl_qwen2.5_0.5b_resp512.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
+    ("verl_qwen2.5_0.5b_resp256.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
+    ("verl_gemma_2_2b.log.gz", "verl-gemma-2-2b-gsm8k"),
     ("verl_deepseek_7b_ppo_8xmi300x.csv.gz", "verl-deepseek-llm-7b-ppo-8xmi300x"),
-    ("verl_qwen2_7b_gpg_steps.log.gz", "verl-qwen2-7b-gpg-8gpu"),
+    ("verl_qwen2_7b_gpg.log.gz", "verl-qwen2-7b-gpg-8gpu"),
 )
 
 
@@ -93,7 +93,7 @@ def assert_simulated_as_predicted(setup, log):
 def test_a_calibrated_setup_simulates_what_the_fit_predicts():
     """Calibrate on a real verl log (Gemma-2 2B on 2 GPUs, the reference offloaded), then simulate the calibrated
     setup with the same per-step lengths: every stage's simulated seconds equal the fit's prediction to 1e-6."""
-    log = load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz")
+    log = load_run_log(DATA / "verl_gemma_2_2b.log.gz")
     fitted, _ = calibrate(load_setup("verl-gemma-2-2b-gsm8k"), log, fit_frac=0.6)
     gen = fitted.framework.gen
     assert gen.per_token_s > 0 and gen.cache_reinit_s > 0  # the terms the old per-token formula mispriced
@@ -147,8 +147,8 @@ def docs_row(label: str) -> list[str]:
 @pytest.mark.parametrize(
     "label, log, setup",
     [
-        ("Gemma-2-2B, 2 GPUs", "verl_gemma_2_2b_steps.log.gz", "verl-gemma-2-2b-gsm8k"),
-        ("Qwen2.5-0.5B, cap 512", "verl_qwen2.5_0.5b_resp512_steps.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
+        ("Gemma-2-2B, 2 GPUs", "verl_gemma_2_2b.log.gz", "verl-gemma-2-2b-gsm8k"),
+        ("Qwen2.5-0.5B, cap 512", "verl_qwen2.5_0.5b_resp512.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
         pytest.param(  # 1,119 steps of a 7B run: ~40 s
             "deepseek-llm-7B, 8 MI300X",
             "verl_deepseek_7b_ppo_8xmi300x.csv.gz",
@@ -235,8 +235,8 @@ def calibrate_log(*args: str) -> subprocess.CompletedProcess:
 
 
 TWO_RUNS = (
-    *("--log", str(DATA / "verl_gemma_2_2b_steps.log.gz"), "--setup", "verl-gemma-2-2b-gsm8k"),
-    *("--log", str(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz"), "--setup", "verl-qwen2.5-0.5b-gsm8k"),
+    *("--log", str(DATA / "verl_gemma_2_2b.log.gz"), "--setup", "verl-gemma-2-2b-gsm8k"),
+    *("--log", str(DATA / "verl_qwen2.5_0.5b_resp512.log.gz"), "--setup", "verl-qwen2.5-0.5b-gsm8k"),
 )
 
 
@@ -275,8 +275,8 @@ def scaled(log: TrainingLog, factor: float) -> TrainingLog:
 def test_leave_one_run_out_predicts_a_run_with_the_layer_of_the_others_alone():
     """Held out means held out: doubling the held-out run's own times moves its measured times and nothing of its
     prediction, while every prediction whose fit sees that run moves."""
-    gemma = logged_run(load_setup("verl-gemma-2-2b-gsm8k"), load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz"), 0.6)
-    qwen_log = load_run_log(DATA / "verl_qwen2.5_0.5b_resp512_steps.log.gz")
+    gemma = logged_run(load_setup("verl-gemma-2-2b-gsm8k"), load_run_log(DATA / "verl_gemma_2_2b.log.gz"), 0.6)
+    qwen_log = load_run_log(DATA / "verl_qwen2.5_0.5b_resp512.log.gz")
     qwen = logged_run(load_setup("verl-qwen2.5-0.5b-gsm8k"), qwen_log, 0.6)
     slower = logged_run(qwen.setup, scaled(qwen_log, 2.0), 0.6)
     _, report, _, _ = shared_fidelity([gemma, qwen])
@@ -297,7 +297,7 @@ def test_leave_one_run_out_predicts_a_run_with_the_layer_of_the_others_alone():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--log", str(DATA / "verl_gemma_2_2b_steps.log.gz")), "2 --log but 1 --setup"),
+        (("--log", str(DATA / "verl_gemma_2_2b.log.gz")), "2 --log but 1 --setup"),
         (("--setup", "verl-gemma-2-2b-gsm8k"), "1 --log but 2 --setup"),
     ],
 )
@@ -326,7 +326,7 @@ def test_runs_of_two_model_sizes_separate_a_per_micro_batch_cost_from_the_propor
     }
     runs = []
     for setup_name, log_name in (
-        ("verl-gemma-2-2b-gsm8k", "verl_gemma_2_2b_steps.log.gz"),
+        ("verl-gemma-2-2b-gsm8k", "verl_gemma_2_2b.log.gz"),
         ("verl-deepseek-llm-7b-ppo-8xmi300x", "verl_deepseek_7b_ppo_8xmi300x.csv.gz"),
     ):
         setup = load_setup(setup_name)
@@ -350,7 +350,7 @@ def test_a_rule_reward_is_a_cpu_stage_per_sequence_the_fit_recovers():
         "reward": StageCost(per_unit_s=8e-5),
         "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=3000.0),
     }
-    steps = list(load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz").steps)[:30]
+    steps = list(load_run_log(DATA / "verl_gemma_2_2b.log.gz").steps)[:30]
     log = synthesized_log(setup, truth, [dataclasses.replace(s, stages={}) for s in steps])
     assert all(s.stages["reward"] == pytest.approx(512 * 8e-5) for s in log.steps)  # B sequences scored a step
     fitted, _ = calibrate(setup, log, fit_frac=0.6)
@@ -362,9 +362,11 @@ def test_a_rule_reward_and_a_reward_model_are_not_fitted_as_one_stage():
     """A rule reward is CPU time per sequence, a reward model a GPU forward pass per micro-batch: across runs each
     scorer's reward terms are fitted on the runs that have it (one problem would put the rule's seconds per sequence
     into the reward model's per-micro-batch term), and neither predicts the other's in leave-one-run-out."""
-    rule_setup = load_setup("verl-gemma-2-2b-gsm8k")
+    # packed: rows of their own lengths, so a pass's micro-batch tokens vary and its terms are told apart (this
+    # run's verl padded every row to 1,536 tokens, where the efficiency and the micro-batch term are one)
+    rule_setup = overridden(load_setup("verl-gemma-2-2b-gsm8k"), {"framework": {"packed": True}})
     model_setup = dataclasses.replace(rule_setup, name="gemma-reward-model", reward="gemma-2-2b")
-    steps = [dataclasses.replace(s, stages={}) for s in list(load_run_log(DATA / "verl_gemma_2_2b_steps.log.gz").steps)]
+    steps = [dataclasses.replace(s, stages={}) for s in list(load_run_log(DATA / "verl_gemma_2_2b.log.gz").steps)]
     gen = StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0)
     rule_truth = {"gen": gen, "reward": StageCost(per_unit_s=8e-5)}
     model_truth = {"gen": gen, "reward": StageCost(efficiency=0.5, half_efficiency_tokens=1500.0)}

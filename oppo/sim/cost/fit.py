@@ -45,6 +45,11 @@ MIN_INVERSE = 1e-3  # 1 / efficiency at least: a stage at most 1000 times faster
 # overlap and the default efficiency fractions are priors, never bounds); a log that cannot tell it from the
 # compute terms (gathers far smaller than compute) leaves it where the prior is.
 PRIOR_WEIGHT = 0.1
+# Collectives whose seconds keep nearly one ratio to the compute's over the fitted steps (one run: both grow with
+# its tokens) cannot be told from the compute: their link share then stays at the nominal figure (a prior of
+# PRIOR_WEIGHT); runs of several layouts, whose ratios spread by more than this (coefficient of variation), fit it
+# free
+IDENTIFIED_SPREAD = 0.1
 # achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
 GATHER_SCALE_BOUNDS = (1 / 50, 50)
 PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads that tell which terms a run pays
@@ -93,29 +98,47 @@ def fit_stage(
         measured = measured[timed]
     if gen:
         return _fit_generation(load, measured, reshard_frac)
-    columns = [load.roofline_s, load.small_s] + ([load.units] if per_unit else [])
+    collectives = bool(np.any(load.serial_s))  # Megatron's: their link's share, a column pulled to the nominal
+    columns = (
+        [load.roofline_s, load.small_s] + ([load.units] if per_unit else []) + ([load.serial_s] if collectives else [])
+    )
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     # the gathers at the priors, compute larger: their exposed share (the nonlinear fit below moves both terms)
     serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)
-    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured)  # inverse: 1 / efficiency
+    anchored = collectives and not _spread(load.serial_s, load.roofline_s, measured.shape)
+    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured, anchor_last=anchored)  # 1 / efficiency
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
-    linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s)
+    link = {"gather_bandwidth_frac": 1 / max(float(rest[-1]), 1 / GATHER_SCALE_BOUNDS[1])} if collectives else {}
+    linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link)
     return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
 
 
-def roofline_lstsq(x: np.ndarray, target: np.ndarray) -> np.ndarray:
+def _spread(part, whole, shape: tuple) -> bool:
+    """Whether ``part`` / ``whole`` varies over the steps by more than ``IDENTIFIED_SPREAD``."""
+    ratio = np.broadcast_to(part, shape) / np.maximum(np.broadcast_to(whole, shape), 1e-30)
+    return bool(np.std(ratio) > IDENTIFIED_SPREAD * np.mean(ratio))
+
+
+def roofline_lstsq(x: np.ndarray, target: np.ndarray, anchor_last: bool = False) -> np.ndarray:
     """Non-negative least squares of ``x · c ≈ target`` whose first column is the roofline's, its coefficient the
     inverse efficiency: at least the roofline (an inverse of 1) costs nothing, faster than it (a GPU above its
     datasheet times the default fractions) pays a prior of ``PRIOR_WEIGHT`` per step per unit below 1, so the data
     move it there when they insist and a near-collinear fit cannot wander there. inverse = 1 + up - down, both
-    >= 0, the prior on ``down``."""
+    >= 0, the prior on ``down``. ``anchor_last``: the last column's coefficient is pulled to 1 with the same
+    weight (seconds at a nominal link: 1 / its achieved share, where the steps cannot tell it from the
+    efficiency)."""
     n, others = len(target), x[:, 1:]
     roofline = x[:, :1]
     augmented = np.hstack([roofline, -roofline, others])
-    prior = np.zeros((1, augmented.shape[1]))
-    prior[0, 1] = PRIOR_WEIGHT * np.sqrt(n)
-    up, down, *rest = nonnegative_lstsq(np.vstack([augmented, prior]), np.append(target - roofline[:, 0], 0.0))
+    priors = np.zeros((1 + anchor_last, augmented.shape[1]))
+    priors[0, 1] = PRIOR_WEIGHT * np.sqrt(n)
+    targets = [0.0]
+    if anchor_last:
+        priors[1, -1] = PRIOR_WEIGHT * np.sqrt(n)
+        targets.append(PRIOR_WEIGHT * np.sqrt(n))
+    rhs = np.append(target - roofline[:, 0], targets)
+    up, down, *rest = nonnegative_lstsq(np.vstack([augmented, priors]), rhs)
     return np.array([max(1.0 + up - down, MIN_INVERSE), *rest])
 
 
@@ -184,6 +207,8 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
         }
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
+    if np.any(load.serial_s) and _spread(load.serial_s, load.roofline_s, np.shape(load.serial_s)):
+        gathers = ["gather_bandwidth_frac"]  # Megatron's collectives, where the steps tell them from the compute
     return ["efficiency", "half_efficiency_tokens", *(["per_unit_s"] if per_unit else []), *gathers]
 
 

@@ -70,7 +70,9 @@ class StageLoad:
     ``roofline_s`` seconds at the roofline; ``small_s`` roofline seconds per token of a micro-batch on one GPU
     (the micro-batch term); ``units`` decode iterations or micro-batches; ``row_tokens`` decode rows computed,
     one token each, summed over iterations; ``steps`` per-step charges; ``extra_s`` seconds no term scales;
-    ``gather_s`` seconds of the sharded parameters' gathers at the nominal link; the rollout engine's per-step
+    ``gather_s`` seconds of the sharded parameters' gathers at the nominal link; ``serial_s`` seconds of the
+    collectives on a pass's critical path at the nominal link (Megatron's tensor-parallel all-reduces between a
+    layer's matrix products, its gradients' all-reduce: nothing to overlap them with); the rollout engine's per-step
     costs (:meth:`FrameworkCost.step_load`): ``reinit_steps`` re-initialisations of its KV cache, ``reshard_s``
     seconds of the weights' reshard into it and ``transfer_s`` of its sleep mode's weight moves, at the nominal
     links."""
@@ -82,6 +84,7 @@ class StageLoad:
     steps: float | np.ndarray = 0.0
     extra_s: float | np.ndarray = 0.0
     gather_s: float | np.ndarray = 0.0
+    serial_s: float | np.ndarray = 0.0
     reinit_steps: float | np.ndarray = 0.0
     reshard_s: float | np.ndarray = 0.0
     transfer_s: float | np.ndarray = 0.0
@@ -130,6 +133,8 @@ class StageCost:
             gathers = load.gather_s / self.gather_bandwidth_frac
             busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
         seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
+        if np.any(load.serial_s):  # the same link's achieved share: one fitted factor per stage for its collectives
+            seconds = seconds + load.serial_s / self.gather_bandwidth_frac
         if np.any(load.reinit_steps) or np.any(load.reshard_s) or np.any(load.transfer_s):  # the engine's per-step
             moves = load.reshard_s / self.reshard_frac + load.transfer_s / self.transfer_frac
             seconds = seconds + load.reinit_steps * self.cache_reinit_s + moves
@@ -138,6 +143,7 @@ class StageCost:
 
 IDENTITY = StageCost()  # no framework terms: the roofline
 KV_CACHE_RESETS = ("none", "reinit", "sleep")
+TRAIN_BACKENDS = ("fsdp", "megatron")
 
 
 @dataclass(frozen=True)
@@ -148,8 +154,8 @@ class Calibration:
     siblings (``basis``: "leave_one_group_out", or "within" for one run's own validated steps); and the span of the
     runs, each a (min, max) or the values seen: total GPUs, nodes, parameters (billions), response caps, the GPUs,
     algorithms, group sizes, the rollout engines' per-step resets, the engines, their tensor-parallel degrees
-    (min, max), whether they reshard and whether the training passes shard their parameters. Empty (no runs): an
-    uncalibrated layer."""
+    (min, max), whether they reshard and whether the training passes shard their parameters, the training backends
+    and their tensor- and pipeline-parallel degrees (min, max). Empty (no runs): an uncalibrated layer."""
 
     runs: tuple[str, ...] = ()
     basis: str = ""
@@ -169,6 +175,9 @@ class Calibration:
     rollout_tensor_parallel: tuple[int, ...] = ()
     weight_reshards: tuple[bool, ...] = ()
     sharded: tuple[bool, ...] = ()
+    train_backends: tuple[str, ...] = ()  # empty in a record written before Megatron: no check
+    train_tensor_parallel: tuple[int, ...] = ()
+    train_pipeline_parallel: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,7 +192,22 @@ class Framework:
     # (and again for its backward, then reduce-scatters the gradients): bytes over the interconnect (False: the
     # gathers, if any, are inside the fitted terms)
     sharded: bool = False
+    # Megatron-LM training (train_backend = "megatron"): each layer's matrices split over train_tensor_parallel
+    # GPUs (two all-reduces of a layer's activations per forward, two per backward), the layers over
+    # train_pipeline_parallel stages of virtual_pipeline chunks each (a pass of m micro-batches idles
+    # (p - 1) / (v m) of its compute while the pipeline fills and drains), the remaining GPUs data-parallel replicas
+    # whose gradients are all-reduced once per optimizer step. sequence_parallel and distributed_optimizer move the
+    # same bytes (an all-gather and a reduce-scatter for each all-reduce) and save memory, which is not modelled.
+    train_backend: str = "fsdp"
+    train_tensor_parallel: int = 1
+    train_pipeline_parallel: int = 1
+    virtual_pipeline: int = 1
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
     packed: bool = True  # remove-padding: passes compute real tokens (False: every row padded to the longest)
+    # without remove-padding, rows padded to this many tokens at least (0: to the longest row): verl before
+    # use_remove_padding (2024) padded every prompt to max_prompt_length and every response to max_response_length
+    pad_to_tokens: int = 0
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
     # the rollout engine (:class:`oppo.sim.cost.engine.RooflineCost` reads them for generation)
@@ -208,10 +232,16 @@ class Framework:
 
     def __post_init__(self) -> None:
         micro = (self.train_micro_batch, self.critic_train_micro_batch, self.forward_micro_batch)
-        if min(micro) < 0 or self.host_bytes_per_s <= 0:
+        if min(*micro, self.pad_to_tokens) < 0 or self.host_bytes_per_s <= 0:
             raise ValueError("framework needs micro-batch sizes >= 0 and host_bytes_per_s > 0")
         if self.rollout_tensor_parallel < 1 or not 0 <= self.rollout_memory_fraction <= 1:
             raise ValueError("framework needs rollout_tensor_parallel >= 1 and 0 <= rollout_memory_fraction <= 1")
+        if self.train_backend not in TRAIN_BACKENDS:
+            raise ValueError(f"framework train_backend must be one of {', '.join(TRAIN_BACKENDS)}")
+        if min(self.train_tensor_parallel, self.train_pipeline_parallel, self.virtual_pipeline) < 1:
+            raise ValueError("framework needs train_tensor_parallel, train_pipeline_parallel, virtual_pipeline >= 1")
+        if self.train_backend == "megatron" and self.sharded:
+            raise ValueError('framework sharded (FSDP\'s gathers) is for train_backend = "fsdp", not "megatron"')
         if self.kv_cache_reset not in KV_CACHE_RESETS:
             raise ValueError(f"framework kv_cache_reset must be one of {', '.join(KV_CACHE_RESETS)}")
         unknown = set(self.offload) - set(ROLE_STAGES)
@@ -223,10 +253,10 @@ class Framework:
 
     def pass_tokens(self, lengths: np.ndarray) -> float:
         """Tokens a scoring or training pass over sequences of ``lengths`` computes: their own (packed), or every
-        row padded to the longest."""
+        row padded to the longest (or to ``pad_to_tokens``, where larger)."""
         if self.packed or not len(lengths):
             return float(lengths.sum())
-        return float(len(lengths) * lengths.max())
+        return float(len(lengths) * max(lengths.max(), self.pad_to_tokens))
 
     def train_micro_batch_of(self, role: str) -> int:
         if role == "critic" and self.critic_train_micro_batch:
@@ -254,6 +284,7 @@ class FrameworkCost:
     role: str
     framework: Framework
     collective_bytes_per_s: float = 0.0  # the link a collective over the role's GPUs runs on (0: no collective)
+    tensor_bytes_per_s: float = 0.0  # the link of Megatron's tensor-parallel groups (0: none)
 
     def _gather_s(self) -> float:
         """One all-gather of the sharded parameters (or reduce-scatter of the gradients, priced at the same bytes: in
@@ -288,9 +319,12 @@ class FrameworkCost:
         if tokens <= 0:
             return 0.0
         stage = self.framework.stage(ROLE_STAGES[self.role][0])
-        load = self._pass_load(
-            self.base.score_s(tokens, attended), tokens, rows, self.framework.forward_micro_batch, gathers=1
-        )
+        roofline = self.base.score_s(tokens, attended)
+        micro_batch = self.framework.forward_micro_batch
+        if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
+            load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
+        else:
+            load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
         return stage.seconds(load) + self._offload_s()  # the host transfer: no framework term scales it
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
@@ -300,6 +334,9 @@ class FrameworkCost:
         recompute = 4 / 3 if self.framework.gradient_checkpointing else 1.0
         roofline = self.base.train_s(tokens, attended) * recompute
         micro_batch = self.framework.train_micro_batch_of(self.role)
+        if self.framework.train_backend == "megatron":  # forward, backward and the recomputed forward: 2 each
+            allreduces = 4 + 2 * self.framework.gradient_checkpointing
+            return stage.seconds(self._megatron_load(roofline, tokens, rows, micro_batch, allreduces, gradients=True))
         # sharded: a gather for the forward, one for the backward (the recompute of checkpointing runs inside the
         # backward on the gathered layer), a reduce-scatter of the gradients
         return stage.seconds(self._pass_load(roofline, tokens, rows, micro_batch, gathers=3))
@@ -311,6 +348,30 @@ class FrameworkCost:
         mb_tokens = tokens / self.base.n_gpus / units
         gather_s = units * gathers * self._gather_s()
         return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, gather_s=gather_s)
+
+    def _megatron_load(
+        self, roofline_s: float, tokens: float, rows: float, micro_batch: int, allreduces: int, gradients: bool
+    ) -> StageLoad:
+        """A Megatron pass over ``rows`` sequences of ``tokens`` in all: each data-parallel replica (t x p GPUs)
+        runs its share in micro-batches through the pipeline; ``allreduces`` all-reduces of each layer's
+        activations (``tokens`` x hidden, bf16, ring: 2 (t - 1) / t of them per GPU over the tensor-parallel link)
+        on a GPU's layers / p; with ``gradients``, the all-reduce of the replica's 1 / (t p) of the weights' bf16
+        gradients over the replicas (ring: 2 (d - 1) / d per GPU). The micro-batch term sees a GPU's 1 / t of a
+        micro-batch's tokens (tensor parallelism narrows its matrix products)."""
+        fw, model = self.framework, self.base.model
+        t, p, v = fw.train_tensor_parallel, fw.train_pipeline_parallel, fw.virtual_pipeline
+        replicas = max(1, self.base.n_gpus // (t * p))
+        units = micro_batches(rows, micro_batch, replicas)
+        compute = roofline_s * (1 + (p - 1) / (v * units))  # the pipeline's fill and drain
+        gpu_tokens = tokens / replicas / units / t
+        serial = 0.0
+        if t > 1 and self.tensor_bytes_per_s > 0:
+            activations = tokens / replicas * model.hidden * model.bytes_per_param
+            serial += allreduces * model.layers / p * activations * 2 * (t - 1) / t / self.tensor_bytes_per_s
+        if gradients and replicas > 1 and self.collective_bytes_per_s > 0:
+            grads = model.weight_bytes / (t * p)
+            serial += grads * 2 * (replicas - 1) / replicas / self.collective_bytes_per_s
+        return StageLoad(compute, small_s=compute / max(gpu_tokens, 1.0), units=units, serial_s=serial)
 
     def sync_s(self) -> float:
         return self.base.sync_s()

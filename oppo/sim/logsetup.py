@@ -1,0 +1,373 @@
+"""A setup written from a verl run's own log (``python -m oppo.sim setup-from-log``).
+
+The log's configuration (:mod:`oppo.sim.verl_config`) names the model, the GPUs and nodes, the algorithm, the batch
+and caps, the micro-batches, the rollout engine and its settings, and the training backend's; the log's steps give
+the lengths. Each setup key records where it came from (the printed configuration, the launch command, verl's
+default where the log shows neither, or the steps), and each configuration key that could cost time but has no
+counterpart in the model is listed with the reason. verl's defaults are those of its ``ppo_trainer.yaml``
+(``verl/trainer/config``), the same across the 2024-2025 versions for every key read here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oppo.sim.cost.engine import MODELS
+from oppo.sim.runlogs import TrainingLog, load_run_log
+from oppo.sim.setups import UNKNOWN_GPU, Setup, setup_from_dict, toml_value
+from oppo.sim.verl_config import VerlConfig, read_verl_config
+
+ARA = "actor_rollout_ref"
+# verl's advantage estimators (verl/trainer/ppo/core_algos.py) -> how a step runs: GAE needs a critic; the others
+# compare the samples of a prompt's group (critic-free)
+CRITIC_ESTIMATORS = ("gae",)
+GROUP_ESTIMATORS = (
+    "grpo", "gpg", "rloo", "rloo_vectorized", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
+    "grpo_passk", "grpo_vectorized", "drgrpo", "optimal_token_baseline",
+)  # fmt: skip
+ENGINE_OF = {"vllm": "vllm", "sglang": "vllm", "hf": "hf"}  # verl's rollout.name -> our engine (SGLang: see below)
+# vLLM's sleep mode (free_cache_engine as sleep / wake_up) replaced re-initialising the KV cache in the verl releases
+# of spring 2025 (verl v0.3, vLLM >= 0.7); a log's date decides which one its run paid
+SLEEP_MODE_FROM = "2025-04-01"
+LENGTH_SIGMA = 0.6  # [assumed] lognormal spread of the responses; the log gives only each step's mean, min and max
+# configuration keys that could cost time and have no counterpart in the model, and why (a key ending with the
+# pattern, where its value is not the harmless one)
+IGNORED = (
+    (r"ulysses_sequence_parallel_size$", lambda v: v not in (None, 1), "sequence parallelism is not modelled"),
+    (r"model\.lora_rank$", lambda v: bool(v), "LoRA is not modelled: priced as full fine-tuning"),
+    (r"fsdp_config\.optimizer_offload$", bool, "optimizer state on the host is not modelled (only parameters)"),
+    (r"fsdp_config\.grad_offload$", bool, "gradients on the host are not modelled"),
+    (r"rollout\.enable_chunked_prefill$", bool, "the engine model prefills each prompt whole"),
+    (r"rollout\.max_num_batched_tokens$", lambda v: v is not None, "the engine model prefills each prompt whole"),
+    (r"rollout\.max_num_seqs$", lambda v: v is not None, "the decode batch is bounded by the KV budget only"),
+    (r"rollout\.mode$", lambda v: v not in (None, "sync"), "the asynchronous agent loop is not modelled"),
+    (r"multi_turn\.enable$", bool, "multi-turn rollouts are not modelled"),
+    (r"use_torch_compile$|use_liger$|use_fused_kernels$|entropy_checkpointing$|entropy_from_logits_with_chunking$",
+     lambda v: bool(v), "a kernel-level choice: inside the fitted efficiency of its stage"),
+    (r"enable_activation_offload$", bool, "activation offload is not modelled"),
+    (r"use_dynamic_bsz$", bool, "micro-batches by a token budget: priced as the fixed micro-batch sizes beside it"),
+    (r"test_freq$|save_freq$", lambda v: True, "steps that test or save are left out of the fit and the replay"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Used:
+    key: str  # the setup key ("framework.train_micro_batch")
+    value: Any
+    verl: str  # the verl key(s) or the log's steps it comes from
+    origin: str  # "config", "command", "verl default", "derived", "given" (a command-line option)
+
+
+@dataclass
+class LogSetup:
+    """A setup read from a log: its TOML tables, each key's source, and the configuration keys left aside."""
+
+    source: str
+    tables: dict[str, dict[str, Any]] = field(default_factory=lambda: {"": {}})
+    used: list[Used] = field(default_factory=list)
+    ignored: list[tuple[str, Any, str]] = field(default_factory=list)  # (verl key, value, why)
+
+    def set(self, key: str, value: Any, verl: str, origin: str) -> None:
+        table, _, name = key.rpartition(".")
+        self.tables.setdefault(table, {})[name] = value
+        self.used.append(Used(key, value, verl, origin))
+
+    def setup(self) -> Setup:
+        data = dict(self.tables[""])
+        data |= {table: dict(values) for table, values in self.tables.items() if table}
+        return setup_from_dict(data, f"the setup read from {self.source}")
+
+    def toml(self) -> str:
+        """The setup as a TOML file, each key with its source."""
+        lines = [f"# setup read from {self.source} by python -m oppo.sim setup-from-log", "# key = value  # source"]
+        origin = {u.key: f"{u.origin}: {u.verl}" for u in self.used}
+        for table, values in self.tables.items():
+            if table:
+                lines += ["", f"[{table}]"]
+            for name, value in values.items():
+                key = f"{table}.{name}" if table else name
+                lines.append(f"{name} = {toml_value(value)}" + (f"  # {origin[key]}" if key in origin else ""))
+        return "\n".join(lines) + "\n"
+
+
+class _Reader:
+    """Reads keys of a :class:`VerlConfig` into a :class:`LogSetup`, recording where each value came from."""
+
+    def __init__(self, config: VerlConfig, out: LogSetup) -> None:
+        self.config, self.out = config, out
+        self.read: set[str] = set()  # the configuration keys read (the others are listed as ignored)
+
+    def get(self, verl: str, default: Any = None, *, required: bool = False) -> tuple[Any, str]:
+        """The value of ``verl`` and its origin; verl's ``default`` where the log shows none."""
+        self.read.add(verl)
+        if self.config.has(verl) and self.config.get(verl) is not None:
+            return self.config.get(verl), self.config.origin[verl]
+        if required:
+            raise ValueError(f"{self.config.source}: the run's configuration lacks {verl}, which the setup needs")
+        return default, "verl default"
+
+    def take(self, key: str, verl: str, default: Any = None, convert=lambda v: v, *, required: bool = False) -> Any:
+        value, origin = self.get(verl, default, required=required)
+        value = convert(value)
+        self.out.set(key, value, verl, origin)
+        return value
+
+
+def setup_from_log(path: str | Path, gpu: str | None = None, model: str | None = None) -> LogSetup:
+    """The setup of the verl run whose console log is ``path``. ``gpu``: its GPU (else ``"unknown"``, read back
+    from the log's MFU when the setup is used); ``model``: the actor's ``config.json`` or a catalog name, where the
+    log's ``model.path`` is not a model the catalog knows. Raises ``ValueError`` naming a missing or unknown key."""
+    config = read_verl_config(path)
+    if config is None:
+        raise ValueError(
+            f"{path}: no verl launch command or printed configuration in this log; write its setup by hand and pass "
+            "--setup (docs/simulator.md)"
+        )
+    log = load_run_log(path)
+    out = LogSetup(config.source)
+    r = _Reader(config, out)
+    out.set("name", _name(Path(path)), "the log's file name", "derived")
+    _device(out, config, gpu)
+    _models(r, model)
+    _algorithm(r)
+    _batch(r)
+    _placement(r)
+    _framework(r)
+    _lengths(out, log)
+    _ignored(out, config, r.read)
+    out.setup()  # refused here, not where it is used, if the values do not make a setup
+    return out
+
+
+def _name(path: Path) -> str:
+    stem = path.name.removesuffix(".gz").removesuffix(".log").removesuffix(".txt")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", stem) or "verl-run"
+
+
+def _device(out: LogSetup, config: VerlConfig, gpu: str | None) -> None:
+    if gpu:
+        out.set("gpu", gpu, "--gpu", "given")
+        return
+    out.set("gpu", UNKNOWN_GPU, "not printed by verl: read back from the log's MFU", "derived")
+    out.set("cost", "analytic", "no operator profile of an unknown device", "derived")
+
+
+def _models(r: _Reader, model: str | None) -> None:
+    if model:
+        r.out.set("actor", str(Path(model).resolve()) if model.endswith(".json") else model, "--model-config", "given")
+    else:
+        path, origin = r.get(f"{ARA}.model.path", required=True)
+        r.out.set("actor", _known_model(r.config.source, path, "--model-config"), f"{ARA}.model.path", origin)
+    enabled, origin = r.get("reward_model.enable", False)
+    if not enabled:
+        r.out.set("reward", "rule", "reward_model.enable", origin)
+        return
+    path, origin = r.get("reward_model.model.path", required=True)
+    r.out.set("reward", _known_model(r.config.source, path, None), "reward_model.model.path", origin)
+
+
+def model_name(path: str) -> str | None:
+    """The catalog name of a model path or hub id (``Qwen/Qwen2.5-0.5B-Instruct``, a hub cache folder
+    ``models--Qwen--Qwen2-7B-Instruct/snapshots/<hash>``, ``~/models/deepseek-llm-7b-chat``): its last name
+    without an instruct / chat suffix, lower case; None if the catalog has no such model."""
+    parts = [p for p in re.split(r"[/\\]", str(path)) if p]
+    hub = [p.split("--")[-1] for p in parts if p.startswith("models--")]
+    for name in hub + parts[::-1]:
+        base = re.sub(r"-(instruct|it|chat|base)$", "", name.lower())
+        if base in MODELS:
+            return base
+    return None
+
+
+def _known_model(source: str, path: str, option: str | None) -> str:
+    name = model_name(path)
+    if name is None:
+        fix = f"pass {option} (its config.json, or one of {', '.join(sorted(MODELS))})" if option else "not modelled"
+        raise ValueError(f"{source}: model path {path!r} is no model the catalog knows; {fix}")
+    return name
+
+
+def _algorithm(r: _Reader) -> None:
+    estimator, origin = r.get("algorithm.adv_estimator", "gae")
+    n, n_origin = r.get(f"{ARA}.rollout.n", 1)
+    known = (*CRITIC_ESTIMATORS, *GROUP_ESTIMATORS)
+    if estimator not in known:
+        raise ValueError(f"{r.config.source}: unknown adv_estimator {estimator!r}; known: {', '.join(known)}")
+    grouped = estimator in GROUP_ESTIMATORS and n > 1
+    r.out.set("algo", "grpo" if grouped else "ppo", "algorithm.adv_estimator, rollout.n", origin)
+    r.out.set("group_size", int(n), f"{ARA}.rollout.n", n_origin)
+    r.out.set("critic", estimator in CRITIC_ESTIMATORS, "algorithm.adv_estimator", origin)
+    if r.config.has("algorithm.use_kl_in_reward"):
+        in_reward, _ = r.get("algorithm.use_kl_in_reward", False)
+        in_loss, _ = r.get(f"{ARA}.actor.use_kl_loss", False)
+        r.out.set("reference", bool(in_reward or in_loss), "algorithm.use_kl_in_reward or actor.use_kl_loss", "config")
+    else:  # verl before use_kl_in_reward (early 2025) builds the reference policy whatever the KL settings
+        r.out.set("reference", True, "no algorithm.use_kl_in_reward: this verl always runs the reference", "derived")
+
+
+def _batch(r: _Reader) -> None:
+    batch = r.take("batch", "data.train_batch_size", required=True, convert=int)
+    r.take("max_new_tokens", "data.max_response_length", required=True, convert=int)
+    name, origin = r.get(f"{ARA}.rollout.name", "vllm")
+    if name not in ENGINE_OF:
+        raise ValueError(f"{r.config.source}: unknown rollout engine {name!r}; known: {', '.join(ENGINE_OF)}")
+    # SGLang is priced as vLLM: both batch continuously under a KV budget with paged attention
+    r.out.set("engine", ENGINE_OF[name], f"{ARA}.rollout.name", origin)
+    r.take("ppo_epochs", f"{ARA}.actor.ppo_epochs", 1, int)
+    mini, origin = r.get(f"{ARA}.actor.ppo_mini_batch_size", 256)
+    if mini <= 0 or batch % mini:
+        raise ValueError(f"{r.config.source}: ppo_mini_batch_size {mini} does not divide train_batch_size {batch}")
+    r.out.set("minibatches", batch // mini, "data.train_batch_size / actor.ppo_mini_batch_size", origin)
+
+
+def _placement(r: _Reader) -> None:
+    hybrid, origin = r.get(f"{ARA}.hybrid_engine", True)
+    if not hybrid:
+        raise ValueError(f"{r.config.source}: hybrid_engine=False (rollout on GPUs of its own) is not read yet")
+    per_node, per_origin = r.get("trainer.n_gpus_per_node", required=True)
+    nodes, _ = r.get("trainer.nnodes", 1)
+    r.out.set("placement.kind", "colocated", f"{ARA}.hybrid_engine", origin)
+    r.out.set("placement.actor_gpus", int(per_node * nodes), "trainer.n_gpus_per_node x trainer.nnodes", per_origin)
+    r.out.set("placement.reward_gpus", 0, f"{ARA}.hybrid_engine (a reward model shares the GPUs)", origin)
+    r.out.set("cluster.gpus_per_node", int(per_node), "trainer.n_gpus_per_node", per_origin)
+
+
+def _framework(r: _Reader) -> None:
+    megatron = "megatron" in (r.config.config_name or "")  # ppo_megatron_trainer.yaml
+    strategy, origin = r.get(f"{ARA}.actor.strategy", "megatron" if megatron else "fsdp")
+    if megatron and origin == "verl default":
+        origin = f"command: --config-name {r.config.config_name}"
+    if strategy not in ("fsdp", "fsdp2", "megatron"):
+        raise ValueError(f"{r.config.source}: unknown training strategy {strategy!r}; known: fsdp, fsdp2, megatron")
+    r.out.set("framework.base", "roofline", "verl's own layer is fitted on its log (calibrate-log)", "derived")
+    n_gpus = r.out.tables["placement"]["actor_gpus"]
+    setup = r.out.tables[""]
+    train = _micro(r, f"{ARA}.actor", "ppo", n_gpus)
+    r.out.set("framework.train_micro_batch", *train)
+    if setup["critic"]:
+        critic = _micro(r, "critic", "ppo", n_gpus)
+        if critic[0] != train[0]:
+            r.out.set("framework.critic_train_micro_batch", *critic)
+    forward = _micro(r, f"{ARA}.rollout", "log_prob", n_gpus)
+    r.out.set(
+        "framework.forward_micro_batch", *(forward if forward[0] else _micro(r, f"{ARA}.ref", "log_prob", n_gpus))
+    )
+    r.take("framework.gradient_checkpointing", f"{ARA}.model.enable_gradient_checkpointing", False, bool)
+    if strategy == "megatron":
+        _megatron(r, origin)
+    else:
+        _fsdp(r, origin)
+    r.take("framework.decode_cuda_graphs", f"{ARA}.rollout.enforce_eager", True, lambda eager: not eager)
+    r.take("framework.rollout_tensor_parallel", f"{ARA}.rollout.tensor_model_parallel_size", 2, int)
+    r.take("framework.rollout_memory_fraction", f"{ARA}.rollout.gpu_memory_utilization", 0.5, float)
+    r.out.set(
+        "framework.weight_reshard", True, f"{ARA}.hybrid_engine (the trainer's weights loaded into the engine)", origin
+    )
+    free, origin = r.get(f"{ARA}.rollout.free_cache_engine", True)
+    reset = "none" if not free else ("sleep" if (r.config.date or "9999") >= SLEEP_MODE_FROM else "reinit")
+    why = f"{ARA}.rollout.free_cache_engine; log dated {r.config.date or 'nowhere (taken as recent)'}"
+    r.out.set("framework.kv_cache_reset", reset, why, origin)
+
+
+def _micro(r: _Reader, role: str, kind: str, n_gpus: int) -> tuple[int, str, str]:
+    """Sequences per GPU per micro-batch of ``role``'s ``kind`` pass (``ppo``: the update; ``log_prob``: a scoring
+    forward), with the verl key and its origin: ``..._per_gpu`` where set, else the older
+    ``..._micro_batch_size``, a global size every verl divides by the GPUs (``fsdp_workers.py``: ``//=
+    device_mesh.shape[0]`` in December 2024 already); 0 where none is set (the whole share in one pass)."""
+    key = f"{role}.{kind}_micro_batch_size_per_gpu"
+    per_gpu, origin = r.get(key)
+    if per_gpu:
+        return int(per_gpu), key, origin
+    total, origin = r.get(key.removesuffix("_per_gpu"))
+    if not total:
+        return 0, f"{key} (none set: the whole share)", "verl default"
+    return max(1, int(total) // n_gpus), f"{key.removesuffix('_per_gpu')} / GPUs (a global size)", origin
+
+
+def _fsdp(r: _Reader, origin: str) -> None:
+    if not r.take("framework.packed", f"{ARA}.model.use_remove_padding", False, bool):
+        prompt, prompt_origin = r.get("data.max_prompt_length", 512)
+        pad = int(prompt) + r.out.tables[""]["max_new_tokens"]  # the dataset pads prompts, the rollout responses
+        r.out.set("framework.pad_to_tokens", pad, "data.max_prompt_length + data.max_response_length", prompt_origin)
+    r.out.set("framework.sharded", True, f"{ARA}.actor.strategy", origin)
+    offload = {"actor": "actor.fsdp_config", "reference": "ref.fsdp_config", "critic": "critic.model.fsdp_config"}
+    r.out.set("framework.offload", _offloaded(r, offload), "*.fsdp_config.param_offload", "config")
+
+
+def _megatron(r: _Reader, origin: str) -> None:
+    """verl's Megatron workers (``ppo_megatron_trainer.yaml``; the reference runs the actor's layout): its models
+    remove the padding inside (verl's ``...RmPadPP`` models), sequence parallelism and the distributed optimizer
+    are on by default."""
+    mega = f"{ARA}.actor.megatron"
+    r.out.set("framework.train_backend", "megatron", f"{ARA}.actor.strategy", origin)
+    r.take("framework.train_tensor_parallel", f"{mega}.tensor_model_parallel_size", 4, int)
+    r.take("framework.train_pipeline_parallel", f"{mega}.pipeline_model_parallel_size", 1, int)
+    r.take("framework.virtual_pipeline", f"{mega}.virtual_pipeline_model_parallel_size", 1, lambda v: int(v or 1))
+    r.take("framework.sequence_parallel", f"{mega}.sequence_parallel", True, bool)
+    r.take("framework.distributed_optimizer", f"{mega}.use_distributed_optimizer", True, bool)
+    r.out.set("framework.packed", True, "verl's Megatron models remove padding inside", "derived")
+    offload = {"actor": "actor.megatron", "reference": "ref.megatron", "critic": "critic.megatron"}
+    r.out.set("framework.offload", _offloaded(r, offload), "*.megatron.param_offload", "config")
+
+
+def _offloaded(r: _Reader, tables: dict[str, str]) -> list[str]:
+    """Roles that run and whose parameters the backend keeps on the host (``tables``: role -> the configuration
+    table of its ``param_offload``)."""
+    setup = r.out.tables[""]
+    runs = {"actor": True, "reference": setup["reference"], "critic": setup["critic"]}
+    prefix = {"actor": ARA, "reference": ARA, "critic": ""}
+    keys = {role: f"{prefix[role]}.{table}.param_offload".lstrip(".") for role, table in tables.items()}
+    return [role for role, key in keys.items() if runs[role] and r.get(key, False)[0]]
+
+
+def _lengths(out: LogSetup, log: TrainingLog) -> None:
+    """The length model of the run's steps: the median over steps of the mean prompt; responses lognormal of an
+    assumed spread whose mean is the median over steps of the mean response."""
+    prompts = [s.prompt_mean for s in log.steps if s.prompt_mean is not None]
+    mean = float(np.median([s.response_mean for s in log.steps]))
+    if prompts:
+        out.set("lengths.prompt_tokens", round(float(np.median(prompts))), "prompt_length/mean (median)", "derived")
+    median = round(mean / math.exp(LENGTH_SIGMA**2 / 2))
+    out.set("lengths.median_tokens", median, "response_length/mean (median) as a lognormal's mean", "derived")
+    out.set("lengths.sigma", LENGTH_SIGMA, "assumed: the log gives each step's mean, min and max only", "derived")
+
+
+def _ignored(out: LogSetup, config: VerlConfig, read: set[str]) -> None:
+    for key, value in config.values.items():
+        why = next((w for pattern, costly, w in IGNORED if re.search(pattern, key) and costly(value)), None)
+        if why:
+            out.ignored.append((key, value, why))
+        elif key not in read:
+            out.ignored.append((key, value, "no cost in the model"))
+
+
+# setup fields a log's own configuration fixes: a --setup that disagrees describes another run
+CHECKED = (
+    ("group_size", f"{ARA}.rollout.n", lambda s: s.group_size),
+    ("batch", "data.train_batch_size", lambda s: s.batch),
+    ("max_new_tokens", "data.max_response_length", lambda s: s.max_new_tokens),
+    (
+        "rollout_tensor_parallel",
+        f"{ARA}.rollout.tensor_model_parallel_size",
+        lambda s: s.framework.rollout_tensor_parallel,
+    ),
+)
+
+
+def contradictions(setup: Setup, path: str | Path) -> str:
+    """How ``setup`` contradicts the configuration the log at ``path`` shows ("" where it does not, or the log
+    shows none)."""
+    config = read_verl_config(path)
+    if config is None:
+        return ""
+    for name, key, value_of in CHECKED:
+        logged = config.get(key, None)
+        if logged is not None and value_of(setup) != logged:
+            return f"its {name} is {value_of(setup)}, the log's {key} is {logged}"
+    return ""

@@ -1,0 +1,191 @@
+"""A verl run's setup read from its console log (``setup-from-log``), and the log commands that take a log without
+``--setup``: on the shared real logs, the setup equals the bundled hand-written one key by key (each difference
+named with its reason); bad logs are one line and exit 2."""
+
+import dataclasses
+import gzip
+from pathlib import Path
+
+import pytest
+
+from oppo.sim.logsetup import contradictions, model_name, setup_from_log
+from oppo.sim.setups import load_setup
+from oppo.sim.verl_config import parse_value, read_verl_config
+from tests import invoke
+
+DATA = Path(__file__).with_name("data")
+# each shared console log, its bundled setup, the options the log cannot give (the GPU is never printed; the Gemma
+# actor is a local SFT checkpoint), and the fields that differ, with the reason
+LENGTHS = ("lengths.median_tokens", "lengths.sigma", "lengths.prompt_tokens")  # the bundled ones were set by hand
+SHARED = [
+    (
+        "verl_qwen2.5_0.5b_resp512.log.gz",
+        "verl-qwen2.5-0.5b-gsm8k",
+        ("--gpu", "h100"),
+        # the bundled lengths are the paper preset's responses: the replay draws each step's own anyway
+        {"name", "cluster.gpus_per_node", *LENGTHS},
+    ),
+    (
+        "verl_qwen2.5_0.5b_resp256.log.gz",
+        "verl-qwen2.5-0.5b-gsm8k-cap256",
+        ("--gpu", "h100"),
+        {"name", "cluster.gpus_per_node", *LENGTHS},
+    ),
+    (
+        "verl_gemma_2_2b.log.gz",
+        "verl-gemma-2-2b-gsm8k",
+        ("--gpu", "h100", "--model-config", "gemma-2-2b"),
+        {"name", "cluster.gpus_per_node", *LENGTHS},
+    ),
+    # the bundled GPG setup offloads the reference, which GPG does not run (no effect); its lengths are the log's
+    ("verl_qwen2_7b_gpg.log.gz", "verl-qwen2-7b-gpg-8gpu", (), {"name", "framework.offload"}),
+]
+
+
+def differing_fields(a, b, prefix: str = "") -> set[str]:
+    """Dotted names of the fields whose values differ between two dataclasses of one type."""
+    out = set()
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if dataclasses.is_dataclass(x) and dataclasses.is_dataclass(y):
+            out |= differing_fields(x, y, f"{prefix}{f.name}.")
+        elif x != y:
+            out.add(prefix + f.name)
+    return out
+
+
+def options(args: tuple[str, ...]) -> dict:
+    pairs = dict(zip(args[::2], args[1::2]))
+    return {"gpu": pairs.get("--gpu"), "model": pairs.get("--model-config")}
+
+
+@pytest.mark.parametrize(("log", "bundled", "args", "differ"), SHARED, ids=[s[1] for s in SHARED])
+def test_each_shared_console_log_reads_to_its_bundled_setup_key_by_key(log, bundled, args, differ):
+    found = setup_from_log(DATA / log, **options(args)).setup()
+    assert differing_fields(found, load_setup(bundled)) == differ
+
+
+def test_the_printed_configuration_wins_and_the_command_fills_a_printout_cut_short():
+    """The Gemma log's printout is cut by another process's output inside ``trainer``: what follows the cut
+    (``n_gpus_per_node``) comes from the launch command, the rest from the printout (the model path the command
+    also sets, to a hub id first and to the local checkpoint last, is the printout's)."""
+    config = read_verl_config(DATA / "verl_gemma_2_2b.log.gz")
+    assert config.printed and config.truncated and config.date == "2024-12-17"
+    assert config.get("trainer.n_gpus_per_node") == 2 and config.origin["trainer.n_gpus_per_node"] == "command"
+    assert config.get("actor_rollout_ref.model.path") == "sft_model_path/global_step_58"
+    assert config.origin["actor_rollout_ref.model.path"] == "config"
+    assert config.get("actor_rollout_ref.rollout.tensor_model_parallel_size") == 2
+    whole = read_verl_config(DATA / "verl_qwen2.5_0.5b_resp512.log.gz")
+    assert whole.printed and not whole.truncated and set(whole.origin.values()) == {"config"}
+
+
+def test_a_log_with_only_its_launch_command_reads_the_command():
+    config = read_verl_config(DATA / "verl_qwen2_7b_grpo_megatron_excerpt.log.gz")
+    assert not config.printed and config.entry == "main_ppo" and config.config_name == "ppo_megatron_trainer.yaml"
+    assert config.get("actor_rollout_ref.actor.megatron.tensor_model_parallel_size") == 4
+    assert config.get("data.train_files") == [
+        "/home/tiger/data/gsm8k/train.parquet",
+        "/home/tiger/data/math/train.parquet",
+    ]
+    assert config.get("trainer.logger") == ["console", "wandb"]
+
+
+def test_hydra_values_and_prefixes(tmp_path):
+    assert [parse_value(v) for v in ("True", "false", "null", "1e-6", "16", "[a,b]", "fsdp")] == [
+        True, False, None, 1e-6, 16, ["a", "b"], "fsdp",
+    ]  # fmt: skip
+    log = tmp_path / "run.log"
+    log.write_text(
+        "+ python3 -m verl.trainer.main_ppo +trainer.n_gpus_per_node=4 ++data.train_batch_size=64 "
+        "data.train_batch_size=32 --config-name=ppo_trainer\n"
+    )
+    config = read_verl_config(log)
+    assert config.get("trainer.n_gpus_per_node") == 4 and config.get("data.train_batch_size") == 32  # the last wins
+    assert config.config_name == "ppo_trainer"
+
+
+def test_catalog_names_from_model_paths():
+    assert model_name("Qwen/Qwen2.5-0.5B-Instruct") == "qwen2.5-0.5b"
+    assert model_name("/cache/hub/models--Qwen--Qwen2-7B-Instruct/snapshots/f2826a00") == "qwen2-7b"
+    assert model_name("~/models/deepseek-llm-7b-chat") == "deepseek-llm-7b"
+    assert model_name("google/gemma-2-2b-it") == "gemma-2-2b"
+    assert model_name("sft_model_path/global_step_58") is None
+
+
+def test_setup_from_log_writes_a_setup_that_loads_as_read(tmp_path):
+    out = tmp_path / "setup.toml"
+    res = invoke.sim("setup-from-log", DATA / "verl_qwen2_7b_gpg.log.gz", "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert load_setup(str(out)) == setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").setup()
+    assert "rollout.tensor_model_parallel_size" in res.stdout  # each key used, with its verl key
+    assert "ignored actor_rollout_ref.rollout.enable_chunked_prefill=True: " in res.stdout  # and each left aside
+    assert 'kv_cache_reset = "sleep"' in out.read_text()  # a log of June 2025: vLLM's sleep mode
+
+
+def test_calibrate_log_without_a_setup_reads_it_from_the_log_and_agrees_with_the_bundled_one(tmp_path):
+    log = DATA / "verl_qwen2.5_0.5b_resp256.log.gz"
+    own = invoke.sim("calibrate-log", "--log", log, "--gpu", "h100", "--out", tmp_path / "own")
+    bundled = invoke.sim(
+        "calibrate-log", "--log", log, "--setup", "verl-qwen2.5-0.5b-gsm8k-cap256", "--out", tmp_path / "b"
+    )
+    assert own.returncode == 0, own.stderr
+    assert bundled.returncode == 0, bundled.stderr
+    import json
+
+    a, b = (json.loads((tmp_path / d / "fidelity.json").read_text()) for d in ("own", "b"))
+    assert a["step"]["median_abs_err"] == pytest.approx(b["step"]["median_abs_err"], rel=1e-9)
+    assert (
+        load_setup(str(tmp_path / "own" / "setup.toml")).framework.gen
+        == load_setup(str(tmp_path / "b" / "setup.toml")).framework.gen
+    )
+    assert (tmp_path / "own" / "log_setup.toml").is_file()
+
+
+def test_a_setup_that_contradicts_the_logs_configuration_is_refused(tmp_path):
+    assert contradictions(load_setup("verl-qwen2.5-0.5b-gsm8k"), DATA / "verl_qwen2.5_0.5b_resp512.log.gz") == ""
+    clash = contradictions(load_setup("verl-qwen2.5-0.5b-gsm8k-cap256"), DATA / "verl_qwen2.5_0.5b_resp512.log.gz")
+    assert clash == "its max_new_tokens is 256, the log's data.max_response_length is 512"
+    toml = tmp_path / "tp.toml"
+    toml.write_text('base = "verl-qwen2-7b-gpg-8gpu"\n[framework]\nrollout_tensor_parallel = 4\n')
+    res = invoke.sim(
+        "validate-log", "--log", DATA / "verl_qwen2_7b_gpg.log.gz", "--setup", toml, "--out", tmp_path / "o"
+    )
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert (
+        "rollout_tensor_parallel is 4, the log's actor_rollout_ref.rollout.tensor_model_parallel_size is 2"
+        in res.stderr
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def edited_log(tmp_path: Path, old: str, new: str) -> Path:
+    text = gzip.decompress((DATA / "verl_qwen2_7b_gpg.log.gz").read_bytes()).decode()
+    assert old in text
+    path = tmp_path / "run.log"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (None, "no verl launch command or printed configuration"),
+        (("'train_batch_size': 1024,", "'val_batch_size_': 1024,"), "lacks data.train_batch_size"),
+        (("'adv_estimator': 'gpg'", "'adv_estimator': 'magic'"), "unknown adv_estimator 'magic'"),
+        (
+            ("models--Qwen--Qwen2-7B-Instruct", "models--Acme--Secret-9B"),
+            "is no model the catalog knows; pass --model-config",
+        ),
+        (("'name': 'vllm',", "'name': 'tgi',"), "unknown rollout engine 'tgi'"),
+    ],
+)
+def test_bad_logs_are_one_line_and_exit_2(tmp_path, edit, message):
+    if edit is None:
+        log = DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz"
+    else:
+        log = edited_log(tmp_path, *edit)
+        log.write_text(log.read_text().replace("data.train_batch_size=1024 ", ""))  # the command must not say it
+    res = invoke.sim("setup-from-log", log, "--out", tmp_path / "s.toml")
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+    assert not (tmp_path / "s.toml").exists()
