@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     models = check_args(args)
     args.dp = require_cuda(args.dp)
     from oppo.catalog.lengths import load_lengths
-    from oppo.fidelity import fidelity
     from oppo.cli import format_table
+    from oppo.fidelity import fidelity
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
