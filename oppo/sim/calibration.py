@@ -7,7 +7,8 @@ terms of the setup that leave the span of the runs it was calibrated on.
 (leave-one-group-out, each run weighted alike); with one log, of its own validated steps. ``validate-log``, ``run``,
 ``compare``, ``sweep`` and ``plan`` on such a setup say that interval and name what extrapolates: more GPUs or
 nodes than any calibration run, a model outside [half the smallest, twice the largest], another GPU, algorithm or
-rollout engine reset or training backend, a training tensor- or pipeline-parallel degree outside the runs', group
+rollout engine reset or training backend, a training tensor- or pipeline-parallel degree or an update micro-batch
+outside the runs', group
 sampling where no run sampled groups, a longer response cap.
 """
 
@@ -82,6 +83,7 @@ def calibration(
         train_backends=tuple(sorted({s.framework.train_backend for s in setups})),
         train_tensor_parallel=span([s.framework.train_tensor_parallel for s in setups]),
         train_pipeline_parallel=span([s.framework.train_pipeline_parallel for s in setups]),
+        train_micro_batch=span([s.framework.train_micro_batch for s in setups]),
     )
 
 
@@ -108,6 +110,7 @@ def extrapolations(setup: Setup) -> list[str]:
     for what, value, span in (
         ("training tensor parallel", setup.framework.train_tensor_parallel, c.train_tensor_parallel),
         ("training pipeline parallel", setup.framework.train_pipeline_parallel, c.train_pipeline_parallel),
+        ("update micro-batches of", setup.framework.train_micro_batch, c.train_micro_batch),
     ):
         if span and not span[0] <= value <= span[1]:
             found.append(f"{what} {value} (calibrated on {span[0]}-{span[1]})")

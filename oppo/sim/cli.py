@@ -27,7 +27,7 @@ from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.records.io import write_json, write_run
 from oppo.records.optrace import cycle_collector_paused
 from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.calibration import trust_note
+from oppo.sim.calibration import extrapolations, trust_note
 from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
 from oppo.sim.logcli import LOG_COMMANDS, add_log_commands
 from oppo.sim.model import SimConfig
@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(plan, policy=False, rollout=False)  # the planner searches the async split, not the rollout options
     plan.add_argument("--policies", default=",".join(POLICIES), help="policies searched (default: all)")
+    plan.add_argument(
+        "--knobs",
+        choices=("schedule", "framework"),
+        default="schedule",
+        help="schedule: the policies' knobs; framework: also the rollout engine's tensor-parallel size and memory "
+        "share and the update's micro-batch, each configuration screened for memory, and the best's verl "
+        "overrides written to DIR/best/verl_overrides.txt (default: schedule)",
+    )
     plan.add_argument("--objective", default="samples", help="samples (finished samples / s) or tokens (tokens / s)")
     plan.add_argument(
         "--max-lag",
@@ -311,7 +319,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     seed = _pick(args.seed, DEFAULTS["seed"])
     result = planner.plan(
         setup,
-        planner.Space(policies),
+        planner.Space(policies, framework=args.knobs == "framework"),
         trace,
         schedule,
         args.objective,
@@ -332,6 +340,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     plots.pareto_plot(rows, out / "pareto.png", key, args.max_lag, f"plan on {setup.name}")
     write_json(out / "best" / "config.json", with_provenance(planner.best_config(result, setup, trace, schedule, seed)))
     _print_plan(result, rows, key, setup, schedule)
+    if args.knobs == "framework":
+        _write_overrides(result, setup, out / "best" / "verl_overrides.txt")
     for c in confirmed:
         print(
             f"  vs {c.baseline.label} on {len(fresh)} fresh seeds ({fresh[0]}..{fresh[-1]}): "
@@ -341,6 +351,25 @@ def cmd_plan(args: argparse.Namespace) -> None:
         f"-> {out / 'plan.csv'}, {out / 'pareto.png'}; re-run the best: python -m oppo.sim run --config "
         f"{out / 'best' / 'config.json'} --out DIR"
     )
+
+
+def _write_overrides(result, setup: Setup, path: Path) -> None:
+    """The best configuration's framework knobs as verl overrides, one ``key=value`` a line."""
+    from oppo.sim.knobs import verl_overrides
+
+    best, _ = result.best()
+    chosen = best.candidate.setup_for(setup)
+    lines = verl_overrides(setup, chosen, best.candidate.policy)
+    path.write_text("".join(f"{line}\n" for line in lines))
+    print(f"verl overrides of the best ({len(lines)}; none: the run's own knobs are the best found): {path}")
+    for line in lines:
+        print(f"  {line}")
+    outside = extrapolations(chosen)
+    if outside:
+        print("  the best extrapolates: " + "; ".join(outside))
+    if best.candidate.policy not in ("sync", "async"):
+        config = path.parent / "config.json"
+        print(f"  ({best.candidate.policy} has no verl trainer: its schedule runs with oppo.sim run --config {config})")
 
 
 def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> None:

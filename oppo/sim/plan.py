@@ -22,6 +22,7 @@ from oppo.catalog.lengths import LengthTrace
 from oppo.core.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.experiments import config_dict, run_config
+from oppo.sim.knobs import colocated_bytes, framework_grid, with_framework_knobs
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, evaluate
 from oppo.sim.setups import Setup
@@ -31,7 +32,10 @@ LAG = "steady_policy_lag"  # what the planner ranks, bounds and reports as a con
 # Mixed-precision Adam under ZeRO-3: bf16 weights and gradients, fp32 master weights and two moments (bytes/param).
 TRAINED_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
 MEMORY_HEADROOM = 0.9  # activations, allocator fragmentation and the runtime's own share: 10% of the GPU
-KNOBS = ("policy", "chunk", "delta_max", "delta_controller", "window_tokens", "staleness", "rollout_gpus")
+KNOBS = (
+    "policy", "chunk", "delta_max", "delta_controller", "window_tokens", "staleness", "rollout_gpus",
+    "rollout_tp", "memory_fraction", "micro_batch",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,11 @@ class Candidate:
     window_tokens: int | None = None  # tppo
     staleness: int | None = None  # async: K
     rollout_gpus: int | None = None  # async: actor GPUs that generate only
+    # --knobs framework (oppo.sim.knobs): the rollout engine's tensor parallel degree and memory share, the update's
+    # micro-batch (sequences per GPU; the scoring passes' scaled alike)
+    rollout_tp: int | None = None
+    memory_fraction: float | None = None
+    micro_batch: int | None = None
 
     @property
     def label(self) -> str:
@@ -56,11 +65,11 @@ class Candidate:
         return {"policy": self.policy} | {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
     def setup_for(self, setup: Setup) -> Setup:
-        if self.rollout_gpus is None:
-            return setup
-        return dataclasses.replace(
-            setup, placement=dataclasses.replace(setup.placement, rollout_gpus=self.rollout_gpus)
-        )
+        if self.rollout_gpus is not None:
+            setup = dataclasses.replace(
+                setup, placement=dataclasses.replace(setup.placement, rollout_gpus=self.rollout_gpus)
+            )
+        return with_framework_knobs(setup, self.rollout_tp, self.memory_fraction, self.micro_batch)
 
 
 @dataclass
@@ -72,6 +81,7 @@ class Space:
     controllers: tuple[str, ...] = DELTA_CONTROLLERS
     staleness: tuple[int, ...] = (1, 2, 4)
     window_factors: tuple[float, ...] = (0.5, 1.0, 2.0)  # T-PPO windows as multiples of the setup's
+    framework: bool = False  # --knobs framework: also the rollout engine's and the trainer's knobs
 
 
 def candidates(setup: Setup, space: Space) -> list[Candidate]:
@@ -99,7 +109,10 @@ def candidates(setup: Setup, space: Space) -> list[Candidate]:
         "tailbatch": [Candidate("tailbatch", delta_max=d) for d in bounds],
         "async": [Candidate("async", staleness=k, rollout_gpus=r) for k in space.staleness for r in splits],
     }
-    return [c for p in space.policies for c in per_policy[p]]
+    found = [c for p in space.policies for c in per_policy[p]]
+    if not space.framework:
+        return found
+    return [dataclasses.replace(c, **knobs) for c in found for knobs in framework_grid(setup, c.rollout_gpus)]
 
 
 def sim_config(setup: Setup, candidate: Candidate, schedule: dict, steps: int, seed: int) -> SimConfig:
@@ -124,6 +137,8 @@ def memory_bytes(config: SimConfig) -> float:
     in_flight = (schedule.batch + (schedule.delta_max if schedule.overcommit else 0)) * schedule.group_size
     kv = in_flight * (setup.lengths.prompt_tokens + schedule.max_new_tokens) * actor.kv_bytes_per_token
     generating = kv / rollout + actor.weight_bytes if rollout else training + kv / train_gpus
+    if setup.framework.rollout_memory_fraction and not rollout:  # verl's hybrid engine: vLLM takes its share
+        return colocated_bytes(setup, schedule, training)
     return max(training, generating)
 
 

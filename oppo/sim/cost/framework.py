@@ -155,7 +155,8 @@ class Calibration:
     runs, each a (min, max) or the values seen: total GPUs, nodes, parameters (billions), response caps, the GPUs,
     algorithms, group sizes, the rollout engines' per-step resets, the engines, their tensor-parallel degrees
     (min, max), whether they reshard and whether the training passes shard their parameters, the training backends
-    and their tensor- and pipeline-parallel degrees (min, max). Empty (no runs): an uncalibrated layer."""
+    and their tensor- and pipeline-parallel degrees and update micro-batches (min, max). Empty (no runs): an
+    uncalibrated layer."""
 
     runs: tuple[str, ...] = ()
     basis: str = ""
@@ -178,6 +179,7 @@ class Calibration:
     train_backends: tuple[str, ...] = ()  # empty in a record written before Megatron: no check
     train_tensor_parallel: tuple[int, ...] = ()
     train_pipeline_parallel: tuple[int, ...] = ()
+    train_micro_batch: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
