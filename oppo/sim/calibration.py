@@ -140,7 +140,8 @@ def trust_note(setup: Setup) -> str | None:
         return None
     basis = BASES.get(c.basis, c.basis)
     note = (
-        f"note: {setup.name} predicts a sync step to ±{c.step_err:.0%} ({c.coverage:.0%} of steps, {basis} over "
+        f"note: {setup.name} predicts a sync step to ±{c.step_err:.{0 if c.step_err >= 0.1 else 1}%} "
+        f"({c.coverage:.0%} of steps, {basis} over "
         f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}; other policies' overlap is the model's)"
     )
     outside = extrapolations(setup)

@@ -25,6 +25,11 @@ MICRO_FACTORS = (0.5, 1.0, 2.0)  # the update's micro-batch, halved and doubled
 ACTIVATION_BYTES_PER_HIDDEN = 34
 LOGIT_BYTES = 4 * 2  # the LM head's fp32 logits and their gradient, per vocabulary entry per token
 ARA = "actor_rollout_ref"
+# Mixed-precision Adam under ZeRO-3: bf16 weights and gradients, fp32 master weights and two moments (bytes/param).
+TRAINED_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
+# Megatron: bf16 weights and fp32 gradients (verl's grad_reduce_in_fp32) on each tensor x pipeline slice; fp32 master
+# weights and two moments, over the data-parallel replicas too under the distributed optimizer
+MEGATRON_SLICE_BYTES, OPTIMIZER_BYTES = 2 + 4, 4 + 4 + 4
 
 
 def framework_grid(setup: Setup, rollout_gpus: int | None = None) -> list[dict]:
@@ -61,13 +66,32 @@ def with_framework_knobs(setup: Setup, tp: int | None, fraction: float | None, m
     return dataclasses.replace(setup, framework=dataclasses.replace(fw, **changes)) if changes else setup
 
 
+def training_bytes(setup: Setup, roles: list[str], gpus: int) -> float:
+    """Per training GPU, the bytes of the trained ``roles``' weights, gradients and Adam states and the reference's
+    weights: sharded over the ``gpus`` under FSDP (ZeRO-3); under Megatron each GPU holds its tensor x pipeline
+    slice, the optimizer states split over the replicas too with the distributed optimizer. A role the framework
+    offloads keeps only its bf16 weights on the GPUs."""
+    model, fw = model_shape(setup.actor), setup.framework
+    offloaded = set(fw.offload)
+    if fw.train_backend == "megatron":
+        shards = fw.train_tensor_parallel * fw.train_pipeline_parallel
+        trained = model.params * (
+            MEGATRON_SLICE_BYTES / shards + OPTIMIZER_BYTES / (gpus if fw.distributed_optimizer else shards)
+        )
+        held = sum(model.weight_bytes / shards if r in offloaded else trained for r in roles)
+        return held + setup.reference * model.weight_bytes / shards
+    held = sum(model.weight_bytes if r in offloaded else model.params * TRAINED_BYTES_PER_PARAM for r in roles)
+    return (held + setup.reference * model.weight_bytes) / gpus
+
+
 def activation_bytes(setup: Setup, schedule: ScheduleConfig) -> float:
     """A screening estimate of an update micro-batch's activations on one GPU (bytes): its rows at prompt + cap
-    tokens, each layer's per-token bytes (all layers' without gradient checkpointing; their inputs and one
-    layer's with it) and the LM head's fp32 logits."""
+    tokens (or padded to ``pad_to_tokens``), each layer's per-token bytes (all layers' without gradient
+    checkpointing; their inputs and one layer's with it) and the LM head's fp32 logits."""
     model = model_shape(setup.actor)
     micro = setup.framework.train_micro_batch or setup.batch * schedule.group_size
-    tokens = micro * (setup.lengths.prompt_tokens + schedule.max_new_tokens)
+    row = setup.lengths.prompt_tokens + schedule.max_new_tokens
+    tokens = micro * (row if setup.framework.packed else max(row, setup.framework.pad_to_tokens))
     if setup.framework.gradient_checkpointing:
         per_token = model.layers * 2 * model.hidden + ACTIVATION_BYTES_PER_HIDDEN * model.hidden
     else:
@@ -77,23 +101,26 @@ def activation_bytes(setup: Setup, schedule: ScheduleConfig) -> float:
 
 def colocated_bytes(setup: Setup, schedule: ScheduleConfig, training: float) -> float:
     """The busiest GPU's memory (bytes) in verl's hybrid engine, the trained models' states (``training``, per GPU)
-    resident throughout. While vLLM generates: vLLM >= 0.7 (sleep mode) takes its share of the GPU for itself,
-    beside them; vLLM <= 0.6 (``reinit``) sized its KV cache as its share of the GPU less everything the process
-    had allocated, the states included, so it never holds more than the larger of the two. While they train: a
-    micro-batch's activations beside the engine's weights (freed too in sleep mode; the KV cache is freed either
-    way)."""
+    resident throughout. While vLLM generates: vLLM >= 0.7 (sleep mode) takes its share of the GPU beside them;
+    verl's vLLM 0.6 (``reinit``) sized its KV cache as its share of the memory still free after the states and its
+    weights (``worker.py``: ``gpu_memory_utilization`` x free memory), so generation never overflows. While they
+    train: a micro-batch's activations beside the engine's weights (freed too in sleep mode; the KV cache is freed
+    either way)."""
     fw = setup.framework
-    share = fw.rollout_memory_fraction * setup.gpu_datasheet().memory_bytes
+    memory = setup.gpu_datasheet().memory_bytes
     weights = model_shape(setup.actor).weight_bytes / fw.rollout_tensor_parallel
+    activations = activation_bytes(setup, schedule)
     if fw.kv_cache_reset == "reinit":
-        return max(share, training + weights, training + activation_bytes(setup, schedule) + weights)
+        resident = training + weights
+        return max(resident + fw.rollout_memory_fraction * max(memory - resident, 0.0), resident + activations)
     idle_engine = 0.0 if fw.kv_cache_reset == "sleep" else weights
-    return max(training + share, training + activation_bytes(setup, schedule) + idle_engine)
+    return max(training + fw.rollout_memory_fraction * memory, training + activations + idle_engine)
 
 
 def verl_overrides(setup: Setup, chosen: Setup, policy: str) -> list[str]:
-    """``key=value`` lines, verl's names (the ``_per_gpu`` micro-batch keys of verl since early 2025), that turn
-    ``setup``'s run into ``chosen``'s: each knob that differs, and the GPU split of an asynchronous trainer."""
+    """``key=value`` lines, verl's names (the ``_per_gpu`` micro-batch keys of verl since early 2025, each with its
+    global twin set to null: verl refuses both), that turn ``setup``'s run into ``chosen``'s: each knob that
+    differs, and the GPU split of an asynchronous trainer."""
     before, after = setup.framework, chosen.framework
     lines = []
     if after.rollout_tensor_parallel != before.rollout_tensor_parallel:
@@ -101,16 +128,14 @@ def verl_overrides(setup: Setup, chosen: Setup, policy: str) -> list[str]:
     if after.rollout_memory_fraction != before.rollout_memory_fraction:
         lines.append(f"{ARA}.rollout.gpu_memory_utilization={after.rollout_memory_fraction:g}")
     if after.train_micro_batch != before.train_micro_batch:
-        lines.append(f"{ARA}.actor.ppo_micro_batch_size_per_gpu={after.train_micro_batch}")
+        sizes = {f"{ARA}.actor.ppo": after.train_micro_batch}
         if after.forward_micro_batch:
-            lines += [
-                f"{ARA}.{role}.log_prob_micro_batch_size_per_gpu={after.forward_micro_batch}"
-                for role in ("rollout", "ref")
-            ]
+            roles = ("rollout", "ref") if setup.reference else ("rollout",)
+            sizes |= {f"{ARA}.{role}.log_prob": after.forward_micro_batch for role in roles}
         if setup.critic:
-            lines.append(
-                f"critic.ppo_micro_batch_size_per_gpu={after.critic_train_micro_batch or after.train_micro_batch}"
-            )
+            sizes["critic.ppo"] = after.critic_train_micro_batch or after.train_micro_batch
+        for key, size in sizes.items():  # verl refuses a global and a per-GPU size set together
+            lines += [f"{key}_micro_batch_size=null", f"{key}_micro_batch_size_per_gpu={size}"]
     if policy == "async":
         rollout = chosen.placement.rollout_for("async")
         lines += [

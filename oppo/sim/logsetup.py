@@ -4,8 +4,11 @@ The log's configuration (:mod:`oppo.sim.verl_config`) names the model, the GPUs 
 and caps, the micro-batches, the rollout engine and its settings, and the training backend's; the log's steps give
 the lengths. Each setup key records where it came from (the printed configuration, the launch command, verl's
 default where the log shows neither, or the steps), and each configuration key that could cost time but has no
-counterpart in the model is listed with the reason. verl's defaults are those of its ``ppo_trainer.yaml``
-(``verl/trainer/config``), the same across the 2024-2025 versions for every key read here.
+counterpart in the model is listed with the reason. A key the log shows nowhere takes verl's default
+(``verl/trainer/config``), which moves between versions: where it moved for a key read here and the log's date
+says which side it is on (vLLM's sleep mode, Megatron's tensor-parallel default), the date decides; otherwise the
+default of the current ``ppo_trainer.yaml``, and the table ``setup-from-log`` prints marks it "verl default": check
+those against the run.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ ENGINE_OF = {"vllm": "vllm", "sglang": "vllm", "hf": "hf"}  # verl's rollout.nam
 # vLLM's sleep mode (free_cache_engine as sleep / wake_up) replaced re-initialising the KV cache in the verl releases
 # of spring 2025 (verl v0.3, vLLM >= 0.7); a log's date decides which one its run paid
 SLEEP_MODE_FROM = "2025-04-01"
+MEGATRON_TP1_FROM = "2025-04-13"  # ppo_megatron_trainer.yaml's tensor_model_parallel_size default: 4, then 1
 LENGTH_SIGMA = 0.6  # [assumed] lognormal spread of the responses; the log gives only each step's mean, min and max
 # configuration keys that could cost time and have no counterpart in the model, and why (a key ending with the
 # pattern, where its value is not the harmless one)
@@ -112,9 +116,24 @@ class _Reader:
             raise ValueError(f"{self.config.source}: the run's configuration lacks {verl}, which the setup needs")
         return default, "verl default"
 
-    def take(self, key: str, verl: str, default: Any = None, convert=lambda v: v, *, required: bool = False) -> Any:
+    def number(self, verl: str, default: Any = None, kind: type = int, *, required: bool = False) -> tuple[Any, str]:
+        """``get`` of a number (an unexpanded ``${VAR}`` of a launch script is no number: refused by name)."""
         value, origin = self.get(verl, default, required=required)
-        value = convert(value)
+        if value is None or isinstance(value, bool):
+            return value, origin
+        try:
+            return kind(value), origin
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{self.config.source}: {verl}={value!r} is not a number (an unexpanded variable?)"
+            ) from None
+
+    def take(self, key: str, verl: str, default: Any = None, convert=lambda v: v, *, required: bool = False) -> Any:
+        if convert in (int, float):
+            value, origin = self.number(verl, default, convert, required=required)
+        else:
+            value, origin = self.get(verl, default, required=required)
+            value = convert(value)
         self.out.set(key, value, verl, origin)
         return value
 
@@ -138,7 +157,7 @@ def setup_from_log(path: str | Path, gpu: str | None = None, model: str | None =
     _algorithm(r)
     _batch(r)
     _placement(r)
-    _framework(r)
+    _framework(r, _mean_sequence_tokens(log))
     _lengths(out, log)
     _ignored(out, config, r.read)
     out.setup()  # refused here, not where it is used, if the values do not make a setup
@@ -195,20 +214,29 @@ def _known_model(source: str, path: str, option: str | None) -> str:
 
 def _algorithm(r: _Reader) -> None:
     estimator, origin = r.get("algorithm.adv_estimator", "gae")
-    n, n_origin = r.get(f"{ARA}.rollout.n", 1)
+    n, n_origin = r.number(f"{ARA}.rollout.n", 1)
     known = (*CRITIC_ESTIMATORS, *GROUP_ESTIMATORS)
     if estimator not in known:
         raise ValueError(f"{r.config.source}: unknown adv_estimator {estimator!r}; known: {', '.join(known)}")
     grouped = estimator in GROUP_ESTIMATORS and n > 1
     r.out.set("algo", "grpo" if grouped else "ppo", "algorithm.adv_estimator, rollout.n", origin)
-    r.out.set("group_size", int(n), f"{ARA}.rollout.n", n_origin)
+    r.out.set("group_size", n, f"{ARA}.rollout.n", n_origin)
+    if estimator == "remax":
+        r.out.ignored.append(
+            ("algorithm.adv_estimator", estimator, "ReMax's extra greedy rollout per step is not priced")
+        )
     r.out.set("critic", estimator in CRITIC_ESTIMATORS, "algorithm.adv_estimator", origin)
-    if r.config.has("algorithm.use_kl_in_reward"):
-        in_reward, _ = r.get("algorithm.use_kl_in_reward", False)
-        in_loss, _ = r.get(f"{ARA}.actor.use_kl_loss", False)
-        r.out.set("reference", bool(in_reward or in_loss), "algorithm.use_kl_in_reward or actor.use_kl_loss", "config")
-    else:  # verl before use_kl_in_reward (early 2025) builds the reference policy whatever the KL settings
+    if r.config.printed and not r.config.has("algorithm.use_kl_in_reward"):
+        # a printed configuration without it (its `algorithm` table comes before any cut): verl before spring
+        # 2025, which builds the reference policy whatever the KL settings
         r.out.set("reference", True, "no algorithm.use_kl_in_reward: this verl always runs the reference", "derived")
+        return
+    in_reward, origin = r.get("algorithm.use_kl_in_reward", False)
+    in_loss, loss_origin = r.get(f"{ARA}.actor.use_kl_loss", False)
+    origin = (
+        "config" if "config" in (origin, loss_origin) else ("command" if "command" in (origin, loss_origin) else origin)
+    )
+    r.out.set("reference", bool(in_reward or in_loss), "algorithm.use_kl_in_reward or actor.use_kl_loss", origin)
 
 
 def _batch(r: _Reader) -> None:
@@ -220,7 +248,7 @@ def _batch(r: _Reader) -> None:
     # SGLang is priced as vLLM: both batch continuously under a KV budget with paged attention
     r.out.set("engine", ENGINE_OF[name], f"{ARA}.rollout.name", origin)
     r.take("ppo_epochs", f"{ARA}.actor.ppo_epochs", 1, int)
-    mini, origin = r.get(f"{ARA}.actor.ppo_mini_batch_size", 256)
+    mini, origin = r.number(f"{ARA}.actor.ppo_mini_batch_size", 256)
     if mini <= 0 or batch % mini:
         raise ValueError(f"{r.config.source}: ppo_mini_batch_size {mini} does not divide train_batch_size {batch}")
     r.out.set("minibatches", batch // mini, "data.train_batch_size / actor.ppo_mini_batch_size", origin)
@@ -230,15 +258,17 @@ def _placement(r: _Reader) -> None:
     hybrid, origin = r.get(f"{ARA}.hybrid_engine", True)
     if not hybrid:
         raise ValueError(f"{r.config.source}: hybrid_engine=False (rollout on GPUs of its own) is not read yet")
-    per_node, per_origin = r.get("trainer.n_gpus_per_node", required=True)
-    nodes, _ = r.get("trainer.nnodes", 1)
+    per_node, per_origin = r.number("trainer.n_gpus_per_node", required=True)
+    nodes, _ = r.number("trainer.nnodes", 1)
     r.out.set("placement.kind", "colocated", f"{ARA}.hybrid_engine", origin)
-    r.out.set("placement.actor_gpus", int(per_node * nodes), "trainer.n_gpus_per_node x trainer.nnodes", per_origin)
+    r.out.set("placement.actor_gpus", per_node * nodes, "trainer.n_gpus_per_node x trainer.nnodes", per_origin)
     r.out.set("placement.reward_gpus", 0, f"{ARA}.hybrid_engine (a reward model shares the GPUs)", origin)
-    r.out.set("cluster.gpus_per_node", int(per_node), "trainer.n_gpus_per_node", per_origin)
+    r.out.set("cluster.gpus_per_node", per_node, "trainer.n_gpus_per_node", per_origin)
 
 
-def _framework(r: _Reader) -> None:
+def _framework(r: _Reader, seq_tokens: float) -> None:
+    """The training backend, its micro-batches (``seq_tokens``: a sequence's mean tokens, for dynamic batches)
+    and the rollout engine."""
     megatron = "megatron" in (r.config.config_name or "")  # ppo_megatron_trainer.yaml
     strategy, origin = r.get(f"{ARA}.actor.strategy", "megatron" if megatron else "fsdp")
     if megatron and origin == "verl default":
@@ -246,23 +276,12 @@ def _framework(r: _Reader) -> None:
     if strategy not in ("fsdp", "fsdp2", "megatron"):
         raise ValueError(f"{r.config.source}: unknown training strategy {strategy!r}; known: fsdp, fsdp2, megatron")
     r.out.set("framework.base", "roofline", "verl's own layer is fitted on its log (calibrate-log)", "derived")
-    n_gpus = r.out.tables["placement"]["actor_gpus"]
-    setup = r.out.tables[""]
-    train = _micro(r, f"{ARA}.actor", "ppo", n_gpus)
-    r.out.set("framework.train_micro_batch", *train)
-    if setup["critic"]:
-        critic = _micro(r, "critic", "ppo", n_gpus)
-        if critic[0] != train[0]:
-            r.out.set("framework.critic_train_micro_batch", *critic)
-    forward = _micro(r, f"{ARA}.rollout", "log_prob", n_gpus)
-    r.out.set(
-        "framework.forward_micro_batch", *(forward if forward[0] else _micro(r, f"{ARA}.ref", "log_prob", n_gpus))
-    )
     r.take("framework.gradient_checkpointing", f"{ARA}.model.enable_gradient_checkpointing", False, bool)
     if strategy == "megatron":
         _megatron(r, origin)
     else:
         _fsdp(r, origin)
+    _micro_batches(r, seq_tokens)
     r.take("framework.decode_cuda_graphs", f"{ARA}.rollout.enforce_eager", True, lambda eager: not eager)
     r.take("framework.rollout_tensor_parallel", f"{ARA}.rollout.tensor_model_parallel_size", 2, int)
     r.take("framework.rollout_memory_fraction", f"{ARA}.rollout.gpu_memory_utilization", 0.5, float)
@@ -270,33 +289,77 @@ def _framework(r: _Reader) -> None:
         "framework.weight_reshard", True, f"{ARA}.hybrid_engine (the trainer's weights loaded into the engine)", origin
     )
     free, origin = r.get(f"{ARA}.rollout.free_cache_engine", True)
-    reset = "none" if not free else ("sleep" if (r.config.date or "9999") >= SLEEP_MODE_FROM else "reinit")
-    why = f"{ARA}.rollout.free_cache_engine; log dated {r.config.date or 'nowhere (taken as recent)'}"
+    if not free:
+        reset, why = "none", f"{ARA}.rollout.free_cache_engine"
+    elif r.config.vllm:  # sleep mode from vLLM 0.7
+        reset = "sleep" if r.config.vllm >= (0, 7) else "reinit"
+        why = f"{ARA}.rollout.free_cache_engine; the log's vLLM {'.'.join(map(str, r.config.vllm))}"
+    else:
+        reset = "sleep" if (r.config.date or "9999") >= SLEEP_MODE_FROM else "reinit"
+        why = f"{ARA}.rollout.free_cache_engine; log dated {r.config.date or 'nowhere (taken as recent)'}"
     r.out.set("framework.kv_cache_reset", reset, why, origin)
 
 
-def _micro(r: _Reader, role: str, kind: str, n_gpus: int) -> tuple[int, str, str]:
+def _micro_batches(r: _Reader, seq_tokens: float) -> None:
+    """Sequences per GPU per micro-batch: the update's, the critic's where it differs, the scoring passes'."""
+    fw = r.out.tables["framework"]
+    gpus = r.out.tables["placement"]["actor_gpus"]
+    # a global micro-batch is split over the data-parallel ranks: every GPU under FSDP (over the sequence-parallel
+    # groups with Ulysses), the replicas of tensor x pipeline GPUs under Megatron
+    model_parallel = fw.get("train_tensor_parallel", 1) * fw.get("train_pipeline_parallel", 1)
+    sp, _ = r.number(f"{ARA}.actor.ulysses_sequence_parallel_size", 1)
+    ranks = max(1, gpus // (model_parallel * (sp or 1)))
+    train = _micro(r, f"{ARA}.actor", "ppo", ranks, seq_tokens)
+    r.out.set("framework.train_micro_batch", *train)
+    if r.out.tables[""]["critic"]:
+        critic = _micro(r, "critic", "ppo", ranks, seq_tokens)
+        if critic[0] != train[0]:
+            r.out.set("framework.critic_train_micro_batch", *critic)
+    forward = _micro(r, f"{ARA}.rollout", "log_prob", ranks, seq_tokens)
+    r.out.set(
+        "framework.forward_micro_batch",
+        *(forward if forward[0] else _micro(r, f"{ARA}.ref", "log_prob", ranks, seq_tokens)),
+    )
+
+
+def _micro(r: _Reader, role: str, kind: str, ranks: int, seq_tokens: float) -> tuple[int, str, str]:
     """Sequences per GPU per micro-batch of ``role``'s ``kind`` pass (``ppo``: the update; ``log_prob``: a scoring
-    forward), with the verl key and its origin: ``..._per_gpu`` where set, else the older
-    ``..._micro_batch_size``, a global size every verl divides by the GPUs (``fsdp_workers.py``: ``//=
-    device_mesh.shape[0]`` in December 2024 already); 0 where none is set (the whole share in one pass)."""
+    forward), with the verl key and its origin. With dynamic batches (``use_dynamic_bsz``), as many mean sequences
+    as the token budget per GPU holds; else ``..._per_gpu`` where set, else the older ``..._micro_batch_size``, a
+    global size verl divides by the data-parallel ``ranks`` (``fsdp_workers.py``: ``//= device_mesh.shape[0]`` in
+    December 2024 already; ``megatron_workers.py``: by the data-parallel world size); 0 where none is set (the
+    whole share in one pass)."""
+    dynamic_key = f"{role}.use_dynamic_bsz" if kind == "ppo" else f"{role}.log_prob_use_dynamic_bsz"
+    if r.get(dynamic_key, False)[0]:
+        budget_key = f"{role}.{'ppo' if kind == 'ppo' else 'log_prob'}_max_token_len_per_gpu"
+        budget, origin = r.number(budget_key, 16384)
+        return max(1, int(budget // max(seq_tokens, 1.0))), f"{budget_key} / a mean sequence (dynamic batches)", origin
     key = f"{role}.{kind}_micro_batch_size_per_gpu"
-    per_gpu, origin = r.get(key)
+    per_gpu, origin = r.number(key)
     if per_gpu:
-        return int(per_gpu), key, origin
-    total, origin = r.get(key.removesuffix("_per_gpu"))
+        return per_gpu, key, origin
+    total, origin = r.number(key.removesuffix("_per_gpu"))
     if not total:
         return 0, f"{key} (none set: the whole share)", "verl default"
-    return max(1, int(total) // n_gpus), f"{key.removesuffix('_per_gpu')} / GPUs (a global size)", origin
+    return max(1, total // ranks), f"{key.removesuffix('_per_gpu')} / data-parallel ranks (a global size)", origin
+
+
+def _mean_sequence_tokens(log: TrainingLog) -> float:
+    prompts = [s.prompt_mean for s in log.steps if s.prompt_mean is not None]
+    return float(np.median(prompts) if prompts else 0.0) + float(np.median([s.response_mean for s in log.steps]))
 
 
 def _fsdp(r: _Reader, origin: str) -> None:
     if not r.take("framework.packed", f"{ARA}.model.use_remove_padding", False, bool):
-        prompt, prompt_origin = r.get("data.max_prompt_length", 512)
-        pad = int(prompt) + r.out.tables[""]["max_new_tokens"]  # the dataset pads prompts, the rollout responses
+        prompt, prompt_origin = r.number("data.max_prompt_length", 512)
+        pad = prompt + r.out.tables[""]["max_new_tokens"]  # the dataset pads prompts, the rollout responses
         r.out.set("framework.pad_to_tokens", pad, "data.max_prompt_length + data.max_response_length", prompt_origin)
     r.out.set("framework.sharded", True, f"{ARA}.actor.strategy", origin)
-    offload = {"actor": "actor.fsdp_config", "reference": "ref.fsdp_config", "critic": "critic.model.fsdp_config"}
+    offload = {
+        "actor": (f"{ARA}.actor.fsdp_config.param_offload",),
+        "reference": (f"{ARA}.ref.fsdp_config.param_offload",),
+        "critic": ("critic.model.fsdp_config.param_offload",),
+    }
     r.out.set("framework.offload", _offloaded(r, offload), "*.fsdp_config.param_offload", "config")
 
 
@@ -306,24 +369,28 @@ def _megatron(r: _Reader, origin: str) -> None:
     are on by default."""
     mega = f"{ARA}.actor.megatron"
     r.out.set("framework.train_backend", "megatron", f"{ARA}.actor.strategy", origin)
-    r.take("framework.train_tensor_parallel", f"{mega}.tensor_model_parallel_size", 4, int)
+    tp_default = 4 if (r.config.date or "9999") < MEGATRON_TP1_FROM else 1  # ppo_megatron_trainer.yaml's default
+    r.take("framework.train_tensor_parallel", f"{mega}.tensor_model_parallel_size", tp_default, int)
     r.take("framework.train_pipeline_parallel", f"{mega}.pipeline_model_parallel_size", 1, int)
-    r.take("framework.virtual_pipeline", f"{mega}.virtual_pipeline_model_parallel_size", 1, lambda v: int(v or 1))
+    vpp, vpp_origin = r.number(f"{mega}.virtual_pipeline_model_parallel_size", 1)
+    r.out.set("framework.virtual_pipeline", vpp or 1, f"{mega}.virtual_pipeline_model_parallel_size", vpp_origin)
     r.take("framework.sequence_parallel", f"{mega}.sequence_parallel", True, bool)
     r.take("framework.distributed_optimizer", f"{mega}.use_distributed_optimizer", True, bool)
     r.out.set("framework.packed", True, "verl's Megatron models remove padding inside", "derived")
-    offload = {"actor": "actor.megatron", "reference": "ref.megatron", "critic": "critic.megatron"}
-    r.out.set("framework.offload", _offloaded(r, offload), "*.megatron.param_offload", "config")
+    offload = {
+        "actor": (f"{ARA}.actor.megatron.param_offload",),
+        "reference": (f"{ARA}.ref.megatron.param_offload", f"{ARA}.ref.param_offload"),  # the latter: verl of 2025-03
+        "critic": ("critic.megatron.param_offload",),
+    }
+    r.out.set("framework.offload", _offloaded(r, offload), "*.param_offload", "config")
 
 
-def _offloaded(r: _Reader, tables: dict[str, str]) -> list[str]:
-    """Roles that run and whose parameters the backend keeps on the host (``tables``: role -> the configuration
-    table of its ``param_offload``)."""
+def _offloaded(r: _Reader, keys: dict[str, tuple[str, ...]]) -> list[str]:
+    """Roles that run and whose parameters the backend keeps on the host (``keys``: role -> its ``param_offload``
+    keys, any of which set)."""
     setup = r.out.tables[""]
     runs = {"actor": True, "reference": setup["reference"], "critic": setup["critic"]}
-    prefix = {"actor": ARA, "reference": ARA, "critic": ""}
-    keys = {role: f"{prefix[role]}.{table}.param_offload".lstrip(".") for role, table in tables.items()}
-    return [role for role, key in keys.items() if runs[role] and r.get(key, False)[0]]
+    return [role for role, names in keys.items() if runs[role] and any(r.get(k, False)[0] for k in names)]
 
 
 def _lengths(out: LogSetup, log: TrainingLog) -> None:

@@ -22,15 +22,13 @@ from oppo.catalog.lengths import LengthTrace
 from oppo.core.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.experiments import config_dict, run_config
-from oppo.sim.knobs import colocated_bytes, framework_grid, with_framework_knobs
+from oppo.sim.knobs import colocated_bytes, framework_grid, training_bytes, with_framework_knobs
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, evaluate
 from oppo.sim.setups import Setup
 
 OBJECTIVES = {"samples": "samples_per_s", "tokens": "tokens_per_s"}
 LAG = "steady_policy_lag"  # what the planner ranks, bounds and reports as a configuration's lag (see steady_lag)
-# Mixed-precision Adam under ZeRO-3: bf16 weights and gradients, fp32 master weights and two moments (bytes/param).
-TRAINED_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
 MEMORY_HEADROOM = 0.9  # activations, allocator fragmentation and the runtime's own share: 10% of the GPU
 KNOBS = (
     "policy", "chunk", "delta_max", "delta_controller", "window_tokens", "staleness", "rollout_gpus",
@@ -123,17 +121,15 @@ def sim_config(setup: Setup, candidate: Candidate, schedule: dict, steps: int, s
 
 def memory_bytes(config: SimConfig) -> float:
     """A screening estimate of the busiest GPU's memory (bytes): trained models (actor, and critic for PPO) hold
-    weights, gradients and Adam states sharded over the training GPUs (ZeRO-3; a role the framework offloads keeps
-    only its bf16 weights on the GPUs), the reference its weights; the generating GPUs hold the KV cache of every
+    weights, gradients and Adam states over the training GPUs (:func:`oppo.sim.knobs.training_bytes`), the reference
+    its weights; the generating GPUs hold the KV cache of every
     sequence in flight, (B + Δ) x G at prompt + cap tokens, and a rollout GPU a whole copy of the actor's weights."""
     setup, schedule = config.setup, config.schedule
     actor = model_shape(setup.actor)
     rollout = setup.placement.rollout_for(schedule.policy)
     train_gpus = setup.placement.actor_gpus - rollout
     roles = ["actor"] + (["critic"] if setup.critic and schedule.algo == "ppo" else [])
-    offloaded = set(setup.framework.offload)
-    trained = sum(actor.weight_bytes if r in offloaded else actor.params * TRAINED_BYTES_PER_PARAM for r in roles)
-    training = (trained + setup.reference * actor.weight_bytes) / train_gpus
+    training = training_bytes(setup, roles, train_gpus)
     in_flight = (schedule.batch + (schedule.delta_max if schedule.overcommit else 0)) * schedule.group_size
     kv = in_flight * (setup.lengths.prompt_tokens + schedule.max_new_tokens) * actor.kv_bytes_per_token
     generating = kv / rollout + actor.weight_bytes if rollout else training + kv / train_gpus

@@ -23,8 +23,9 @@ from oppo.sim.runlogs import read_log_text
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RAY_PREFIX = re.compile(r"^\s*(\([^()]*pid=\d+[^()]*\))\s?")  # "(main_task pid=54569) ", "(TaskRunner pid=1) "
 LAUNCH = re.compile(r"\bpython3?\s+-m\s+verl\.trainer\.(main_\w+)\b(.*)$")
-OVERRIDE = re.compile(r"^[+~]{0,2}([A-Za-z_][\w.]*)=(.*)$", re.S)  # Hydra: key=value, +key=value, ++key=value
-CONFIG_NAME = re.compile(r"^--config-name[= ](\S+)$")
+OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w.]*)=(.*)$", re.S)  # Hydra: key=value, +key=value, ++key=value
+CONFIG_NAME = re.compile(r"^(?:--config-name|-cn)=(\S+)$")
+VLLM_VERSION = re.compile(r"\bvllm(?:==|-| version |: )v?(\d+\.\d+)", re.I)  # "vllm==0.8.3", "vLLM version 0.6.3"
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)[ T][0-2]\d:[0-5]\d")
 TOP_LEVEL = ("actor_rollout_ref", "algorithm", "data", "trainer", "critic", "reward_model")
 _MISSING = object()
@@ -42,6 +43,7 @@ class VerlConfig:
     printed: bool  # the log prints the resolved configuration
     truncated: bool  # ... cut short: the keys after the cut come from the command or verl's defaults
     date: str | None  # the first timestamp in the log (YYYY-MM-DD): which verl / vLLM generation ran
+    vllm: tuple[int, int] | None = None  # the vLLM version the log prints, if any
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         """The value of ``key``; ``default`` where the log does not say (KeyError without one)."""
@@ -72,7 +74,9 @@ def read_verl_config(path: str | Path) -> VerlConfig | None:
     values |= flat
     origin |= dict.fromkeys(flat, "config")
     date = next((m.group(1) for line in lines if (m := DATE.search(line))), None)
-    return VerlConfig(str(path), values, origin, entry, config_name, printed is not None, truncated, date)
+    version = next((m.group(1) for line in lines if (m := VLLM_VERSION.search(line))), None)
+    vllm = tuple(int(x) for x in version.split(".")) if version else None
+    return VerlConfig(str(path), values, origin, entry, config_name, printed is not None, truncated, date, vllm)
 
 
 def _command(lines: list[str]) -> tuple[dict[str, Any], str | None, str | None]:
@@ -99,16 +103,18 @@ def _overrides(text: str) -> tuple[dict[str, Any], str | None]:
         words = text.split()
     overrides: dict[str, Any] = {}
     config_name = None
-    for word in words:
+    for i, word in enumerate(words):
         match = CONFIG_NAME.match(word)
-        if match:
-            config_name = match.group(1)
+        if match or word in ("--config-name", "-cn"):
+            config_name = match.group(1) if match else (words[i + 1] if i + 1 < len(words) else None)
+            continue
+        if word.startswith(("-", "~")):  # another option, or a Hydra deletion (~key): no value set
             continue
         pieces = word.split()  # a quoted word of several overrides, or one override whose value has spaces
         parts = pieces if all(OVERRIDE.match(p) for p in pieces) else [word]
         for part in parts:
             kv = OVERRIDE.match(part)
-            if kv and not part.startswith("-"):
+            if kv:
                 overrides[kv.group(1)] = parse_value(kv.group(2))
     return overrides, config_name
 

@@ -6,9 +6,11 @@ import dataclasses
 import gzip
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from oppo.sim.logsetup import contradictions, model_name, setup_from_log
+from oppo.sim.runlogs import load_run_log
 from oppo.sim.setups import load_setup
 from oppo.sim.verl_config import parse_value, read_verl_config
 from tests import invoke
@@ -104,6 +106,29 @@ def test_hydra_values_and_prefixes(tmp_path):
     assert config.config_name == "ppo_trainer"
 
 
+def test_the_gemma_logs_own_words_give_its_rollout_and_micro_batches():
+    """What the bundled Gemma setup had wrong before it was read from its log, read off the log's own text: the
+    rollout over both GPUs, and micro-batches of 4 that verl of that commit (d60f843, ``fsdp_workers.py``:
+    ``ppo_micro_batch_size //= self.device_mesh.shape[0]``) divides by the 2 GPUs."""
+    text = gzip.decompress((DATA / "verl_gemma_2_2b.log.gz").read_bytes()).decode()
+    assert "rollout.tensor_model_parallel_size=2" in text and "actor.ppo_micro_batch_size=4" in text
+    assert "trainer.n_gpus_per_node=2" in text and "log_prob_micro_batch_size=4" in text
+    fw = setup_from_log(DATA / "verl_gemma_2_2b.log.gz", gpu="h100", model="gemma-2-2b").setup().framework
+    assert (fw.rollout_tensor_parallel, fw.train_micro_batch, fw.forward_micro_batch) == (2, 4 // 2, 4 // 2)
+
+
+def test_dynamic_batches_hold_as_many_mean_sequences_as_the_token_budget(tmp_path):
+    """``use_dynamic_bsz``: verl packs micro-batches up to ``ppo_max_token_len_per_gpu`` tokens (16,384 here), so a
+    micro-batch holds that over a mean sequence (the log's median prompt + response means)."""
+    log = DATA / "verl_qwen2_7b_gpg.log.gz"
+    text = gzip.decompress(log.read_bytes()).decode().replace("'use_dynamic_bsz': False", "'use_dynamic_bsz': True")
+    path = tmp_path / "dyn.log"
+    path.write_text(text)
+    steps = load_run_log(log).steps
+    mean = np.median([s.prompt_mean for s in steps]) + np.median([s.response_mean for s in steps])
+    assert setup_from_log(path).setup().framework.train_micro_batch == int(16384 // mean)
+
+
 def test_catalog_names_from_model_paths():
     assert model_name("Qwen/Qwen2.5-0.5B-Instruct") == "qwen2.5-0.5b"
     assert model_name("/cache/hub/models--Qwen--Qwen2-7B-Instruct/snapshots/f2826a00") == "qwen2-7b"
@@ -177,6 +202,8 @@ def edited_log(tmp_path: Path, old: str, new: str) -> Path:
             "is no model the catalog knows; pass --model-config",
         ),
         (("'name': 'vllm',", "'name': 'tgi',"), "unknown rollout engine 'tgi'"),
+        (("'n': 5,", "'n': '${N}',"), "rollout.n='${N}' is not a number"),
+        (("'strategy': 'fsdp',", "'strategy': 'deepspeed',"), "unknown training strategy 'deepspeed'"),
     ],
 )
 def test_bad_logs_are_one_line_and_exit_2(tmp_path, edit, message):

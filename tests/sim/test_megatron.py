@@ -42,12 +42,22 @@ def test_a_megatron_update_is_its_bubbled_compute_plus_its_collectives_at_their_
     compute = cost.base.train_s(tokens, 0.0) * recompute * (1 + (2 - 1) / (3 * units))
     activations = tokens / replicas * model.hidden * 2  # bf16
     tp_s = 6 * model.layers / 2 * activations * 2 * (2 - 1) / 2 / cost.tensor_bytes_per_s  # 4 + 2 recomputed
-    dp_s = model.weight_bytes / 4 * 2 * (replicas - 1) / replicas / cost.collective_bytes_per_s
+    # verl's Megatron DDP reduces gradients in fp32 (grad_reduce_in_fp32): a ring all-reduce of a GPU's quarter of
+    # the parameters at 4 bytes each, 2 (d - 1) / d of it per GPU
+    fp32 = 4
+    dp_s = model.params / 4 * fp32 * 2 * (replicas - 1) / replicas / cost.collective_bytes_per_s
     assert cost.tensor_bytes_per_s == cost.base.gpu.link_bytes_per_s  # TP within the node
     load = cost._megatron_load(cost.base.train_s(tokens, 0.0) * recompute, tokens, rows, fw.train_micro_batch, 6, True)
     assert load.units == units and load.roofline_s == pytest.approx(compute, rel=1e-12)
     assert load.serial_s == pytest.approx(tp_s + dp_s, rel=1e-12)
     assert load.small_s == pytest.approx(compute / (tokens / replicas / units / 2), rel=1e-12)
+    # the distributed optimizer: a reduce-scatter of the fp32 gradients, an all-gather of the bf16 parameters
+    sharded = dataclasses.replace(setup, framework=dataclasses.replace(fw, distributed_optimizer=True))
+    dist_s = model.params / 4 * (fp32 + 2) * (replicas - 1) / replicas / cost.collective_bytes_per_s
+    dist = sharded.costs("sync")["actor"]._megatron_load(
+        load.roofline_s / (1 + 1 / (3 * units)), tokens, rows, fw.train_micro_batch, 6, True
+    )
+    assert dist.serial_s == pytest.approx(tp_s + dist_s, rel=1e-12)
     terms = StageCost(efficiency=0.5, gather_bandwidth_frac=0.25)
     seconds = dataclasses.replace(cost, framework=dataclasses.replace(fw, update_actor=terms)).train_s(
         tokens, 0.0, rows

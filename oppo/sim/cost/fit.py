@@ -45,11 +45,12 @@ MIN_INVERSE = 1e-3  # 1 / efficiency at least: a stage at most 1000 times faster
 # overlap and the default efficiency fractions are priors, never bounds); a log that cannot tell it from the
 # compute terms (gathers far smaller than compute) leaves it where the prior is.
 PRIOR_WEIGHT = 0.1
-# Collectives whose seconds keep nearly one ratio to the compute's over the fitted steps (one run: both grow with
-# its tokens) cannot be told from the compute: their link share then stays at the nominal figure (a prior of
-# PRIOR_WEIGHT); runs of several layouts, whose ratios spread by more than this (coefficient of variation), fit it
-# free
-IDENTIFIED_SPREAD = 0.1
+# Collectives whose seconds per step are, to within this share (relative residual of their column regressed on the
+# others'), a combination of the other terms' columns cannot be told from them: one run's tensor-parallel
+# all-reduces grow with its tokens as its compute does and its gradients' all-reduce is as constant as its
+# micro-batch count (residuals 0-2e-5 on the Megatron log and a synthesised run); their link share then stays at the
+# nominal figure (a prior of PRIOR_WEIGHT). Runs of three layouts leave 6-10%, and fit it free
+IDENTIFIED_RESIDUAL = 0.01
 # achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
 GATHER_SCALE_BOUNDS = (1 / 50, 50)
 PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads that tell which terms a run pays
@@ -98,7 +99,7 @@ def fit_stage(
         measured = measured[timed]
     if gen:
         return _fit_generation(load, measured, reshard_frac)
-    collectives = bool(np.any(load.serial_s))  # Megatron's: their link's share, a column pulled to the nominal
+    collectives = has_collectives(load, measured.shape)  # Megatron's: their link's share, a column of its own
     columns = (
         [load.roofline_s, load.small_s] + ([load.units] if per_unit else []) + ([load.serial_s] if collectives else [])
     )
@@ -106,7 +107,7 @@ def fit_stage(
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     # the gathers at the priors, compute larger: their exposed share (the nonlinear fit below moves both terms)
     serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)
-    anchored = collectives and not _spread(load.serial_s, load.roofline_s, measured.shape)
+    anchored = collectives and not _identified(x)
     inverse, *rest = roofline_lstsq(x, (measured - serial) / measured, anchor_last=anchored)  # 1 / efficiency
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     link = {"gather_bandwidth_frac": 1 / max(float(rest[-1]), 1 / GATHER_SCALE_BOUNDS[1])} if collectives else {}
@@ -114,10 +115,18 @@ def fit_stage(
     return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
 
 
-def _spread(part, whole, shape: tuple) -> bool:
-    """Whether ``part`` / ``whole`` varies over the steps by more than ``IDENTIFIED_SPREAD``."""
-    ratio = np.broadcast_to(part, shape) / np.maximum(np.broadcast_to(whole, shape), 1e-30)
-    return bool(np.std(ratio) > IDENTIFIED_SPREAD * np.mean(ratio))
+def has_collectives(load: StageLoad, shape: tuple) -> bool:
+    """Whether the stage's passes run collectives on their critical path worth a term (above a replay's round-off)."""
+    serial = np.broadcast_to(load.serial_s, shape)
+    return bool(np.max(serial, initial=0.0) > 1e-6 * np.max(np.broadcast_to(load.roofline_s, shape), initial=0.0))
+
+
+def _identified(x: np.ndarray) -> bool:
+    """Whether the last column of ``x`` is more than ``IDENTIFIED_RESIDUAL`` (relative) away from every combination
+    of the others: the steps tell it apart (collinear, no fit can split it from them)."""
+    others, last = x[:, :-1], x[:, -1]
+    coefficients = np.linalg.lstsq(others, last, rcond=None)[0]
+    return bool(np.linalg.norm(last - others @ coefficients) > IDENTIFIED_RESIDUAL * np.linalg.norm(last))
 
 
 def roofline_lstsq(x: np.ndarray, target: np.ndarray, anchor_last: bool = False) -> np.ndarray:
@@ -207,8 +216,11 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
         }
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
-    if np.any(load.serial_s) and _spread(load.serial_s, load.roofline_s, np.shape(load.serial_s)):
-        gathers = ["gather_bandwidth_frac"]  # Megatron's collectives, where the steps tell them from the compute
+    shape = np.shape(load.roofline_s)
+    if has_collectives(load, shape):
+        columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), load.serial_s]
+        if _identified(np.stack([np.broadcast_to(c, shape) for c in columns], axis=1)):
+            gathers = ["gather_bandwidth_frac"]  # Megatron's collectives, where the steps tell them apart
     return ["efficiency", "half_efficiency_tokens", *(["per_unit_s"] if per_unit else []), *gathers]
 
 

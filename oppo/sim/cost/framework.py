@@ -296,9 +296,17 @@ class FrameworkCost:
         return self._gather_bytes_s(self.base.model.weight_bytes) if self.framework.sharded else 0.0
 
     def _offload_s(self) -> float:
-        if self.role not in self.framework.offload:
+        """One host-to-GPU transfer of the role's offloaded parameters: each GPU's share (FSDP: 1 / n of them;
+        Megatron: its tensor x pipeline slice)."""
+        fw = self.framework
+        if self.role not in fw.offload:
             return 0.0
-        return self.base.model.weight_bytes / self.base.n_gpus / self.framework.host_bytes_per_s
+        shards = (
+            fw.train_tensor_parallel * fw.train_pipeline_parallel
+            if fw.train_backend == "megatron"
+            else self.base.n_gpus
+        )
+        return self.base.model.weight_bytes / shards / fw.host_bytes_per_s
 
     def decode_s(self, batch, context_tokens):
         """One decode iteration of ``batch`` rows (every row the role's engines compute): each generates one token.
@@ -357,9 +365,9 @@ class FrameworkCost:
         """A Megatron pass over ``rows`` sequences of ``tokens`` in all: each data-parallel replica (t x p GPUs)
         runs its share in micro-batches through the pipeline; ``allreduces`` all-reduces of each layer's
         activations (``tokens`` x hidden, bf16, ring: 2 (t - 1) / t of them per GPU over the tensor-parallel link)
-        on a GPU's layers / p; with ``gradients``, the all-reduce of the replica's 1 / (t p) of the weights' bf16
-        gradients over the replicas (ring: 2 (d - 1) / d per GPU). The micro-batch term sees a GPU's 1 / t of a
-        micro-batch's tokens (tensor parallelism narrows its matrix products)."""
+        on a GPU's layers / p; with ``gradients``, the reduction of a GPU's 1 / (t p) of the gradients over the d
+        replicas, in fp32 (below). The micro-batch term sees a GPU's 1 / t of a micro-batch's tokens (tensor
+        parallelism narrows its matrix products)."""
         fw, model = self.framework, self.base.model
         t, p, v = fw.train_tensor_parallel, fw.train_pipeline_parallel, fw.virtual_pipeline
         replicas = max(1, self.base.n_gpus // (t * p))
@@ -371,8 +379,11 @@ class FrameworkCost:
             activations = tokens / replicas * model.hidden * model.bytes_per_param
             serial += allreduces * model.layers / p * activations * 2 * (t - 1) / t / self.tensor_bytes_per_s
         if gradients and replicas > 1 and self.collective_bytes_per_s > 0:
-            grads = model.weight_bytes / (t * p)
-            serial += grads * 2 * (replicas - 1) / replicas / self.collective_bytes_per_s
+            # verl builds Megatron's DDP with grad_reduce_in_fp32: a ring all-reduce of fp32 gradients moves
+            # 2 (d - 1) / d x 4 bytes a parameter; the distributed optimizer reduce-scatters them ((d - 1) / d x 4)
+            # and all-gathers the updated bf16 parameters ((d - 1) / d x 2)
+            per_param = 6 if fw.distributed_optimizer else 8
+            serial += model.params / (t * p) * per_param * (replicas - 1) / replicas / self.collective_bytes_per_s
         return StageLoad(compute, small_s=compute / max(gpu_tokens, 1.0), units=units, serial_s=serial)
 
     def sync_s(self) -> float:
