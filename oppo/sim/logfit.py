@@ -131,6 +131,16 @@ def _step_load(cost, stage: str) -> StageLoad:
 TOKEN_TOLERANCE = 0.10  # a setup whose sequences per step miss the log's token totals by more is the wrong setup
 
 
+def check_placement(setup: Setup, log: TrainingLog) -> None:
+    """An asynchronous trainer's log (its generation on GPUs of its own) needs a setup that splits them off: each
+    stage is replayed on its own GPUs, one after another (the overlap is the ``async`` policy's to simulate)."""
+    if log.asynchronous and not setup.placement.rollout_gpus:
+        raise ValueError(
+            f"{log.source} is an asynchronous trainer's log (generation on GPUs of its own): setup {setup.name} "
+            "needs [placement] rollout_gpus, the GPUs that generate (verl's rollout.n_gpus_per_node x nnodes)"
+        )
+
+
 def check_token_counts(setup: Setup, steps: list[LoggedStep]) -> None:
     """Where the log counts a step's tokens (verl's ``total_num_tokens``), the setup's sequences per step (batch x
     group size) at the logged mean prompt and response lengths must make them, to 10% (median over steps)."""
@@ -192,6 +202,7 @@ def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, i
     number of steps fitted."""
     if not 0 < fit_frac < 1:
         raise ValueError(f"fit_frac must be in (0, 1), got {fit_frac}")
+    check_placement(setup, log)
     steps = list(log.steps)
     n_fit = max(1, int(len(steps) * fit_frac))
     if n_fit >= len(steps):
@@ -264,6 +275,7 @@ def replay_errors(
     made already: loads do not depend on the stage terms). Returns the ``fidelity.json`` content (medians over
     steps ``first..`` and their median absolute relative error, per stage and for the step), and the measured
     and predicted seconds per stage (with "step") of every step, for plotting."""
+    check_placement(setup, log)
     steps = list(log.steps)
     stages = _fitted_stages(setup, log)
     predicted = predict_stages(setup, replayed or replay(setup, steps), stages)
@@ -324,6 +336,7 @@ def logged_run(setup: Setup, log: TrainingLog, fit_frac: float) -> LoggedRun:
     n_fit = max(1, int(len(log.steps) * fit_frac))
     if n_fit >= len(log.steps):
         raise ValueError(f"{log.source}: {len(log.steps)} steps leave none to validate with fit_frac {fit_frac}")
+    check_placement(setup, log)
     return LoggedRun(setup.name, setup, log, replay(setup, list(log.steps)), n_fit)
 
 

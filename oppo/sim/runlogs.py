@@ -45,6 +45,10 @@ COMPOSITES = {
     "ppo_train": ("update_actor", "update_critic"),
 }
 EXCLUDING = ("testing", "save_checkpoint")  # a step with these timings is not a training step's time
+# verl's asynchronous trainers (one-step-off, fully async: ``verl/experimental``) time ``gen`` as the trainer's wait
+# for its samples, not generation; their logs carry these metrics (after ``_key``)
+ASYNC_METRICS = ("timing_s_generate_async", "timing_s_sync_rollout_weights", "timing_s_param_sync",
+                 "timing_s_wait_last_valid", "trainer_idle_ratio")  # fmt: skip
 LENGTHS = {  # statistic -> its metric names, first found wins (verl, OpenRLHF)
     "mean": ("response_length_mean", "rollout_response_length_mean", "response_length"),
     "max": ("response_length_max",),
@@ -76,6 +80,7 @@ class LoggedStep:
     total_tokens: float | None = None  # prompt + response tokens of every sequence of the step, where logged
     mfu: float | None = None  # the actor update's MFU as verl computes it (perf/mfu/actor), where logged
     memory_reserved_bytes: float | None = None  # the peak GPU memory PyTorch reserved (perf/max_memory_reserved_gb)
+    trainer_wait_s: float | None = None  # an asynchronous trainer's wait for its samples (its ``timing_s/gen``)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class TrainingLog:
 
     source: str
     steps: tuple[LoggedStep, ...]
+    asynchronous: bool = False  # an asynchronous trainer's log: generation runs beside the steps, on GPUs of its own
 
     @property
     def stages(self) -> list[str]:
@@ -216,10 +222,12 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
     if not any(timed):
         raise ValueError(f"{path}: no timing columns (expected timing_s/gen, timing/gen, timing/generation, ...)")
     steps = []
+    asynchronous = any(_asynchronous(row) for row in rows)
     for row, times in zip(rows, timed):
         stages = {stage: t for stage, t in times.items() if stage in STAGES}
         if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
+        wait = _asynchronous_stages(path, row, stages) if asynchronous else None
         lengths, perf = _metrics(path, row, LENGTHS), _metrics(path, row, PERF)
         if lengths["mean"] is None:
             raise ValueError(f"{path}: step {row.get('step')}: missing the mean response length (response_length/mean)")
@@ -237,11 +245,29 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
                 total_tokens=lengths["tokens"],
                 mfu=perf["mfu"],
                 memory_reserved_bytes=None if reserved is None else reserved * 2**30,
+                trainer_wait_s=wait,
             )
         )
     if not steps:
         raise ValueError(f"{path}: no training step with timings (all excluded: testing or checkpoint steps)")
-    return TrainingLog(str(path), tuple(sorted(steps, key=lambda s: s.step)))
+    return TrainingLog(str(path), tuple(sorted(steps, key=lambda s: s.step)), asynchronous)
+
+
+def _asynchronous(row: dict[str, str]) -> bool:
+    return any(m in row for m in ASYNC_METRICS) or any(k.startswith("fully_async_") for k in row)
+
+
+def _asynchronous_stages(path: Path, row: dict[str, str], stages: dict[str, float]) -> float | None:
+    """An asynchronous trainer's step, in place: its ``gen`` is the trainer's wait (returned), generation is the
+    one-step-off trainer's ``generate_async`` (the fully async trainer's rollouter times none per step), and its
+    ``step`` holds the wait and the overlap, so it is no sum of stages and is dropped (the step compared is their
+    sum)."""
+    wait = stages.pop("gen", None)
+    stages.pop("step", None)
+    generated = _timing(path, row, "generate_async")
+    if generated is not None:
+        stages["gen"] = generated
+    return wait
 
 
 def _metrics(path: Path, row: dict[str, str], table: dict[str, tuple[str, ...]]) -> dict[str, float | None]:

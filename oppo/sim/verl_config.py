@@ -22,7 +22,9 @@ from oppo.sim.runlogs import read_log_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RAY_PREFIX = re.compile(r"^\s*(\([^()]*pid=\d+[^()]*\))\s?")  # "(main_task pid=54569) ", "(TaskRunner pid=1) "
-LAUNCH = re.compile(r"\bpython3?\s+-m\s+verl\.trainer\.(main_\w+)\b(.*)$")
+# verl's trainers: verl.trainer.main_ppo, and the asynchronous ones (verl.experimental.one_step_off_policy.main_ppo,
+# verl.experimental.fully_async_policy.fully_async_main; recipe.* in 2025)
+LAUNCH = re.compile(r"\bpython3?\s+-m\s+((?:verl|recipe)\.[\w.]*main\w*)(\s.*|)$")
 OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w.]*)=(.*)$", re.S)  # Hydra: key=value, +key=value, ++key=value
 CONFIG_NAME = re.compile(r"^(?:--config-name|-cn)=(\S+)$")
 VLLM_VERSION = re.compile(r"\bvllm(?:==|-| version |: )v?(\d+\.\d+)", re.I)  # "vllm==0.8.3", "vLLM version 0.6.3"
@@ -38,7 +40,7 @@ class VerlConfig:
     source: str  # the log
     values: dict[str, Any]  # dotted key -> value
     origin: dict[str, str]  # dotted key -> "config" (the printed configuration) or "command" (an override)
-    entry: str | None  # the trainer module launched (main_ppo), if the command is in the log
+    entry: str | None  # the trainer module launched (verl.trainer.main_ppo), if the command is in the log
     config_name: str | None  # the command's --config-name (e.g. ppo_megatron_trainer.yaml), if any
     printed: bool  # the log prints the resolved configuration
     truncated: bool  # ... cut short: the keys after the cut come from the command or verl's defaults

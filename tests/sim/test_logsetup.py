@@ -83,7 +83,11 @@ def test_the_printed_configuration_wins_and_the_command_fills_a_printout_cut_sho
 
 def test_a_log_with_only_its_launch_command_reads_the_command():
     config = read_verl_config(DATA / "verl_qwen2_7b_grpo_megatron_excerpt.log.gz")
-    assert not config.printed and config.entry == "main_ppo" and config.config_name == "ppo_megatron_trainer.yaml"
+    assert (
+        not config.printed
+        and config.entry == "verl.trainer.main_ppo"
+        and config.config_name == "ppo_megatron_trainer.yaml"
+    )
     assert config.get("actor_rollout_ref.actor.megatron.tensor_model_parallel_size") == 4
     assert config.get("data.train_files") == [
         "/home/tiger/data/gsm8k/train.parquet",

@@ -1,0 +1,120 @@
+"""verl's asynchronous trainers' logs (one-step-off and fully async, ``verl/experimental``): their ``timing_s/gen`` is
+the trainer's wait for samples and is never fitted as generation; the one-step-off trainer's
+``timing_s/generate_async`` is; the setup read from the launch command splits off the rollout GPUs, and the
+stages' terms are recovered from a log synthesised from known terms."""
+
+from pathlib import Path
+
+import pytest
+
+from oppo.sim.cost.framework import StageCost
+from oppo.sim.logfit import calibrate, replay_errors
+from oppo.sim.logsetup import setup_from_log
+from oppo.sim.runlogs import load_run_log
+from oppo.sim.setups import load_setup
+from tests import invoke
+from tests.sim.test_logfit import synthesized_log
+
+DATA = Path(__file__).with_name("data")
+COMMAND = (
+    "+ python3 -m verl.experimental.one_step_off_policy.main_ppo algorithm.adv_estimator=grpo "
+    "data.train_batch_size=64 data.max_prompt_length=512 data.max_response_length=512 "
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct actor_rollout_ref.actor.ppo_mini_batch_size=16 "
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 "
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 "
+    "actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True "
+    "actor_rollout_ref.rollout.n=5 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.actor.use_kl_loss=False "
+    "trainer.nnodes=1 trainer.n_gpus_per_node=6 rollout.nnodes=1 rollout.n_gpus_per_node=2 "
+    "async_training.staleness_threshold=0.5"
+)
+TRUTH = {
+    "gen": StageCost(efficiency=0.4, per_token_s=2e-5),
+    "old_log_prob": StageCost(efficiency=0.6, half_efficiency_tokens=3000.0),
+    "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
+}
+
+
+def one_step_off_log(tmp_path: Path, steps: int = 30) -> Path:
+    """A one-step-off trainer's console log written from a setup with known terms: its launch command, then per
+    step the generation it ran in the background (``generate_async``), the trainer's wait (``gen``), the weight
+    sync and the trainer's stages, with the lengths of the shared MI300X run's steps."""
+    setup = setup_from_log(
+        write(tmp_path / "cmd.log", COMMAND + "\n" + step_line(1, {"gen": 1.0}, 100, 500, 5, 50)), gpu="h100"
+    ).setup()
+    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:steps]
+    logged = synthesized_log(setup, TRUTH, real)
+    lines = [COMMAND]
+    for s in logged.steps:
+        times = {
+            "gen": 0.3,  # the trainer's wait: a few tenths of a second, whatever generation took
+            "generate_async": s.stages["gen"],
+            "sync_rollout_weights": 1.5,
+            "old_log_prob": s.stages["old_log_prob"],
+            "update_actor": s.stages["update_actor"],
+            "step": 0.3 + 1.5 + s.stages["old_log_prob"] + s.stages["update_actor"],
+        }
+        lines.append(step_line(s.step, times, s.response_mean, s.response_max, s.response_min, s.prompt_mean))
+    return write(tmp_path / "one_step_off.log", "\n".join(lines) + "\n")
+
+
+def step_line(step: int, times: dict, mean, high, low, prompt) -> str:
+    parts = [f"timing_s/{k}:{v:.6f}" for k, v in times.items()]
+    parts += [f"response_length/mean:{mean}", f"response_length/max:{high}", f"response_length/min:{low}"]
+    parts += [f"prompt_length/mean:{prompt}"]
+    return f"(TaskRunner pid=1) step:{step} - " + " - ".join(parts)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_the_trainers_wait_is_not_generation(tmp_path):
+    log = load_run_log(one_step_off_log(tmp_path, steps=3))
+    assert log.asynchronous
+    for step in log.steps:
+        assert step.trainer_wait_s == pytest.approx(0.3)
+        assert step.stages["gen"] > 1.0  # generate_async, the generation itself
+        assert "step" not in step.stages  # wait + overlap: no sum of stages
+    fully = write(
+        tmp_path / "fully.log",
+        "step:1 - timing_s/gen:12.5 - timing_s/old_log_prob:3.0 - timing_s/update_actor:9.0 - timing_s/step:25.0"
+        " - fully_async/count/stale_samples_processed:64 - response_length/mean:300\n",
+    )
+    (step,) = load_run_log(fully).steps
+    assert step.stages == {"old_log_prob": 3.0, "update_actor": 9.0} and step.trainer_wait_s == 12.5
+
+
+def test_the_setup_splits_off_the_rollout_gpus_and_lists_the_async_knobs(tmp_path):
+    found = setup_from_log(one_step_off_log(tmp_path, steps=3), gpu="h100")
+    setup = found.setup()
+    assert (setup.placement.actor_gpus, setup.placement.rollout_gpus) == (8, 2)
+    assert (setup.algo, setup.group_size, setup.reference) == ("grpo", 5, False)
+    knobs = {key: why for key, _, why in found.ignored}
+    assert "--queue-groups" in knobs["async_training.staleness_threshold"]
+
+
+def test_the_stages_of_a_one_step_off_log_are_recovered(tmp_path):
+    """Calibrated on its own first 60% of steps, the rest predicted to 1%, each stage on its own GPUs (generation
+    on the 2 rollout GPUs, the passes on the 6 that train)."""
+    path = one_step_off_log(tmp_path)
+    setup = setup_from_log(path, gpu="h100").setup()
+    log = load_run_log(path)
+    fitted, n_fit = calibrate(setup, log, fit_frac=0.6)
+    report = replay_errors(fitted, log, n_fit)[0]
+    assert set(report["stages"]) == {"gen", "old_log_prob", "update_actor"}
+    for stage, errors in report["stages"].items():
+        assert errors["median_abs_err"] <= 0.01, stage
+    assert fitted.framework.gen.efficiency == pytest.approx(0.4, rel=0.05)
+
+
+def test_an_async_log_with_a_setup_that_does_not_split_its_gpus_is_refused(tmp_path):
+    path = one_step_off_log(tmp_path, steps=4)
+    text = setup_from_log(path, gpu="h100").toml()
+    assert "rollout_gpus = 2" in text
+    toml = write(tmp_path / "unsplit.toml", text.replace("rollout_gpus = 2", "rollout_gpus = 0"))
+    res = invoke.sim("validate-log", "--log", path, "--setup", toml, "--out", tmp_path / "o")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "an asynchronous trainer's log" in res.stderr and "needs [placement] rollout_gpus" in res.stderr
+    assert load_setup(str(toml)).placement.rollout_gpus == 0
