@@ -134,6 +134,11 @@ TOKEN_TOLERANCE = 0.10  # a setup whose sequences per step miss the log's token 
 def check_placement(setup: Setup, log: TrainingLog) -> None:
     """An asynchronous trainer's log (its generation on GPUs of its own) needs a setup that splits them off: each
     stage is replayed on its own GPUs, one after another (the overlap is the ``async`` policy's to simulate)."""
+    if log.fully_async:
+        raise ValueError(
+            f"{log.source} is verl's fully async trainer's log: a row sums the timings of trigger_parameter_sync_step "
+            "trainer steps of ppo_mini_batch_size x require_batches prompts each; not read yet"
+        )
     if log.asynchronous and not setup.placement.rollout_gpus:
         raise ValueError(
             f"{log.source} is an asynchronous trainer's log (generation on GPUs of its own): setup {setup.name} "

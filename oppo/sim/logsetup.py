@@ -259,26 +259,34 @@ def _placement(r: _Reader) -> None:
     ``rollout.nnodes``, verl's one-step-off and fully async recipes) as the setup's ``rollout_gpus``."""
     per_node, per_origin = r.number("trainer.n_gpus_per_node", required=True)
     nodes, _ = r.number("trainer.nnodes", 1)
-    rollout_per_node, rollout_origin = r.number("rollout.n_gpus_per_node", 0)
-    rollout = rollout_per_node * r.number("rollout.nnodes", 1)[0]
+    asynchronous = any(name in (r.config.entry or "") for name in ("one_step_off", "fully_async"))
+    # the asynchronous trainers' configurations default to 8 rollout GPUs per node on 1 node
+    rollout_per_node, rollout_origin = r.number("rollout.n_gpus_per_node", 8 if asynchronous else 0)
+    rollout_nodes, _ = r.number("rollout.nnodes", 1)
+    rollout = rollout_per_node * rollout_nodes
     hybrid, origin = r.get(f"{ARA}.hybrid_engine", True)
     if not hybrid and not rollout:
         raise ValueError(f"{r.config.source}: hybrid_engine=False without rollout.n_gpus_per_node: no rollout GPUs")
-    r.out.set("placement.kind", "colocated", f"{ARA}.hybrid_engine", origin)
+    r.out.set("placement.kind", "colocated", "the reward model, if any, shares the GPUs", "derived")
     r.out.set("placement.actor_gpus", per_node * nodes + rollout, "trainer (+ rollout) GPUs", per_origin)
+    node = per_node
     if rollout:
         r.out.set("placement.rollout_gpus", rollout, "rollout.n_gpus_per_node x rollout.nnodes", rollout_origin)
         _async_knobs(r)
+        # verl's scripts split each node between the two pools: a node holds both (the trainer's collectives stay
+        # on its NVLink)
+        node = per_node + rollout_per_node if rollout_nodes == nodes else per_node
     r.out.set("placement.reward_gpus", 0, f"{ARA}.hybrid_engine (a reward model shares the GPUs)", origin)
-    r.out.set("cluster.gpus_per_node", per_node, "trainer.n_gpus_per_node", per_origin)
+    r.out.set("cluster.gpus_per_node", node, "trainer.n_gpus_per_node (+ rollout.n_gpus_per_node)", per_origin)
 
 
 # verl's asynchronous trainers' knobs (``async_training.*``) and oppo's nearest, for the printed table: read, not
 # set (a setup holds no schedule; pass them to run / compare / plan)
 ASYNC_KNOBS = {
-    "async_training.staleness_threshold": "--queue-groups: B x (1 + threshold) groups may be generated ahead",
-    "async_training.trigger_parameter_sync_step": "--staleness K bounds the lag in steps; this counts mini-batches "
-    "between weight syncs (K ~ trigger / minibatches); no exact counterpart",
+    "async_training.staleness_threshold": "--queue-groups: mini-batch x require_batches x (1 + threshold) x trigger "
+    "prompts may be generated per weight version",
+    "async_training.trigger_parameter_sync_step": "--staleness K bounds the lag in steps; this counts trainer steps "
+    "between weight syncs; no exact counterpart",
     "async_training.require_batches": "no counterpart: oppo trains once a step's batch is ready",
     "async_training.partial_rollout": "--inflight-updates (a sync interrupts the rollouts, which go on after it)",
 }

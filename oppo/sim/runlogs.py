@@ -48,7 +48,14 @@ EXCLUDING = ("testing", "save_checkpoint")  # a step with these timings is not a
 # verl's asynchronous trainers (one-step-off, fully async: ``verl/experimental``) time ``gen`` as the trainer's wait
 # for its samples, not generation; their logs carry these metrics (after ``_key``)
 ASYNC_METRICS = ("timing_s_generate_async", "timing_s_sync_rollout_weights", "timing_s_param_sync",
-                 "timing_s_wait_last_valid", "trainer_idle_ratio")  # fmt: skip
+                 "timing_s_wait_last_valid", "timing_s_wait_prev_gen", "trainer_idle_ratio")  # fmt: skip
+# the one-step-off trainer's wait for its samples: ``gen`` (verl/experimental, 2025-12 on), ``wait_prev_gen``
+# (recipe/one_step_off_policy, 2025-07 to 2025-12)
+ASYNC_WAIT = ("gen", "wait_prev_gen")
+# its generation, best first: the slowest request's generate time (the agent loop's, in the row since 2025-12),
+# the rollout workers' generate call (recipe era), the trainer's timer around the background task (it only sees
+# generation end at its next await, between stages: an overstatement where the trainer was busy)
+ASYNC_GENERATION = ("agent_loop_generate_sequences_max", "generate_sequences", "generate_async")  # as _key spells them
 LENGTHS = {  # statistic -> its metric names, first found wins (verl, OpenRLHF)
     "mean": ("response_length_mean", "rollout_response_length_mean", "response_length"),
     "max": ("response_length_max",),
@@ -90,6 +97,7 @@ class TrainingLog:
     source: str
     steps: tuple[LoggedStep, ...]
     asynchronous: bool = False  # an asynchronous trainer's log: generation runs beside the steps, on GPUs of its own
+    fully_async: bool = False  # verl's fully async trainer: a row sums trigger_parameter_sync_step trainer steps
 
     @property
     def stages(self) -> list[str]:
@@ -223,11 +231,12 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
         raise ValueError(f"{path}: no timing columns (expected timing_s/gen, timing/gen, timing/generation, ...)")
     steps = []
     asynchronous = any(_asynchronous(row) for row in rows)
+    fully_async = any(k.startswith("fully_async_") for row in rows for k in row)
     for row, times in zip(rows, timed):
         stages = {stage: t for stage, t in times.items() if stage in STAGES}
+        wait = _asynchronous_stages(path, row, stages) if asynchronous else None
         if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
-        wait = _asynchronous_stages(path, row, stages) if asynchronous else None
         lengths, perf = _metrics(path, row, LENGTHS), _metrics(path, row, PERF)
         if lengths["mean"] is None:
             raise ValueError(f"{path}: step {row.get('step')}: missing the mean response length (response_length/mean)")
@@ -250,7 +259,7 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
         )
     if not steps:
         raise ValueError(f"{path}: no training step with timings (all excluded: testing or checkpoint steps)")
-    return TrainingLog(str(path), tuple(sorted(steps, key=lambda s: s.step)), asynchronous)
+    return TrainingLog(str(path), tuple(sorted(steps, key=lambda s: s.step)), asynchronous, fully_async)
 
 
 def _asynchronous(row: dict[str, str]) -> bool:
@@ -258,13 +267,14 @@ def _asynchronous(row: dict[str, str]) -> bool:
 
 
 def _asynchronous_stages(path: Path, row: dict[str, str], stages: dict[str, float]) -> float | None:
-    """An asynchronous trainer's step, in place: its ``gen`` is the trainer's wait (returned), generation is the
-    one-step-off trainer's ``generate_async`` (the fully async trainer's rollouter times none per step), and its
-    ``step`` holds the wait and the overlap, so it is no sum of stages and is dropped (the step compared is their
-    sum)."""
-    wait = stages.pop("gen", None)
+    """An asynchronous trainer's step, in place: its ``gen`` (or ``wait_prev_gen``) is the trainer's wait
+    (returned), generation the first of :data:`ASYNC_GENERATION` the row has (the fully async trainer's rows time
+    none), and its ``step`` holds the wait and the overlap, so it is no sum of stages and is dropped (the step
+    compared is their sum)."""
+    stages.pop("gen", None)
     stages.pop("step", None)
-    generated = _timing(path, row, "generate_async")
+    wait = next((t for name in ASYNC_WAIT if (t := _timing(path, row, name)) is not None), None)
+    generated = next((t for name in ASYNC_GENERATION if (t := _timing(path, row, name)) is not None), None)
     if generated is not None:
         stages["gen"] = generated
     return wait

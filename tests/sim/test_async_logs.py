@@ -25,8 +25,7 @@ COMMAND = (
     "actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True "
     "actor_rollout_ref.rollout.n=5 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.actor.use_kl_loss=False "
-    "trainer.nnodes=1 trainer.n_gpus_per_node=6 rollout.nnodes=1 rollout.n_gpus_per_node=2 "
-    "async_training.staleness_threshold=0.5"
+    "trainer.nnodes=1 trainer.n_gpus_per_node=6 rollout.nnodes=1 rollout.n_gpus_per_node=2"
 )
 TRUTH = {
     "gen": StageCost(efficiency=0.4, per_token_s=2e-5),
@@ -77,22 +76,48 @@ def test_the_trainers_wait_is_not_generation(tmp_path):
         assert step.trainer_wait_s == pytest.approx(0.3)
         assert step.stages["gen"] > 1.0  # generate_async, the generation itself
         assert "step" not in step.stages  # wait + overlap: no sum of stages
+    # the one-step-off recipe of 2025 (recipe/one_step_off_policy): the wait is wait_prev_gen, generation the
+    # rollout workers' generate_sequences; today's trainer logs the slowest request's generate time beside
+    # generate_async, and that is generation
+    recipe = write(
+        tmp_path / "recipe.log",
+        "step:1 - timing_s/wait_prev_gen:0.4 - timing_s/generate_sequences:30.0 - timing_s/sync_rollout_weights:1.0"
+        " - timing_s/old_log_prob:3.0 - timing_s/update_actor:9.0 - timing_s/step:14.0 - response_length/mean:300\n"
+        "step:2 - timing_s/gen:0.2 - timing_s/generate_async:41.0 - timing_s/agent_loop/generate_sequences/max:33.0"
+        " - timing_s/old_log_prob:3.0 - timing_s/update_actor:9.0 - timing_s/step:13.0 - response_length/mean:300\n",
+    )
+    one, two = load_run_log(recipe).steps
+    assert (one.trainer_wait_s, one.stages["gen"], two.trainer_wait_s, two.stages["gen"]) == (0.4, 30.0, 0.2, 33.0)
+
+
+def test_a_fully_async_log_is_refused_in_one_line(tmp_path):
+    """verl's fully async trainer logs one row per weight version, the timings summed over
+    trigger_parameter_sync_step trainer steps: not a step of the setup's batch."""
     fully = write(
         tmp_path / "fully.log",
         "step:1 - timing_s/gen:12.5 - timing_s/old_log_prob:3.0 - timing_s/update_actor:9.0 - timing_s/step:25.0"
-        " - fully_async/count/stale_samples_processed:64 - response_length/mean:300\n",
+        " - fully_async/count/stale_samples_processed:64 - response_length/mean:300\n"
+        "step:2 - timing_s/gen:12.0 - timing_s/old_log_prob:3.1 - timing_s/update_actor:9.2 - timing_s/step:25.0"
+        " - fully_async/count/stale_samples_processed:64 - response_length/mean:310\n",
     )
-    (step,) = load_run_log(fully).steps
-    assert step.stages == {"old_log_prob": 3.0, "update_actor": 9.0} and step.trainer_wait_s == 12.5
+    log = load_run_log(fully)
+    assert log.fully_async and log.steps[0].stages == {"old_log_prob": 3.0, "update_actor": 9.0}
+    res = invoke.sim(
+        "validate-log", "--log", fully, "--setup", "verl-deepseek-llm-7b-ppo-8xmi300x", "--out", tmp_path / "o"
+    )
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "fully async trainer's log" in res.stderr
 
 
-def test_the_setup_splits_off_the_rollout_gpus_and_lists_the_async_knobs(tmp_path):
-    found = setup_from_log(one_step_off_log(tmp_path, steps=3), gpu="h100")
-    setup = found.setup()
-    assert (setup.placement.actor_gpus, setup.placement.rollout_gpus) == (8, 2)
+def test_the_setup_splits_off_the_rollout_gpus_on_the_trainers_node(tmp_path):
+    """6 trainer and 2 rollout GPUs of one node (verl's scripts split a node): 8 GPUs, the first 2 generate, and
+    the trainer's collectives run over the node's own link, not its network card."""
+    setup = setup_from_log(one_step_off_log(tmp_path, steps=3), gpu="h100").setup()
+    assert (setup.placement.actor_gpus, setup.placement.rollout_gpus, setup.cluster.gpus_per_node) == (8, 2, 8)
     assert (setup.algo, setup.group_size, setup.reference) == ("grpo", 5, False)
-    knobs = {key: why for key, _, why in found.ignored}
-    assert "--queue-groups" in knobs["async_training.staleness_threshold"]
+    costs = setup.costs("sync")
+    assert costs["actor"].base.n_gpus == 6 and costs["rollout"].base.n_gpus == 2
+    assert costs["actor"].collective_bytes_per_s == setup.gpu_datasheet().link_bytes_per_s
 
 
 def test_the_stages_of_a_one_step_off_log_are_recovered(tmp_path):
