@@ -55,7 +55,6 @@ IGNORED = (
     (r"use_torch_compile$|use_liger$|use_fused_kernels$|entropy_checkpointing$|entropy_from_logits_with_chunking$",
      lambda v: bool(v), "a kernel-level choice: inside the fitted efficiency of its stage"),
     (r"enable_activation_offload$", bool, "activation offload is not modelled"),
-    (r"use_dynamic_bsz$", bool, "micro-batches by a token budget: priced as the fixed micro-batch sizes beside it"),
     (r"test_freq$|save_freq$", lambda v: True, "steps that test or save are left out of the fit and the replay"),
 )  # fmt: skip
 
