@@ -83,7 +83,8 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
         _calibrate_shared(args)
         return
     log = load_run_log(args.log[0])
-    setup = resolve_gpu(run_setup(args.log[0], args.setup[0] if args.setup else None, args), log)
+    chosen, found = run_setup(args.log[0], args.setup[0] if args.setup else None, args)
+    setup = resolve_gpu(chosen, log)
     calibrated, fitted = calibrate(setup, log, args.fit_frac)
     errors = {stage: [e] for stage, e in _log_fidelity(calibrated, log, fitted, Path(args.out)).items()}
     record = calibration([setup], errors, basis="within")
@@ -95,7 +96,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
         base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
         (out / "setup.toml").write_text(setup_toml(calibrated, base))
     else:  # the setup read from the log, beside the calibrated one that starts from it
-        (out / "log_setup.toml").write_text(_log_setup(args.log[0], args.gpu, args.model_config).toml())
+        (out / "log_setup.toml").write_text(found.toml())
         (out / "setup.toml").write_text(setup_toml(calibrated, str((out / "log_setup.toml").resolve())))
     print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
 
@@ -111,7 +112,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     logs = [load_run_log(log) for log in args.log]
     setups = args.setup or [None] * len(args.log)
     runs = [
-        logged_run(resolve_gpu(run_setup(path, s, args), log), log, args.fit_frac)
+        logged_run(resolve_gpu(run_setup(path, s, args)[0], log), log, args.fit_frac)
         for path, log, s in zip(args.log, logs, setups, strict=True)
     ]
     layer, report, errors, basis = shared_fidelity(runs)
@@ -164,7 +165,7 @@ def cmd_validate_log(args: argparse.Namespace) -> None:
     from oppo.sim.logdevice import resolve_gpu
 
     log = load_run_log(args.log)
-    _log_fidelity(resolve_gpu(run_setup(args.log, args.setup, args), log), log, 0, Path(args.out))
+    _log_fidelity(resolve_gpu(run_setup(args.log, args.setup, args)[0], log), log, 0, Path(args.out))
 
 
 def _log_fidelity(setup, log, first: int, out: Path) -> dict:
@@ -219,21 +220,22 @@ def _log_setup(log: str, gpu: str | None, model: str | None = None):
     return setup_from_log(log, gpu, model)
 
 
-def run_setup(log: str, setup: str | None, args: argparse.Namespace) -> Setup:
-    """The setup of the run ``log`` records: ``setup`` checked against the log's own configuration where it has
-    one (a setup that contradicts it is refused), else the setup read from the log (``args.gpu``,
-    ``args.model_config``)."""
+def run_setup(log: str, setup: str | None, args: argparse.Namespace) -> tuple[Setup, object | None]:
+    """The setup of the run ``log`` records, and the :class:`LogSetup` it was read as (None for a ``--setup``):
+    ``setup`` checked against the log's own configuration where it has one (a setup that contradicts it is
+    refused), else the setup read from the log (``args.gpu``, ``args.model_config``)."""
     from oppo.sim.logsetup import contradictions
 
     if setup is None:
-        return _log_setup(log, args.gpu, args.model_config).setup()
+        found = _log_setup(log, args.gpu, args.model_config)
+        return found.setup(), found
     if args.gpu or args.model_config:
         raise ValueError("--gpu and --model-config are for a setup read from the log; a --setup names its own")
     chosen = load_setup(setup)
     clash = contradictions(chosen, log)
     if clash:
         raise ValueError(f"--setup {setup} contradicts {log}'s own configuration: {clash}")
-    return chosen
+    return chosen, None
 
 
 LOG_COMMANDS = {

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from oppo.sim.cost.framework import StageCost
-from oppo.sim.logfit import calibrate, fit_layer, logged_run, replay_errors
+from oppo.sim.logfit import fit_layer, logged_run
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setups import load_setup
 from tests import invoke
-from tests.sim.test_logfit import synthesized_log
+from tests.sim.test_logfit import assert_predicts_its_own_steps, synthesized_log
 
 DATA = Path(__file__).with_name("data")
 
@@ -112,15 +112,15 @@ def test_the_megatron_terms_are_recovered_from_runs_of_three_layouts():
             assert getattr(layer[stage], term) == pytest.approx(getattr(truth, term), rel=0.05), (stage, term)
 
 
-def test_within_run_calibration_of_a_megatron_run_predicts_its_own_steps():
+@pytest.mark.parametrize("link", [0.5, 1.0, 2.0])
+def test_within_run_calibration_of_a_megatron_run_predicts_its_own_steps(link):
+    """A Megatron run whose collectives ran at half, all or twice the nominal link (the datasheet's figure is a
+    prior, not a floor): within-run, its own steps predicted to 5%. One run cannot tell the link from the
+    efficiency (the share stays at its prior, the efficiency takes the rest); its steps say nothing more."""
     real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:40]
     setup = megatron(load_setup("verl-deepseek-llm-7b-ppo-8xmi300x"), 4, 2)
-    log = synthesized_log(setup, TRUTH, real)
-    fitted, n_fit = calibrate(setup, log, fit_frac=0.6)
-    report = replay_errors(fitted, log, n_fit)[0]
-    assert report["step"]["median_abs_err"] <= 0.05 and report["step"]["stage_weighted_err"] <= 0.05
-    for stage, errors in report["stages"].items():
-        assert errors["median_abs_err"] <= 0.05, stage
+    truth = {k: dataclasses.replace(v, gather_bandwidth_frac=link) if k != "gen" else v for k, v in TRUTH.items()}
+    assert_predicts_its_own_steps(setup, synthesized_log(setup, truth, real))
 
 
 def test_the_shared_megatron_log_calibrates_from_its_launch_command(tmp_path):
