@@ -75,7 +75,8 @@ def _model_option(parser: argparse.ArgumentParser) -> None:
 
 def cmd_calibrate_log(args: argparse.Namespace) -> None:
     from oppo.sim.logdevice import resolve_gpu
-    from oppo.sim.logfit import calibrate
+    from oppo.sim.logfit import calibrated as fitted_setup
+    from oppo.sim.logfit import logged_run
 
     if args.setup and len(args.log) != len(args.setup):
         raise ValueError(f"{len(args.log)} --log but {len(args.setup)} --setup: give each log its setup, in order")
@@ -85,8 +86,10 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     log = load_run_log(args.log[0])
     chosen, found = run_setup(args.log[0], args.setup[0] if args.setup else None, args)
     setup = resolve_gpu(chosen, log)
-    calibrated, fitted = calibrate(setup, log, args.fit_frac)
-    errors = {stage: [e] for stage, e in _log_fidelity(calibrated, log, fitted, Path(args.out)).items()}
+    run = logged_run(setup, log, args.fit_frac)  # the whole log replayed once: fitted on its first steps, then checked
+    calibrated = fitted_setup(run)
+    fidelity = _log_fidelity(calibrated, log, run.n_fit, Path(args.out), run.replayed)
+    errors = {stage: [e] for stage, e in fidelity.items()}
     record = calibration([setup], errors, basis="within")
     framework = dataclasses.replace(calibrated.framework, calibration=record)
     calibrated = dataclasses.replace(calibrated, framework=framework)
@@ -168,13 +171,14 @@ def cmd_validate_log(args: argparse.Namespace) -> None:
     _log_fidelity(resolve_gpu(run_setup(args.log, args.setup, args)[0], log), log, 0, Path(args.out))
 
 
-def _log_fidelity(setup, log, first: int, out: Path) -> dict:
-    """Predict the log's steps with ``setup`` (from step ``first``): ``fidelity.json``, ``fidelity.png`` and the
-    table; returns each stage's absolute relative error per validated step."""
+def _log_fidelity(setup, log, first: int, out: Path, replayed=None) -> dict:
+    """Predict the log's steps with ``setup`` (from step ``first``; ``replayed``: the log's replay, if made already):
+    ``fidelity.json``, ``fidelity.png`` and the table; returns each stage's absolute relative error per validated
+    step."""
     from oppo.records import plots
     from oppo.sim.logfit import replay_errors, step_errors
 
-    report, measured, predicted = replay_errors(setup, log, first)
+    report, measured, predicted = replay_errors(setup, log, first, replayed)
     out.mkdir(parents=True, exist_ok=True)
     note = trust_note(setup)
     if note:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
-from oppo.sim.cost.fit import concat_loads, fit_problems, fit_stage, slice_load, sum_loads, terms_fitted
+from oppo.sim.cost.fit import concat_loads, fit_problems, slice_load, sum_loads, terms_fitted
 from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
 from oppo.sim.runlogs import COMPOSITES, SUBSTAGES, LoggedStep, TrainingLog
@@ -205,24 +205,15 @@ def _parts(setup: Setup, stage: str) -> list[str]:
 def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, int]:
     """The setup with its framework layer fitted on the first ``fit_frac`` of the log's steps; returns it and the
     number of steps fitted."""
-    if not 0 < fit_frac < 1:
-        raise ValueError(f"fit_frac must be in (0, 1), got {fit_frac}")
-    check_placement(setup, log)
-    steps = list(log.steps)
-    n_fit = max(1, int(len(steps) * fit_frac))
-    if n_fit >= len(steps):
-        raise ValueError(f"{log.source}: {len(steps)} steps leave none to validate with fit_frac {fit_frac}")
-    replayed = replay(setup, steps[:n_fit])
-    frac = reshard_frac(setup, steps[:n_fit])
-    fitted = {}
-    for stage in _fitted_stages(setup, log):
-        measured = _timed(log, stage, steps[:n_fit])
-        parts = _parts(setup, stage)  # a composite's parts share one set of terms
-        load = sum_loads([replayed.loads[part] for part in parts])
-        cost = fit_stage(load, measured, gen=stage == "gen", reshard_frac=frac if stage == "gen" else None)
-        fitted |= dict.fromkeys(parts, cost)
-    framework = dataclasses.replace(setup.framework, **fitted)
-    return dataclasses.replace(setup, framework=framework, name=f"{setup.name}-calibrated"), n_fit
+    run = logged_run(setup, log, fit_frac)
+    return calibrated(run), run.n_fit
+
+
+def calibrated(run: LoggedRun) -> Setup:
+    """The run's setup with its framework layer fitted on the run's own fitted steps (:func:`fit_layer` of this run
+    alone: the reward terms of its own scorer)."""
+    setup = with_layer(run.setup, fit_layer([run]))
+    return dataclasses.replace(setup, name=f"{run.setup.name}-calibrated")
 
 
 def _generating_cost(setup: Setup):

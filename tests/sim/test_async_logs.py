@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from oppo.sim.cost.framework import StageCost
-from oppo.sim.logfit import calibrate, replay_errors
 from oppo.sim.logsetup import setup_from_log
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setups import load_setup
 from tests import invoke
-from tests.sim.test_logfit import synthesized_log
+from tests.sim.test_logfit import synthesized_log, within_run
 
 DATA = Path(__file__).with_name("data")
 COMMAND = (
@@ -126,8 +125,7 @@ def test_the_stages_of_a_one_step_off_log_are_recovered(tmp_path):
     path = one_step_off_log(tmp_path)
     setup = setup_from_log(path, gpu="h100").setup()
     log = load_run_log(path)
-    fitted, n_fit = calibrate(setup, log, fit_frac=0.6)
-    report = replay_errors(fitted, log, n_fit)[0]
+    fitted, report = within_run(setup, log)
     assert set(report["stages"]) == {"gen", "old_log_prob", "update_actor"}
     for stage, errors in report["stages"].items():
         assert errors["median_abs_err"] <= 0.01, stage

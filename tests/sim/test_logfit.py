@@ -13,11 +13,13 @@ import pytest
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
+from oppo.sim.cost.fit import LOAD_FIELDS, slice_load
 from oppo.sim.cost.framework import ROLE_STAGES, TRL, StageCost, shared_layer
 from oppo.sim.logdevice import resolve_gpu
 from oppo.sim.logfit import (
     STAGE_OPS,
     calibrate,
+    calibrated,
     fit_layer,
     logged_run,
     predict_stages,
@@ -138,6 +140,14 @@ def test_every_framework_term_is_predicted_as_simulated(engine):
 MARGIN = 0.003  # 0.3 percentage points above a documented figure (printed to 0.1)
 
 
+def within_run(setup, log, fit_frac: float = 0.6):
+    """calibrate-log's check of one run: ``setup`` calibrated on the log's first ``fit_frac`` of steps, and its
+    fidelity report on the rest (the whole log replayed once, as the command does)."""
+    run = logged_run(setup, log, fit_frac)
+    fitted = calibrated(run)
+    return fitted, replay_errors(fitted, log, run.n_fit, run.replayed)[0]
+
+
 def docs_row(label: str) -> list[str]:
     """The cells of the row starting with ``label`` in docs/simulator.md."""
     row = next(line for line in DOCS.read_text().splitlines() if line.startswith(f"| {label}"))
@@ -161,9 +171,7 @@ def test_within_run_errors_on_real_logs_hold_the_documented_figures(label, log, 
     """calibrate-log on a real verl run's steps (fit on 60%, validate on the rest): the step and every stage's
     median error is at most what the docs' within-run table claims plus 0.3 points, and the step's is within
     0.3 points of it."""
-    run = load_run_log(DATA / log)
-    fitted, n_fit = calibrate(load_setup(setup), run, fit_frac=0.6)
-    report = replay_errors(fitted, run, n_fit)[0]
+    report = within_run(load_setup(setup), load_run_log(DATA / log))[1]
     cells = docs_row(label)
     assert cells[1] == f"{report['fit_steps']} / {report['validate_steps']}"
     documented = dict(zip(["step", "gen", "ref", "values", "update_actor", "update_critic"], cells[2:]))
@@ -422,8 +430,7 @@ def test_a_link_other_than_the_assumed_one_is_no_floor(tmp_path, assumed, link_f
         "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=3500.0, **link),
     }
     log = synthesized_log(setup, truth, real)
-    fitted, n_fit = calibrate(setup, log, fit_frac=0.6)
-    report = replay_errors(fitted, log, n_fit)[0]
+    report = within_run(setup, log)[1]
     assert report["step"]["median_abs_err"] <= 0.05
     for stage, errors in report["stages"].items():
         assert errors["median_abs_err"] <= 0.05, stage
@@ -478,8 +485,7 @@ def overridden(setup, changes: dict):
 def assert_predicts_its_own_steps(setup, log, bound: float = 0.05):
     """Calibrated on the log's first 60% of steps, ``setup`` predicts the rest: the step (and its stage-weighted
     error) and every stage to ``bound``. Returns the calibrated setup."""
-    fitted, n_fit = calibrate(setup, log, fit_frac=0.6)
-    report = replay_errors(fitted, log, n_fit)[0]
+    fitted, report = within_run(setup, log)
     assert report["step"]["median_abs_err"] <= bound and report["step"]["stage_weighted_err"] <= bound
     for stage, errors in report["stages"].items():
         assert errors["median_abs_err"] <= bound, stage
@@ -516,9 +522,21 @@ def test_a_reshard_the_log_times_apart_is_fitted_apart():
     log = TrainingLog(
         log.source, tuple(dataclasses.replace(s, stages=s.stages | {"reshard": reshard_s}) for s in log.steps)
     )
-    fitted, n_fit = calibrate(setup, log, fit_frac=0.6)
+    fitted, report = within_run(setup, log)
     assert fitted.framework.gen.reshard_frac == pytest.approx(0.01, rel=1e-9)
     assert fitted.framework.gen.cache_reinit_s == pytest.approx(3.0, rel=0.05)
-    report = replay_errors(fitted, log, n_fit)[0]
     assert report["stages"]["reshard"]["median_abs_err"] < 1e-9
     assert report["step"]["median_abs_err"] < 0.01  # the step counts gen once, the reshard inside it
+
+
+def test_a_replay_of_the_first_steps_is_the_whole_replay_cut_short():
+    """calibrate-log replays a log once, fits on its first steps and predicts the rest: what makes that one replay
+    is that a sync step's loads do not depend on the steps after it (exact: the same simulation)."""
+    steps = list(load_run_log(DATA / "verl_qwen2.5_0.5b_resp512.log.gz").steps)[:12]
+    setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
+    first, whole = replay(setup, steps[:7]).loads, replay(setup, steps).loads
+    assert set(first) == set(whole)
+    for stage, load in first.items():
+        cut = slice_load(whole[stage], slice(0, 7))
+        for field in LOAD_FIELDS:
+            assert np.array_equal(np.broadcast_to(getattr(load, field), (7,)), getattr(cut, field)), (stage, field)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from oppo.sim.cost.framework import StageCost
-from oppo.sim.logfit import calibrate, predict_stages, replay, replay_errors
+from oppo.sim.logfit import predict_stages, replay
 from oppo.sim.runlogs import LoggedStep, load_run_log
 from oppo.sim.setups import load_setup
 from tests import invoke
+from tests.sim.test_logfit import within_run
 
 DATA = Path(__file__).with_name("data")
 
@@ -112,7 +113,7 @@ def test_bad_logs_exit_2_with_one_line(tmp_path, content, message):
 
 def fit_back(setup, path, known: dict) -> dict:
     """Calibrate ``setup`` on the log at ``path``; every ``known`` stage term is recovered. The fidelity report."""
-    fitted, n_fit = calibrate(setup, load_run_log(path), fit_frac=0.6)
+    fitted, report = within_run(setup, load_run_log(path))
     for stage, cost in known.items():
         got = fitted.framework.stage(stage)
         for term in ("efficiency", "half_efficiency_tokens", "per_token_s"):
@@ -120,7 +121,7 @@ def fit_back(setup, path, known: dict) -> dict:
         # one per-step intercept, named after what the setup declares (its KV-cache reset, else unnamed)
         per_step = got.fixed_s + got.cache_reinit_s
         assert per_step == pytest.approx(cost.fixed_s + cost.cache_reinit_s, rel=1e-3, abs=1e-9), stage
-    return replay_errors(fitted, load_run_log(path), n_fit)[0]
+    return report
 
 
 def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):
