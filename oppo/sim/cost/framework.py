@@ -129,16 +129,22 @@ class StageCost:
         busy = (load.roofline_s + self.half_efficiency_tokens * load.small_s) / self.efficiency + (
             load.units * self.per_unit_s
         )
-        if np.any(load.gather_s):  # prefetch: the larger of compute and gathers, and what of the smaller shows
+        if _any(load.gather_s):  # prefetch: the larger of compute and gathers, and what of the smaller shows
             gathers = load.gather_s / self.gather_bandwidth_frac
             busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
         seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
-        if np.any(load.serial_s):  # the same link's achieved share: one fitted factor per stage for its collectives
+        if _any(load.serial_s):  # the same link's achieved share: one fitted factor per stage for its collectives
             seconds = seconds + load.serial_s / self.gather_bandwidth_frac
-        if np.any(load.reinit_steps) or np.any(load.reshard_s) or np.any(load.transfer_s):  # the engine's per-step
+        if _any(load.reinit_steps) or _any(load.reshard_s) or _any(load.transfer_s):  # the engine's per-step
             moves = load.reshard_s / self.reshard_frac + load.transfer_s / self.transfer_frac
             seconds = seconds + load.reinit_steps * self.cache_reinit_s + moves
         return seconds
+
+
+def _any(x) -> bool:
+    """Whether a load term is nonzero anywhere: a float (the simulator's one pass) or an array (the fit's steps).
+    np.any on a float costs ~10 us, and the simulator prices hundreds of thousands of passes."""
+    return bool(x) if isinstance(x, float | int) else bool(np.any(x))
 
 
 IDENTITY = StageCost()  # no framework terms: the roofline
