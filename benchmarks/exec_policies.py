@@ -19,7 +19,7 @@ from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedu
 from oppo.exec.train import train
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny-cpu")
     parser.add_argument("--policies", default="sync,inter,oppo")
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench-exec")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     lengths = args.lengths or None
     task = TaskConfig(
         lengths=lengths,

@@ -27,7 +27,7 @@ from oppo.fidelity import fidelity
 from oppo.sim.cost.gpu import gpu_efficiencies
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny-cpu")
     parser.add_argument("--policies", default="sync,intra,inter,oppo")
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--max-spread", type=float, default=0.05, help="IQR / median above which nothing is graded")
     parser.add_argument("--tolerance", type=float, default=0.10, help="predicted speedup within this of measured")
     parser.add_argument("--out", default="runs/fidelity")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     policies = args.policies.split(",")
     if "sync" not in policies:
         parser.error("--policies must include sync: the simulator is calibrated on the sync run")
