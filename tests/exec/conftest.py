@@ -18,3 +18,14 @@ def tiny_models():
         torch.float32: (actor, reward),
         torch.float64: (copy.deepcopy(actor).to(torch.float64), copy.deepcopy(reward).to(torch.float64)),
     }
+
+
+@pytest.fixture(scope="session")
+def tied_model(tmp_path_factory) -> dict:
+    """``--preset hf`` settings of a tied Qwen2 actor (input embedding = output head; random weights, float64) and
+    its reward model."""
+    from oppo.exec.checkpoints import random_checkpoints
+    from tests.exec.test_check_ranks import TINY_QWEN2
+
+    paths = random_checkpoints(TINY_QWEN2, tmp_path_factory.mktemp("tied"), tied=True, dtype=torch.float64)
+    return {"preset": "hf", "actor": str(paths["actor"]), "reward": str(paths["reward"])}

@@ -64,6 +64,10 @@ def config_for(
     )
 
 
+def head_is_embedding(state: dict[str, torch.Tensor]) -> bool:
+    return torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+
+
 def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.flatten() for v in state.values()])
 
@@ -139,26 +143,32 @@ def assert_same_steps(one: Run, two: Run, roles: tuple[str, ...] = ("actor", "cr
         pytest.param("oppo", "grpo", "colocated", False, marks=pytest.mark.slow),
         ("oppo", "ppo", "disaggregated", False),
         ("oppo", "ppo", "colocated", True),
-        ("oppo", "grpo", "colocated", True),
+        pytest.param("oppo", "grpo", "colocated", True, id="oppo-grpo-colocated-True-tied"),
     ],
 )
-def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard, shared_ray):
+def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard, shared_ray, request):
     """Same trained sequences, rewards and final weights to 1e-10 relative: the loss is normalised by the
     minibatch's global token count and the gradients are summed over the ranks. (Two ranks reduce the gradient
     in another order than one batch: the last bits may differ.) The two-rank run checks every step that its
     ranks hold bit-identical weights (``check_ranks``). GRPO: group advantages over the whole batch; with the
     reward model in its own worker, the two-rank run streams to it as the one-rank run does locally. Sharded
-    (FSDP2): parameters, gradients and Adam states split over the ranks, gradients reduce-scattered."""
-    one = run(policy, 1, algo)
-    two = run(policy, 2, algo, placement, shard)
+    (FSDP2): parameters, gradients and Adam states split over the ranks, gradients reduce-scattered. Sharded GRPO
+    trains a Qwen2 whose output head is its input embedding (Qwen2.5 0.5B-3B, Llama 3.2, Gemma): as two FSDP units
+    they would be two copies, each updated with part of the gradient, and the run would differ from the first
+    update on; the head must still be the embedding after training."""
+    tied = request.getfixturevalue("tied_model") if algo == "grpo" and shard else None
+    one = run(policy, 1, algo, model=tied)
+    two = run(policy, 2, algo, placement, shard, model=tied)
     roles = ("actor",) if algo == "grpo" else ("actor", "critic")
     assert_same_steps(one, two, roles)
+    if tied:
+        assert head_is_embedding(one.weights["actor"]) and head_is_embedding(two.weights["actor"])
     assert {d for role, d in two.devices if role == "actor"} == {"cpu0", "cpu1"}  # one device per rank (records)
     # the reward model: on the driver (the device after the ranks), or in its own worker
     assert ("reward", "cpu3" if placement == "disaggregated" else "cpu2") in two.devices
     assert two.held == [("actor", *roles[1:], "reference")] * 2  # GRPO: no critic loaded
     for role in roles:
-        assert not torch.equal(flat(two.weights[role]), flat_weights_at_start(role)), "the run should change them"
+        assert not torch.equal(flat(two.weights[role]), flat_weights_at_start(role, tied)), "the run should change them"
 
 
 @pytest.mark.slow  # float64 equivalence above is the correctness check; this one guards the float32 collectives
@@ -184,8 +194,8 @@ def test_uneven_minibatches_on_two_ranks_take_the_steps_of_one(tmp_path, shard, 
     assert_same_steps(one, two)
 
 
-def flat_weights_at_start(role: str) -> torch.Tensor:
-    roles = load_roles(ModelConfig(dtype="float64"), which=(role,))
+def flat_weights_at_start(role: str, model: dict | None = None) -> torch.Tensor:
+    roles = load_roles(ModelConfig(**{"dtype": "float64"} | (model or {})), which=(role,))
     return torch.cat([v.flatten() for v in getattr(roles, role).state_dict().values()])
 
 
