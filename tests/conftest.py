@@ -44,5 +44,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that stop the shared Ray (:func:`without_ray`) run last, so that it is started once."""
-    items.sort(key=lambda item: "without_ray" in getattr(item, "fixturenames", ()))
+    """The tests of Ray first: those that start their own (:func:`without_ray`), then those on the shared one, so
+    that a test process starts the shared Ray once (nothing stops it after) and the longest tests are not left
+    for the end, where one test process would run them while the other idles."""
+    fixtures = [getattr(item, "fixturenames", ()) for item in items]
+    order = {id(item): (0 if "without_ray" in f else 1 if "shared_ray" in f else 2) for item, f in zip(items, fixtures)}
+    items.sort(key=lambda item: order[id(item)])

@@ -204,7 +204,8 @@ def _parts(setup: Setup, stage: str) -> list[str]:
 
 def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, int]:
     """The setup with its framework layer fitted on the first ``fit_frac`` of the log's steps; returns it and the
-    number of steps fitted."""
+    number of steps fitted. The whole log is replayed (its later steps are checked against the setup too: a log
+    the setup cannot replay is refused here, not only when validated)."""
     run = logged_run(setup, log, fit_frac)
     return calibrated(run), run.n_fit
 

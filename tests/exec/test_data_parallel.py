@@ -142,11 +142,11 @@ def assert_same_steps(one: Run, two: Run, roles: tuple[str, ...] = ("actor", "cr
         # GRPO unsharded: the sharded GRPO case below covers the same targets (-m slow runs it too)
         pytest.param("oppo", "grpo", "colocated", False, marks=pytest.mark.slow),
         ("oppo", "ppo", "disaggregated", False),
-        ("oppo", "ppo", "colocated", True),
+        pytest.param("oppo", "ppo", "colocated", True, id="oppo-ppo-colocated-True-uneven"),
         pytest.param("oppo", "grpo", "colocated", True, id="oppo-grpo-colocated-True-tied"),
     ],
 )
-def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard, shared_ray, request):
+def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, shard, shared_ray, request, tmp_path):
     """Same trained sequences, rewards and final weights to 1e-10 relative: the loss is normalised by the
     minibatch's global token count and the gradients are summed over the ranks. (Two ranks reduce the gradient
     in another order than one batch: the last bits may differ.) The two-rank run checks every step that its
@@ -155,10 +155,16 @@ def test_two_ranks_take_the_steps_of_one_in_float64(policy, algo, placement, sha
     (FSDP2): parameters, gradients and Adam states split over the ranks, gradients reduce-scattered. Sharded GRPO
     trains a Qwen2 whose output head is its input embedding (Qwen2.5 0.5B-3B, Llama 3.2, Gemma): as two FSDP units
     they would be two copies, each updated with part of the gradient, and the run would differ from the first
-    update on; the head must still be the embedding after training."""
+    update on; the head must still be the embedding after training. Sharded PPO trains 7 rows in minibatches of
+    3, 2 and 2 (:func:`test_uneven_minibatches_on_two_ranks_take_the_steps_of_one`), its two ranks in a child
+    process with a deadline: a rank without a row would leave its peer waiting in FSDP's reduce-scatter."""
     tied = request.getfixturevalue("tied_model") if algo == "grpo" and shard else None
-    one = run(policy, 1, algo, model=tied)
-    two = run(policy, 2, algo, placement, shard, model=tied)
+    uneven = dict(batch=7, minibatches=3) if algo == "ppo" and shard else {}
+    one = run(policy, 1, algo, model=tied, **uneven)
+    if uneven:
+        two = run_in_child(tmp_path, shared_ray, policy=policy, dp=2, algo=algo, shard=True, **uneven)
+    else:
+        two = run(policy, 2, algo, placement, shard, model=tied)
     roles = ("actor",) if algo == "grpo" else ("actor", "critic")
     assert_same_steps(one, two, roles)
     if tied:
@@ -180,8 +186,10 @@ def test_sharded_ranks_in_float32_stay_close_to_one():
     assert np.ravel(two) == pytest.approx(np.ravel(one), rel=1e-4, abs=1e-4)
 
 
-# unsharded, a rank without a row would all-reduce zeros (-m slow); sharded, it would hang: the default run
-@pytest.mark.parametrize("shard", [pytest.param(False, marks=pytest.mark.slow), True])
+# unsharded, a rank without a row would all-reduce zeros; sharded, it would hang (the default run has that case in
+# test_two_ranks_take_the_steps_of_one_in_float64's sharded PPO case, with oppo over 4 steps)
+@pytest.mark.parametrize("shard", [False, True])
+@pytest.mark.slow
 def test_uneven_minibatches_on_two_ranks_take_the_steps_of_one(tmp_path, shard, shared_ray):
     """7 rows in 3 minibatches: 3, 2, 2 rows, each dealt to both ranks (sharded, a rank without a row would leave
     its peer waiting in FSDP's reduce-scatter: the two-rank run is a child process with a deadline)."""

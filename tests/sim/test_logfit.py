@@ -529,14 +529,34 @@ def test_a_reshard_the_log_times_apart_is_fitted_apart():
     assert report["step"]["median_abs_err"] < 0.01  # the step counts gen once, the reshard inside it
 
 
-def test_a_replay_of_the_first_steps_is_the_whole_replay_cut_short():
+def split_rollout(setup):
+    """GRPO with generation on 2 GPUs of its own (an asynchronous trainer's split, replayed stage by stage)."""
+    return dataclasses.replace(setup, placement=dataclasses.replace(setup.placement, rollout_gpus=2))
+
+
+def megatron(setup):
+    changes = {"train_backend": "megatron", "train_tensor_parallel": 2, "sharded": False}
+    return overridden(setup, {"framework": changes})
+
+
+@pytest.mark.parametrize(
+    "log, setup, change",
+    [
+        ("verl_qwen2.5_0.5b_resp512.log.gz", "verl-qwen2.5-0.5b-gsm8k", None),  # PPO, a rule reward
+        ("verl_qwen2_7b_gpg.log.gz", "verl-qwen2-7b-gpg-8gpu", split_rollout),
+        ("verl_qwen2_7b_gpg.log.gz", "verl-qwen2-7b-gpg-8gpu", megatron),
+    ],
+)
+def test_a_replay_of_the_first_steps_is_the_whole_replay_cut_short(log, setup, change):
     """calibrate-log replays a log once, fits on its first steps and predicts the rest: what makes that one replay
     is that a sync step's loads do not depend on the steps after it (exact: the same simulation)."""
-    steps = list(load_run_log(DATA / "verl_qwen2.5_0.5b_resp512.log.gz").steps)[:12]
-    setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
-    first, whole = replay(setup, steps[:7]).loads, replay(setup, steps).loads
+    run = load_run_log(DATA / log)
+    steps = list(run.steps)[:6]
+    setup = resolve_gpu(load_setup(setup), run)  # the GPG run's GPU is read back from its log
+    setup = change(setup) if change else setup
+    first, whole = replay(setup, steps[:4]).loads, replay(setup, steps).loads
     assert set(first) == set(whole)
     for stage, load in first.items():
-        cut = slice_load(whole[stage], slice(0, 7))
+        cut = slice_load(whole[stage], slice(0, 4))
         for field in LOAD_FIELDS:
-            assert np.array_equal(np.broadcast_to(getattr(load, field), (7,)), getattr(cut, field)), (stage, field)
+            assert np.array_equal(np.broadcast_to(getattr(load, field), (4,)), getattr(cut, field)), (stage, field)
