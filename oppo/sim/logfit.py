@@ -262,6 +262,12 @@ def _fitted_stages(setup: Setup, log: TrainingLog) -> list[str]:
     missing = [s for s in stages if not _parts(setup, s)]
     if missing:
         raise ValueError(f"{log.source}: the log times {', '.join(missing)} but the setup runs no such stage")
+    owner: dict[str, str] = {}
+    for stage in stages:  # one of our stages timed twice (alone and inside a composite) would be fitted twice
+        for part in _parts(setup, stage):
+            if part in owner:
+                raise ValueError(f"{log.source}: the log times {part} in both {owner[part]} and {stage}: drop one")
+            owner[part] = stage
     return stages
 
 

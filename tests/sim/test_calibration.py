@@ -104,6 +104,23 @@ def test_a_stage_no_fitted_step_times_is_refused(tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1 and "ref is timed 0 s on each of the 6 fitted steps" in res.stderr
 
 
+def test_a_stage_timed_alone_and_inside_a_composite_is_refused(tmp_path):
+    """update_actor timed alone and inside OpenRLHF's ppo_train would be fitted twice, one fit overwriting the other:
+    exit 2, one line naming both."""
+    log = tmp_path / "both.jsonl"
+    rows = [
+        f'{{"step": {i}, "timing_s/gen": 10.0, "timing_s/update_actor": 4.0, "timing_s/ppo_train": 7.0, '
+        f'"response_length/mean": 200.0, "response_length/max": 512.0, "response_length/min": 20.0, '
+        f'"prompt_length/mean": 100.0}}'
+        for i in range(10)
+    ]
+    log.write_text("\n".join(rows) + "\n")
+    res = calibrate_log("--log", str(log), "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", str(tmp_path / "out"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "times update_actor in both update_actor and ppo_train" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_interval_quantile_is_the_inverse_of_the_weighted_cdf():
     """Ten equal-weight steps at q = 0.8: the 8th value, not the 9th (a cumulative sum of floats that should equal
     0.8 must not push it one late); q = 1 is the largest."""
