@@ -47,6 +47,9 @@ def pytest_collection_modifyitems(session, config, items):
     """The tests of Ray first: those that start their own (:func:`without_ray`), then those on the shared one, so
     that a test process starts the shared Ray once (nothing stops it after) and the longest tests are not left
     for the end, where one test process would run them while the other idles."""
-    fixtures = [getattr(item, "fixturenames", ()) for item in items]
-    order = {id(item): (0 if "without_ray" in f else 1 if "shared_ray" in f else 2) for item, f in zip(items, fixtures)}
-    items.sort(key=lambda item: order[id(item)])
+    items.sort(key=_ray_first)
+
+
+def _ray_first(item) -> int:
+    fixtures = getattr(item, "fixturenames", ())
+    return 0 if "without_ray" in fixtures else 1 if "shared_ray" in fixtures else 2

@@ -75,8 +75,7 @@ def _model_option(parser: argparse.ArgumentParser) -> None:
 
 def cmd_calibrate_log(args: argparse.Namespace) -> None:
     from oppo.sim.logdevice import resolve_gpu
-    from oppo.sim.logfit import calibrated as fitted_setup
-    from oppo.sim.logfit import logged_run
+    from oppo.sim.logfit import calibrated, logged_run
 
     if args.setup and len(args.log) != len(args.setup):
         raise ValueError(f"{len(args.log)} --log but {len(args.setup)} --setup: give each log its setup, in order")
@@ -87,20 +86,19 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     chosen, found = run_setup(args.log[0], args.setup[0] if args.setup else None, args)
     setup = resolve_gpu(chosen, log)
     run = logged_run(setup, log, args.fit_frac)  # the whole log replayed once: fitted on its first steps, then checked
-    calibrated = fitted_setup(run)
-    fidelity = _log_fidelity(calibrated, log, run.n_fit, Path(args.out), run.replayed)
+    fitted = calibrated(run)
+    fidelity = _log_fidelity(fitted, log, run.n_fit, Path(args.out), run.replayed)
     errors = {stage: [e] for stage, e in fidelity.items()}
     record = calibration([setup], errors, basis="within")
-    framework = dataclasses.replace(calibrated.framework, calibration=record)
-    calibrated = dataclasses.replace(calibrated, framework=framework)
-    print(trust_note(calibrated))
+    fitted = dataclasses.replace(fitted, framework=dataclasses.replace(fitted.framework, calibration=record))
+    print(trust_note(fitted))
     out = Path(args.out)
     if args.setup:
         base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
-        (out / "setup.toml").write_text(setup_toml(calibrated, base))
+        (out / "setup.toml").write_text(setup_toml(fitted, base))
     else:  # the setup read from the log, beside the calibrated one that starts from it
         (out / "log_setup.toml").write_text(found.toml())
-        (out / "setup.toml").write_text(setup_toml(calibrated, str((out / "log_setup.toml").resolve())))
+        (out / "setup.toml").write_text(setup_toml(fitted, str((out / "log_setup.toml").resolve())))
     print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
 
 
