@@ -11,6 +11,13 @@ error, and the measured and predicted speedup over sync (medians over repeats). 
 within ``--tolerance`` of measured) only where the measured step time's interquartile range is at most
 ``--max-spread`` of its median, sync's included: a noisier measurement than the error it grades grades nothing.
 Exits 1 when a graded speedup fails.
+
+    python benchmarks/fidelity.py --study runs/real-task --policies sync,oppo
+
+makes no runs: it predicts a learning study's (``benchmarks/real_task_learning.py``) runs of a real task, natural
+lengths, adaptive Δ and chunk. Each seed K's ``sync-sK`` run calibrates the profile that predicts that seed's other
+variants, on the lengths each run generated and with the Δ and chunk size it chose at each step; the seeds take the
+place of the repeats.
 """
 
 import argparse
@@ -42,10 +49,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-spread", type=float, default=0.05, help="IQR / median above which nothing is graded")
     parser.add_argument("--tolerance", type=float, default=0.10, help="predicted speedup within this of measured")
     parser.add_argument("--out", default="runs/fidelity")
+    parser.add_argument("--study", metavar="DIR", help="predict a learning study's runs (DIR/VARIANT-sK) instead")
     args = parser.parse_args(argv)
     policies = args.policies.split(",")
     if "sync" not in policies:
         parser.error("--policies must include sync: the simulator is calibrated on the sync run")
+    if args.study:
+        reports = study_reports(Path(args.study), policies)
+        if not reports:
+            parser.error(f"--study {args.study}: no seed has a finished run of every policy ({', '.join(policies)})")
+        args.repeats = len(reports)
+        if not report(reports, policies, args):
+            raise SystemExit(1)
+        return
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.core})  # this process and the runs in it: one core
     task = TaskConfig(lengths="alpaca_eval", lengths_model=args.lengths_model)
@@ -71,13 +87,30 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1)
 
 
+def study_reports(study: Path, policies: list[str]) -> list[dict]:
+    """One fidelity report per seed whose runs of every policy finished (a summary.json), calibrated on its sync."""
+    reports = []
+    for sync in sorted(study.glob("sync-s*")):
+        seed = sync.name.removeprefix("sync-")
+        runs = {policy: study / f"{policy}-{seed}" for policy in policies}
+        if all((run / "summary.json").is_file() for run in runs.values()):
+            reports.append(fidelity(runs, None, study / f"profile-{seed}.json"))
+    return reports
+
+
 def report(reports: list[dict], policies: list[str], args) -> bool:
     """Print the table; False if a graded speedup failed."""
-    print(
-        f"\n{args.preset} on core {args.core}: calibrated on each repeat's sync run; B={args.batch}, "
-        f"{args.lengths_model} lengths cap {args.max_new_tokens}, chunk {args.chunk}, delta {args.delta}, "
-        f"steps 1..{args.steps - 1}, {args.repeats} repeats (medians; IQR of the measured step time)"
-    )
+    if args.study:
+        print(
+            f"\n{args.study}: calibrated on each seed's sync run, the runs' own lengths, Δ and chunk sizes, "
+            f"steps 1.., {args.repeats} seeds (medians; IQR of the measured step time over seeds)"
+        )
+    else:
+        print(
+            f"\n{args.preset} on core {args.core}: calibrated on each repeat's sync run; B={args.batch}, "
+            f"{args.lengths_model} lengths cap {args.max_new_tokens}, chunk {args.chunk}, delta {args.delta}, "
+            f"steps 1..{args.steps - 1}, {args.repeats} repeats (medians; IQR of the measured step time)"
+        )
     print(
         f"{'policy':<7} {'measured_s':>11} {'IQR':>7} {'predicted_s':>12} {'median_err':>11} "
         f"{'speedup':>8} {'predicted':>10} {'err':>6}  grade"

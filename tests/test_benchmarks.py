@@ -260,13 +260,28 @@ def test_bad_arguments_are_usage_errors(name, args, says, tmp_path):
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
 
 
+def test_fidelity_predicts_a_studys_runs(tmp_path):
+    """``--study``: a seed's sync run calibrates the prediction of its other runs on their natural lengths (synthetic
+    prompts, EOS as sampled) and recorded decisions; a seed missing a policy's finished run is left out."""
+    from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
+    from oppo.exec.train import train
+
+    for policy in ("sync", "oppo"):
+        schedule = default_schedule(policy=policy, batch=4, max_new_tokens=16, chunk_candidates=(2, 4))
+        train(ExecConfig(schedule=schedule, model=ModelConfig(threads=1), steps=3, seed=1), tmp_path / f"{policy}-s0")
+    (tmp_path / "sync-s1").mkdir()  # a seed whose runs have not finished
+    stdout = bench_here("fidelity", "--study", tmp_path, "--policies", "sync,oppo", cwd=tmp_path)
+    assert "1 seeds" in stdout and re.search(r"(?m)^oppo +\d", stdout), stdout
+    assert (tmp_path / "profile-s0.json").is_file() and not (tmp_path / "profile-s1.json").exists()
+
+
 def test_the_fidelity_report_fails_a_graded_speedup_off_by_more_than_the_tolerance(capsys):
     spec = importlib.util.spec_from_file_location("fidelity_benchmark", BENCHMARKS / "fidelity.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     args = argparse.Namespace(
         preset="tiny-cpu", core=0, batch=4, lengths_model="m", max_new_tokens=8, chunk=4, delta=2, steps=4,
-        repeats=3, max_spread=0.05, tolerance=0.10,
+        repeats=3, max_spread=0.05, tolerance=0.10, study=None,
     )  # fmt: skip
 
     def reports(predicted_speedup):  # three repeats measured alike (no spread): graded

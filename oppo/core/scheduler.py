@@ -28,9 +28,9 @@ from itertools import chain, compress, repeat
 from operator import gt, itemgetter, not_, sub
 
 from oppo.core.buffer import RolloutBuffer
-from oppo.core.chunking import make_chunk_policy
+from oppo.core.chunking import RecordedChunk, make_chunk_policy
 from oppo.core.config import ScheduleConfig
-from oppo.core.overcommit import LengthObservation, make_delta_controller
+from oppo.core.overcommit import LengthObservation, RecordedDelta, make_delta_controller
 from oppo.records.schema import StepRecord, TrainedColumns
 
 
@@ -56,6 +56,23 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class Decisions:
+    """A run's scheduling decisions as its step records hold them: step s's Δ and chunk size."""
+
+    deltas: tuple[int, ...]
+    chunks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.deltas or len(self.deltas) != len(self.chunks):
+            raise ValueError("decisions need one Δ and one chunk size per step, at least one step")
+
+    @classmethod
+    def of(cls, records) -> Decisions:
+        """From step records (anything with ``delta`` and ``chunk``), in step order."""
+        return cls(tuple(int(r.delta) for r in records), tuple(int(r.chunk) for r in records))
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     trained: TrainedColumns  # in training order (finish order; starved sequences first)
     carried: tuple[int, ...]  # ids left in the buffer for the next step
@@ -76,6 +93,13 @@ class Scheduler:
         self.long_queue: deque[list[int]] = deque()  # tailbatch: aborted groups (their seq ids), FIFO
         self._pending: deque = deque()  # generated steps waiting for close_step: (plan, trained, lengths, carried)
         self._last_close_s = float("-inf")
+
+    def follow(self, decisions: Decisions) -> None:
+        """Plan with a recorded run's Δ and chunk sizes, step by step, in place of this config's controllers: a
+        replay whose rewards and step times differ from the run's still makes the run's decisions."""
+        self.delta = RecordedDelta(decisions.deltas)
+        if self.config.streaming:
+            self.chunking = RecordedChunk(decisions.chunks)
 
     # -- planning ---------------------------------------------------------------------------------------
     def plan_step(self, now: float, version: int | None = None) -> StepPlan:

@@ -3,10 +3,11 @@
 The one package that joins the two backends (``oppo.sim`` and ``oppo.exec`` never import each other; a lint
 contract in ``pyproject.toml`` enforces it).
 
-Protocol (:func:`fidelity`): run the executor for several policies with forced lengths; calibrate the simulator's
-cost profile on the ``sync`` run only; simulate every policy with the same schedule, the same per-sequence
-lengths (replayed in admission order) and the same seed; compare step times step by step. Fixed chunk size and
-fixed Δ keep the scheduling decisions of both backends identical (they depend only on lengths then).
+Protocol (:func:`fidelity`): run the executor for several policies; calibrate the simulator's cost profile on the
+``sync`` run only; simulate every policy with the same schedule, the same per-sequence lengths (replayed in
+admission order: the forced ones, or on a real task the ones each run generated) and the same seed, making the
+run's own Δ and chunk size at every step (its step records hold them: the simulator's rewards and step times are
+not the run's, so its controllers would decide otherwise); compare step times step by step.
 """
 
 from __future__ import annotations
@@ -17,19 +18,21 @@ from pathlib import Path
 import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
+from oppo.core.scheduler import Decisions
 from oppo.exec.config import ExecConfig, load_config
 from oppo.exec.models import role_paths
 from oppo.exec.runner import forced_length
 from oppo.records.io import read_rows
-from oppo.records.schema import StepRecord, TraceRow
+from oppo.records.schema import StepRecord, TraceRow, TrainedSeq
 from oppo.sim import SimConfig, simulate
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.cost.fit import fit_trace, save_profile
 from oppo.sim.setups import Contention, LengthModel, Placement, Setup
 
 
-def sim_setup_for(config: ExecConfig, profile: str | Path) -> Setup:
-    """The simulator setup that mirrors an executor config on this machine, costs from ``profile``."""
+def sim_setup_for(config: ExecConfig, profile: str | Path, prompt_tokens: int | None = None) -> Setup:
+    """The simulator setup that mirrors an executor config on this machine, costs from ``profile``; prompts of
+    ``prompt_tokens`` (default: the task's, which a run without a dataset generates exactly)."""
     colocated = config.placement == "colocated"
     placement = Placement("colocated", 1, 0) if colocated else Placement("disaggregated", 1, 1)
     checkpoints = config.model.preset in ("hf", "smollm2")  # a checkpoint's own config.json is its shape
@@ -49,7 +52,7 @@ def sim_setup_for(config: ExecConfig, profile: str | Path) -> Setup:
         minibatches=config.ppo.minibatches,
         placement=placement,
         contention=Contention(chunk_handoff_s=0.0, colocated_overlap_frac=0.0),
-        lengths=LengthModel(prompt_tokens=config.task.prompt_tokens),
+        lengths=LengthModel(prompt_tokens=prompt_tokens or config.task.prompt_tokens),
     )
 
 
@@ -80,12 +83,40 @@ def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTr
     return LengthTrace(f"{lengths.name}-replay", forced, None, ordered=True)
 
 
-def predict(run_dir: Path, profile: Path, lengths: LengthTrace) -> list[StepRecord]:
-    """Simulate the run recorded in ``run_dir`` (its config.json) with the cost ``profile``."""
+def generated_lengths(run_dir: Path) -> LengthTrace:
+    """The response lengths a run generated, in admission order (sequence id): each sequence's last recorded
+    length, final where it finished (one still unfinished at the run's end keeps what it had)."""
+    last = {}
+    for row in read_rows(run_dir / "sequences.csv", TrainedSeq):  # in step order: a later row supersedes
+        last[row.seq_id] = row.response_tokens
+    if not last:
+        raise ValueError(f"{run_dir / 'sequences.csv'}: no sequences recorded")
+    ids = sorted(last)
+    return LengthTrace(f"{run_dir.name}-generated", np.array([last[i] for i in ids]), None, ordered=True)
+
+
+def mean_prompt_tokens(trace: list[TraceRow]) -> int:
+    """Prompt tokens per sequence of a ``sync`` run, from its actor's prefill rows (every one a fresh prompt)."""
+    rows = [r for r in trace if r.role == "actor" and r.phase == "prefill"]
+    if not rows:
+        raise ValueError("the calibration run's trace has no actor prefill")
+    return round(sum(r.num_tokens for r in rows) / sum(r.batch_size for r in rows))
+
+
+def predict(
+    run_dir: Path, profile: Path, lengths: LengthTrace | None = None, prompt_tokens: int | None = None
+) -> list[StepRecord]:
+    """Simulate the run recorded in ``run_dir`` (its config.json) with the cost ``profile``, making its recorded
+    decisions: on the forced ``lengths`` the run replayed, or (None) the lengths it generated."""
     config = load_config(run_dir / "config.json")
-    setup = sim_setup_for(config, profile)
-    replay = replay_lengths(config, lengths, config.schedule.batch * (config.steps + 2) + 64)
-    return simulate(SimConfig(config.schedule, setup, config.steps, config.seed), replay).steps
+    setup = sim_setup_for(config, profile, prompt_tokens)
+    n = config.schedule.batch * config.schedule.group_size * (config.steps + 2) + 64
+    replay = generated_lengths(run_dir) if lengths is None else replay_lengths(config, lengths, n)
+    decisions = Decisions.of(read_rows(run_dir / "steps.csv", StepRecord))
+    schedule = config.schedule
+    if schedule.streaming:  # the scorers the executor streamed to (a rule reward's go to the reference)
+        schedule = dataclasses.replace(schedule, streamed_scorers=config.streamed_roles)
+    return simulate(SimConfig(schedule, setup, config.steps, config.seed), replay, decisions=decisions).steps
 
 
 def step_errors(measured: list[StepRecord], predicted: list[StepRecord], skip: int = 1) -> np.ndarray:
@@ -95,14 +126,17 @@ def step_errors(measured: list[StepRecord], predicted: list[StepRecord], skip: i
     return np.abs(p - m) / m
 
 
-def fidelity(runs: dict[str, Path], lengths: LengthTrace, profile_out: Path) -> dict[str, dict[str, float]]:
-    """Calibrate on ``runs["sync"]``, predict every run; per policy: median step error, measured and predicted
-    mean step time (steps 1..) and their speedup over sync."""
-    save_profile(fit_trace(read_rows(runs["sync"] / "trace.csv", TraceRow)), profile_out, str(runs["sync"]))
+def fidelity(runs: dict[str, Path], lengths: LengthTrace | None, profile_out: Path) -> dict[str, dict[str, float]]:
+    """Calibrate on ``runs["sync"]``, predict every run (on the forced ``lengths``, or None: each run's generated
+    ones, prompts as long as the sync run's); per policy: median step error, measured and predicted mean step time
+    (steps 1..) and their speedup over sync."""
+    trace = read_rows(runs["sync"] / "trace.csv", TraceRow)
+    save_profile(fit_trace(trace), profile_out, str(runs["sync"]))
+    prompt_tokens = None if lengths is not None else mean_prompt_tokens(trace)
     report = {}
     for policy, run in runs.items():
         measured = read_rows(run / "steps.csv", StepRecord)
-        predicted = predict(run, profile_out, lengths)
+        predicted = predict(run, profile_out, lengths, prompt_tokens)
         err = step_errors(measured, predicted)
         report[policy] = {
             "median_step_err": float(np.median(err)),

@@ -18,7 +18,7 @@ import numpy as np
 import simpy
 
 from oppo.core.config import ScheduleConfig, check_positive
-from oppo.core.scheduler import Scheduler
+from oppo.core.scheduler import Decisions, Scheduler
 from oppo.records.metrics import Columns, device_count, name_codes
 from oppo.records.optrace import OpTrace, cycle_collector_paused
 from oppo.records.schema import StepRecord, TrainedColumns
@@ -165,12 +165,21 @@ class Trainer(Generation):
     """Runs PPO steps on the devices of a setup, one after another, as the scheduler plans them."""
 
     def __init__(
-        self, env: simpy.Environment, config: SimConfig, costs: dict[str, CostModel], trace, result, progress=None
+        self,
+        env: simpy.Environment,
+        config: SimConfig,
+        costs: dict[str, CostModel],
+        trace,
+        result,
+        progress=None,
+        decisions: Decisions | None = None,
     ):
         self.env, self.config, self.costs, self.result = env, config, costs, result
         self.progress = progress if progress is not None else _ignore  # called with each closed step's record
         setup, schedule = config.setup, config.schedule
         self.scheduler = Scheduler(schedule)
+        if decisions is not None:
+            self.scheduler.follow(decisions)
         length_rng, reward_rng = np.random.default_rng(config.seed).spawn(2)
         self.sampler = LengthSampler(setup.lengths, schedule.max_new_tokens, length_rng, trace)
         self.reward = RewardProgress(setup.reward_curve, schedule.batch * schedule.group_size, reward_rng)
@@ -348,15 +357,23 @@ def _ignore(record: StepRecord) -> None:
     pass
 
 
-def simulate(config: SimConfig, trace=None, costs: dict[str, CostModel] | None = None, progress=None) -> SimResult:
+def simulate(
+    config: SimConfig,
+    trace=None,
+    costs: dict[str, CostModel] | None = None,
+    progress=None,
+    decisions: Decisions | None = None,
+) -> SimResult:
     """Run ``config.steps`` PPO steps and return their records. Pure: same config and trace, same records.
 
     ``trace``: a :class:`~oppo.catalog.lengths.LengthTrace` to replay (else the setup's lognormal); ``costs``: a cost
-    model per role (default: the setup's); ``progress``: called with each finished step's record.
+    model per role (default: the setup's); ``progress``: called with each finished step's record; ``decisions``:
+    a recorded run's Δ and chunk per step, made in place of the schedule's controllers (replaying that run).
     """
     env = simpy.Environment()
     result = SimResult()
-    trainer = Trainer(env, config, costs or config.setup.costs(config.schedule.policy), trace, result, progress)
+    costs = costs or config.setup.costs(config.schedule.policy)
+    trainer = Trainer(env, config, costs, trace, result, progress, decisions)
     with cycle_collector_paused():
         env.run(until=trainer.process)
     trainer.release_records()

@@ -3,6 +3,7 @@
 import pytest
 
 from oppo import ScheduleConfig, Scheduler
+from oppo.core.scheduler import Decisions
 from tests.drive import run_step
 
 
@@ -171,3 +172,30 @@ def test_tailbatch_long_round_leaves_completed_groups_for_the_next_short_round()
     assert out.carried == (6,)
     plan, out, _ = run_step(s, lengths)
     assert not plan.long_round and plan.ready == (6,) and ids(out)[0] == 6
+
+
+def test_a_scheduler_following_a_record_makes_its_decisions_not_its_controllers():
+    """Replaying a run: each step's Δ (the prompts over B admitted) and chunk are the record's, though the rewards
+    here rise every step (the slope controller would raise Δ) and the chunk controller would explore 2 then 4."""
+    cfg = ScheduleConfig(
+        policy="oppo",
+        batch=3,
+        max_new_tokens=12,
+        check_tokens=2,
+        chunk_candidates=(2, 4),
+        delta_init=1,
+        delta_max=3,
+        delta_window=1,
+    )
+    recorded = Decisions(deltas=(0, 3, 1, 2, 0), chunks=(4, 2, 2, 4, 4))
+    s = Scheduler(cfg)
+    s.follow(recorded)
+    lengths = {i: 1 + (5 * i) % 11 for i in range(40)}
+    plans = [run_step(s, lengths, reward=float(step))[0] for step in range(7)]
+    assert [p.delta for p in plans] == [0, 3, 1, 2, 0, 0, 0]  # the record, then its last value held
+    assert [p.chunk for p in plans] == [4, 2, 2, 4, 4, 4, 4]
+    assert [len(p.new) for p in plans[:2]] == [3, 6]  # B + Δ in flight: step 0 carries nothing (Δ = 0)
+    free = Scheduler(cfg)
+    assert [run_step(free, lengths, reward=float(step))[0].delta for step in range(3)] == [1, 1, 2]  # its own
+    with pytest.raises(ValueError, match="one Δ and one chunk size per step"):
+        Decisions(deltas=(1, 2), chunks=(4,))
