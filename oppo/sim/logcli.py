@@ -190,7 +190,7 @@ def _log_fidelity(setup, log, first: int, out: Path, replayed=None) -> dict:
             "predicted_s": round(r["predicted_s"], 3),
             "median_abs_err": f"{r['median_abs_err']:.1%}",
         }
-        for name, r in [("step", report["step"]), *report["stages"].items()]
+        for name, r in [*_step_rows(report), *report["stages"].items()]
     ]
     print(f"{setup.name}: fitted on {first} steps, validated on {report['validate_steps']} (medians)")
     print(format_table(rows))
@@ -245,3 +245,11 @@ LOG_COMMANDS = {
     "calibrate-log": cmd_calibrate_log,
     "validate-log": cmd_validate_log,
 }
+
+
+def _step_rows(report: dict) -> list[tuple[str, dict]]:
+    """The step's row; an asynchronous trainer's step (``async_step``, as ``async`` predicts it, generation beside
+    the trainer) is no sum of its stages, so their sum (``step`` in fidelity.json) gets a row of its own."""
+    if "async_step" in report:
+        return [("step (async)", report["async_step"]), ("stages summed", report["step"])]
+    return [("step", report["step"])]

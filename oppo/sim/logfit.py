@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
+from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.cost.fit import concat_loads, fit_problems, slice_load, sum_loads, terms_fitted
 from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
@@ -50,6 +51,7 @@ STAGE_OPS = {
     "reward": (("reward", "score"),),
     "update_actor": (("actor", "train_actor"),),
     "update_critic": (("critic", "train_critic"),),
+    "weight_sync": (("actor", "sync"),),  # the push to a rollout engine on GPUs of its own
 }
 LENGTH_SIGMA = 0.5  # spread (log scale) of the synthetic lengths between a step's logged min and max
 # A load is measured by simulating with one term alone, each adding exactly its load (roofline / 0.5 - roofline,
@@ -96,11 +98,8 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     """Simulate the logged steps with ``sync`` on ``setup`` and measure every stage's load per step (the setup's
     structural framework settings hold; its stage terms are replaced by the probes). A step runs batch x group
     size sequences (GRPO's samples share their prompt)."""
-    n, cap = setup.batch * setup.group_size, setup.max_new_tokens
     check_token_counts(setup, steps)
-    response = np.concatenate([step_lengths(s, n, cap) for s in steps])
-    prompt = np.repeat([max(1, round(s.prompt_mean or setup.lengths.prompt_tokens)) for s in steps], n)
-    trace = LengthTrace("log-replay", response, prompt, ordered=True)
+    trace = replay_trace(setup, steps)
     bare = _stage_seconds(setup, BARE, trace, len(steps))
     added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
     runs = _stages_run(setup)
@@ -117,6 +116,26 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
         once = {f: np.full(len(steps), float(getattr(per_step, f))) for f in PER_STEP}
         loads[stage] = StageLoad(**terms, extra_s=extra_s, **once)
     return Replay(loads)
+
+
+def replay_trace(setup: Setup, steps: list[LoggedStep]) -> LengthTrace:
+    """The lengths a replay of the logged steps runs, in order: per step, batch x group size responses consistent
+    with its logged mean / max / min, and prompts of its logged mean."""
+    n, cap = setup.batch * setup.group_size, setup.max_new_tokens
+    response = np.concatenate([step_lengths(s, n, cap) for s in steps])
+    prompt = np.repeat([max(1, round(s.prompt_mean or setup.lengths.prompt_tokens)) for s in steps], n)
+    return LengthTrace("log-replay", response, prompt, ordered=True)
+
+
+def async_step_seconds(setup: Setup, steps: list[LoggedStep], staleness: int = 1) -> np.ndarray:
+    """Each logged step's seconds under ``async`` on the setup's rollout/trainer split: verl's one-step-off trainer
+    (``staleness`` 1) generates batch s + 1 with the weights it pushed before training step s, which it trains
+    meanwhile, so a step takes the push and the longer of the two. A step is the time between two closes (the
+    first: from the start), as the trainer's ``timing_s/step`` runs from one step's end to the next's."""
+    schedule = setup.schedule(policy="async", staleness=staleness)
+    config = SimConfig(schedule, setup, steps=len(steps), seed=0, rollout=AsyncConfig(weights="oldest"))
+    ends = np.array([record.end_s for record in simulate(config, replay_trace(setup, steps)).steps])
+    return np.diff(ends, prepend=0.0)
 
 
 PER_STEP = ("steps", "reinit_steps", "reshard_s", "transfer_s")  # the load fields a stage pays once per step
@@ -193,7 +212,8 @@ def predict_stages(setup: Setup, replayed: Replay, stages: list[str]) -> dict[st
 
 def _stages_run(setup: Setup) -> set[str]:
     """Our stages a step of ``setup`` runs: generation, each role's, and ``reward`` also when a rule scores."""
-    return {"gen", "reward"} | {s for role in setup.roles(setup.algo) for s in ROLE_STAGES[role] if s}
+    pushed = {"weight_sync"} if setup.placement.rollout_gpus else set()  # to the rollout engine's own GPUs
+    return {"gen", "reward"} | pushed | {s for role in setup.roles(setup.algo) for s in ROLE_STAGES[role] if s}
 
 
 def _parts(setup: Setup, stage: str) -> list[str]:
@@ -298,6 +318,10 @@ def replay_errors(
         "step": step_errors,
         "stages": {stage: _errors(measured[stage][first:], predicted[stage][first:]) for stage in stages},
     }
+    if all(s.async_step_s is not None for s in steps):  # an asynchronous trainer's own step: async's to predict
+        measured["async_step"] = np.array([s.async_step_s for s in steps])
+        predicted["async_step"] = async_step_seconds(setup, steps)
+        report["async_step"] = _errors(measured["async_step"][first:], predicted["async_step"][first:])
     return report, measured, predicted
 
 

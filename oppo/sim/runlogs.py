@@ -36,6 +36,8 @@ STAGES = {
     "update_critic": (("update_critic",),),
     "make_experience": (("make_experience",),),
     "ppo_train": (("ppo_train",),),
+    # verl's asynchronous trainers: the trainer's weights pushed to the rollout GPUs (one-step-off, fully async)
+    "weight_sync": (("sync_rollout_weights",), ("param_sync",)),
     "step": (("step",), ("step_total",)),
 }
 SUBSTAGES = {"reshard": "gen"}  # a logged stage timed inside another: fitted apart, never added to the step
@@ -88,6 +90,9 @@ class LoggedStep:
     mfu: float | None = None  # the actor update's MFU as verl computes it (perf/mfu/actor), where logged
     memory_reserved_bytes: float | None = None  # the peak GPU memory PyTorch reserved (perf/max_memory_reserved_gb)
     trainer_wait_s: float | None = None  # an asynchronous trainer's wait for its samples (its ``timing_s/gen``)
+    # an asynchronous trainer's step (``timing_s/step``: its wait, weight sync and stages, generation beside them):
+    # no sum of stages, predicted by the ``async`` policy
+    async_step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
     fully_async = any(k.startswith("fully_async_") for row in rows for k in row)
     for row, times in zip(rows, timed):
         stages = {stage: t for stage, t in times.items() if stage in STAGES}
-        wait = _asynchronous_stages(path, row, stages) if asynchronous else None
+        wait, async_step = _asynchronous_stages(path, row, stages) if asynchronous else (None, None)
         if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
         lengths, perf = _metrics(path, row, LENGTHS), _metrics(path, row, PERF)
@@ -255,6 +260,7 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
                 mfu=perf["mfu"],
                 memory_reserved_bytes=None if reserved is None else reserved * 2**30,
                 trainer_wait_s=wait,
+                async_step_s=async_step,
             )
         )
     if not steps:
@@ -266,18 +272,21 @@ def _asynchronous(row: dict[str, str]) -> bool:
     return any(m in row for m in ASYNC_METRICS) or any(k.startswith("fully_async_") for k in row)
 
 
-def _asynchronous_stages(path: Path, row: dict[str, str], stages: dict[str, float]) -> float | None:
-    """An asynchronous trainer's step, in place: its ``gen`` (or ``wait_prev_gen``) is the trainer's wait
-    (returned), generation the first of :data:`ASYNC_GENERATION` the row has (the fully async trainer's rows time
-    none), and its ``step`` holds the wait and the overlap, so it is no sum of stages and is dropped (the step
-    compared is their sum)."""
+def _asynchronous_stages(
+    path: Path, row: dict[str, str], stages: dict[str, float]
+) -> tuple[float | None, float | None]:
+    """An asynchronous trainer's step, in place: its ``gen`` (or ``wait_prev_gen``) is the trainer's wait,
+    generation the first of :data:`ASYNC_GENERATION` the row has (the fully async trainer's rows time none), and its
+    ``step`` holds the wait and the overlap, so it is no sum of stages: taken out of them (the stages' sum is
+    compared with theirs, the step with the ``async`` policy's). Returns (the wait, the step), None where not
+    logged."""
     stages.pop("gen", None)
-    stages.pop("step", None)
+    step = stages.pop("step", None)
     wait = next((t for name in ASYNC_WAIT if (t := _timing(path, row, name)) is not None), None)
     generated = next((t for name in ASYNC_GENERATION if (t := _timing(path, row, name)) is not None), None)
     if generated is not None:
         stages["gen"] = generated
-    return wait
+    return wait, step
 
 
 def _metrics(path: Path, row: dict[str, str], table: dict[str, tuple[str, ...]]) -> dict[str, float | None]:

@@ -85,6 +85,8 @@ def fit_stage(
     a GPU stage timed at 0 s has no relative error to weigh: left out."""
     if not np.any(measured):
         return StageCost()
+    if not gen and is_push(load):
+        return _fit_push(load, measured)
     if not gen and not np.any(load.roofline_s):  # a rule reward: CPU time per sequence scored, nothing on a GPU
         if np.all(measured > 0):
             unit = nonnegative_lstsq((load.units / measured)[:, None], (measured - load.extra_s) / measured)[0]
@@ -113,6 +115,22 @@ def fit_stage(
     link = {"gather_bandwidth_frac": 1 / max(float(rest[-1]), 1 / GATHER_SCALE_BOUNDS[1])} if collectives else {}
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link)
     return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
+
+
+def is_push(load: StageLoad) -> bool:
+    """Whether a stage's load is a weight push: bytes over a link and no compute (a replay's round-off aside)."""
+    moved = float(np.max(np.abs(load.gather_s), initial=0.0))
+    return moved > 0 and float(np.max(np.abs(load.roofline_s), initial=0.0)) <= 1e-9 * moved
+
+
+def _fit_push(load: StageLoad, measured: np.ndarray) -> StageCost:
+    """The weights pushed to a rollout engine on GPUs of its own: the achieved share of the push's nominal link,
+    ``gather_s / frac`` = measured - extra, least relative error (closed form). One term: the bytes are the same
+    every step, so a per-push constant could not be told from the link's share."""
+    ratio = np.broadcast_to(load.gather_s, measured.shape) / measured
+    target = 1 - np.broadcast_to(load.extra_s, measured.shape) / measured
+    inverse = float(np.sum(ratio * target) / np.sum(ratio * ratio))
+    return StageCost(gather_bandwidth_frac=float(np.clip(1 / max(inverse, 1e-12), *GATHER_SCALE_BOUNDS)))
 
 
 def has_collectives(load: StageLoad, shape: tuple) -> bool:
@@ -205,6 +223,8 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
 
 def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_timed: bool = False) -> list[str]:
     """The terms :func:`fit_stage` fits for a stage with this load (the others keep their priors or defaults)."""
+    if not gen and is_push(load):
+        return ["gather_bandwidth_frac"]
     if not gen and not np.any(load.roofline_s):
         return ["per_unit_s"]  # a rule reward: CPU seconds per sequence
     if gen:

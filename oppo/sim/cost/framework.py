@@ -39,7 +39,8 @@ fed by :mod:`oppo.sim.logfit`'s replays of logs; ``oppo/data/framework/verl-shar
 across the shared runs).
 
 Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob`` (actor scoring), ``ref``
-(reference scoring), ``values`` (critic forward), ``reward`` (reward model), ``update_actor``, ``update_critic``.
+(reference scoring), ``values`` (critic forward), ``reward`` (reward model), ``update_actor``, ``update_critic``,
+``weight_sync`` (the weights pushed to a rollout engine on GPUs of its own; verl's ``sync_rollout_weights``).
 """
 
 from __future__ import annotations
@@ -237,6 +238,9 @@ class Framework:
     reward: StageCost = StageCost()  # with a rule reward: a CPU stage, per_unit_s per sequence scored + fixed_s
     update_actor: StageCost = StageCost()
     update_critic: StageCost = StageCost()
+    # the trainer's weights pushed to a rollout engine on GPUs of its own (verl's asynchronous trainers time it:
+    # sync_rollout_weights, param_sync): the nominal link's seconds over gather_bandwidth_frac, its achieved share
+    weight_sync: StageCost = StageCost()
 
     def __post_init__(self) -> None:
         micro = (self.train_micro_batch, self.critic_train_micro_batch, self.forward_micro_batch)
@@ -396,7 +400,9 @@ class FrameworkCost:
         return self.base.sync_s()
 
     def transfer_s(self) -> float:
-        return self.base.transfer_s()
+        """The weights pushed to a rollout engine on GPUs of its own: the engine layer's seconds at the nominal link,
+        over the achieved share ``weight_sync`` fits (a prior of 1, never a floor)."""
+        return self.framework.weight_sync.seconds(StageLoad(gather_s=self.base.transfer_s(), steps=1.0))
 
     def fixed_s(self, stages) -> float:
         """Seconds per step of the given stages (the rollout engine's declared moves and resets, other fixed
