@@ -102,3 +102,23 @@ def test_nonnegative_lstsq_is_the_exact_optimum_on_random_problems():
         if got > best * (1 + 1e-9) + 1e-12:
             worse.append((i, got, best))
     assert not worse, f"{len(worse)} of 5000 fits worse than the optimum, e.g. {worse[:3]}"
+
+
+def test_a_rule_rewards_rows_on_the_host_are_no_forward_pass():
+    """A real task's sync run: the actor's and the reference's forward passes cost 6.7 ms a token, the rule reward
+    scores each finished sequence on the host in ~1 ms. The passes' shared fit must stay per token, so that a
+    streamed chunk of 128 tokens costs what its tokens do: pooled with the host's rows (1 ms for ~100 tokens) the fit
+    became a constant of ~9 s a pass, and 104 chunks of the reference cost 1,145 s predicted against 281 s measured."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for step in range(20):
+        for role, phase, tokens in (("actor", "prefill", 1000), ("actor", "score", 1650), ("reference", "score", 1650)):
+            n = int(tokens * rng.normal(1, 0.04))
+            rows.append(TraceRow(step, "cpu0", role, phase, 0.0, 6.7e-3 * n * rng.normal(1, 0.05), 16, n, 0))
+        for _ in range(2):
+            rows.append(TraceRow(step, "host", "reward", "score", 0.0, 1e-3 * rng.normal(1, 0.2), 8, 100, 0))
+    fits = fit_trace(rows)
+    reference = CalibratedCost({"forward": fits["reference"]["forward"].coefficients})
+    chunk = reference.prefill_s(128, pass_attended(128, 16 * 900, 16))
+    assert chunk == pytest.approx(6.7e-3 * 128, rel=0.25)
+    assert "reward" not in fits  # a rule on the host: no model's pass to price
