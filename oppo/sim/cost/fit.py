@@ -328,6 +328,9 @@ FAMILY = {
 }
 
 
+HOST = "host"  # the executor's device name for work on the driver's CPU (a rule reward), not a model's device
+
+
 def _features(row: TraceRow) -> list[float]:
     if row.phase == "sync":
         return [1.0, 0.0, 0.0]
@@ -351,10 +354,13 @@ def fit_trace(trace: Sequence[TraceRow]) -> dict[str, dict[str, Fit]]:
     Forward passes are fitted once over every role's rows, then scaled per role: a sync run gives a scorer
     passes of one size only (whole sequences), which cannot separate its fixed cost from its per-token cost,
     while the actor's rows (short prompt prefills and whole-sequence scoring) can. This assumes the roles share
-    an architecture up to a factor, as the presets do.
+    an architecture up to a factor, as the presets do. Rows on the host (a rule reward) are no model's pass and are
+    left out.
     """
     groups: dict[tuple[str, str], list[TraceRow]] = defaultdict(list)
     for row in trace:
+        if row.device == HOST:  # a rule reward scoring on the driver: no pass of a model (its 1 ms rows would
+            continue  # make the passes' shared fit a constant per pass)
         if row.end_s > row.start_s and row.phase in FAMILY and (row.num_tokens > 0 or row.phase == "sync"):
             groups[(row.role, FAMILY[row.phase])].append(row)
     forward = [r for (_, phase), rows in groups.items() if phase == "forward" for r in rows]
