@@ -22,20 +22,6 @@ class FixedChunk:
         pass
 
 
-@dataclass
-class RecordedChunk:
-    """The chunk sizes a run recorded, step by step (``tokens[s]`` for step s; the last beyond the record): replays
-    another run's decisions, whatever its own step times would have chosen."""
-
-    tokens: tuple[int, ...]
-
-    def chunk_for(self, step: int) -> int:
-        return self.tokens[min(step, len(self.tokens) - 1)]
-
-    def observe(self, step: int, chunk: int, step_s: float) -> None:
-        pass
-
-
 class ExploringChunk:
     """Periodic exploration (paper: every 50 steps try 128, 256, 512, keep the fastest for the window).
 

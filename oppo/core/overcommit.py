@@ -43,22 +43,6 @@ class FixedDelta:
 
 
 @dataclass
-class RecordedDelta:
-    """The Δ a run recorded, step by step (``values[s]`` planned step s; the last beyond the record): replays
-    another run's decisions, whatever its own rewards would have chosen."""
-
-    values: tuple[int, ...]
-    closed: int = 0  # steps closed so far: the next plan is step ``closed``
-
-    @property
-    def value(self) -> int:
-        return self.values[min(self.closed, len(self.values) - 1)]
-
-    def update(self, mean_reward: float, lengths: LengthObservation | None = None) -> None:
-        self.closed += 1
-
-
-@dataclass
 class SlopeDelta:
     """Paper Eq. 4: s_t = mean of (R_i - R_{i-1}) over the last ``window`` differences; Δ += inc if s_t > 0,
     else Δ -= dec; clipped to [low, high]. Δ holds until ``window`` differences exist."""

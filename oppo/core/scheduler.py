@@ -28,9 +28,9 @@ from itertools import chain, compress, repeat
 from operator import gt, itemgetter, not_, sub
 
 from oppo.core.buffer import RolloutBuffer
-from oppo.core.chunking import RecordedChunk, make_chunk_policy
+from oppo.core.chunking import make_chunk_policy
 from oppo.core.config import ScheduleConfig
-from oppo.core.overcommit import LengthObservation, RecordedDelta, make_delta_controller
+from oppo.core.overcommit import LengthObservation, make_delta_controller
 from oppo.records.schema import StepRecord, TrainedColumns
 
 
@@ -71,6 +71,13 @@ class Decisions:
         """From step records (anything with ``delta`` and ``chunk``), in step order."""
         return cls(tuple(int(r.delta) for r in records), tuple(int(r.chunk) for r in records))
 
+    def delta_at(self, step: int) -> int:
+        """Step ``step``'s Δ; beyond the record, its last."""
+        return self.deltas[min(step, len(self.deltas) - 1)]
+
+    def chunk_at(self, step: int) -> int:
+        return self.chunks[min(step, len(self.chunks) - 1)]
+
 
 @dataclass(frozen=True)
 class StepOutcome:
@@ -88,6 +95,7 @@ class Scheduler:
         self.buffer = RolloutBuffer(config.max_new_tokens, config.group_size)
         self.chunking = make_chunk_policy(config)
         self.delta = make_delta_controller(config)
+        self.decisions: Decisions | None = None  # a recorded run's, made in place of the controllers' (follow)
         self.step = -1
         self.plan: StepPlan | None = None
         self.long_queue: deque[list[int]] = deque()  # tailbatch: aborted groups (their seq ids), FIFO
@@ -97,9 +105,17 @@ class Scheduler:
     def follow(self, decisions: Decisions) -> None:
         """Plan with a recorded run's Δ and chunk sizes, step by step, in place of this config's controllers: a
         replay whose rewards and step times differ from the run's still makes the run's decisions."""
-        self.delta = RecordedDelta(decisions.deltas)
-        if self.config.streaming:
-            self.chunking = RecordedChunk(decisions.chunks)
+        self.decisions = decisions
+
+    def _delta(self) -> int:
+        """Δ of the step being planned: the record's where following one (by the step's index, whatever was
+        closed before: a pipelined policy plans a step before closing the last), else the controller's."""
+        return self.delta.value if self.decisions is None else self.decisions.delta_at(self.step)
+
+    def _chunk(self) -> int:
+        if self.decisions is not None:
+            return self.decisions.chunk_at(self.step)
+        return self.chunking.chunk_for(self.step)
 
     # -- planning ---------------------------------------------------------------------------------------
     def plan_step(self, now: float, version: int | None = None) -> StepPlan:
@@ -121,12 +137,13 @@ class Scheduler:
         if long_round:  # a full batch of aborted prompts, no over-provisioning
             for _ in range(cfg.batch):
                 restarted += buffer.readmit(self.long_queue.popleft())
-            new = []
+            new, delta = [], 0
         else:
-            new = buffer.fill(cfg.batch + self.delta.value, self.step)
+            delta = self._delta()
+            new = buffer.fill(cfg.batch + delta, self.step)
         # a long round runs only its restarted prompts; groups completed earlier wait for the next short round
         active = tuple(restarted) if long_round else tuple(buffer.ids)
-        chunk = self.chunking.chunk_for(self.step) if cfg.streaming else 0
+        chunk = self._chunk() if cfg.streaming else 0
         generated = list(map(buffer.generated.__getitem__, active))
         unfinished = list(map(not_, map(buffer.finished.__getitem__, active)))
         # a resumed sequence does not get a fresh budget: what is left of max_new_tokens (T-PPO: up to the window)
@@ -154,7 +171,7 @@ class Scheduler:
             round_tokens=cfg.check_tokens if cfg.overcommit else chunk if cfg.streaming else cfg.max_new_tokens,
             streaming=cfg.streaming,
             chunk=chunk,
-            delta=0 if long_round else self.delta.value,
+            delta=delta,
             target=cfg.batch,
             long_round=long_round,
         )

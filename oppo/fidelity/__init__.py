@@ -83,20 +83,26 @@ def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTr
     return LengthTrace(f"{lengths.name}-replay", forced, None, ordered=True)
 
 
-def generated_lengths(run_dir: Path) -> LengthTrace:
-    """The response lengths a run generated, in admission order (sequence id): each sequence's last recorded
-    length, final where it finished (one still unfinished at the run's end keeps what it had)."""
+def generated_lengths(run_dir: Path, config: ExecConfig) -> LengthTrace:
+    """The response lengths a run generated, by sequence id (row i: sequence i, as the simulator admits them):
+    each trained sequence's final length; a sequence never trained (still running when the run ended, or admitted
+    last) gets the cap, since it did not finish within the run, and so do the ids past the last recorded, as many
+    as a step may admit, so that the replay never cycles back to the first rows."""
     last = {}
     for row in read_rows(run_dir / "sequences.csv", TrainedSeq):  # in step order: a later row supersedes
         last[row.seq_id] = row.response_tokens
     if not last:
         raise ValueError(f"{run_dir / 'sequences.csv'}: no sequences recorded")
-    ids = sorted(last)
-    return LengthTrace(f"{run_dir.name}-generated", np.array([last[i] for i in ids]), None, ordered=True)
+    schedule = config.schedule
+    spare = (schedule.batch + schedule.delta_max) * schedule.group_size * (schedule.staleness + 2)
+    lengths = np.full(max(last) + 1 + spare, schedule.max_new_tokens, dtype=np.int64)
+    lengths[list(last)] = list(last.values())
+    return LengthTrace(f"{run_dir.name}-generated", lengths, None, ordered=True)
 
 
-def mean_prompt_tokens(trace: list[TraceRow]) -> int:
-    """Prompt tokens per sequence of a ``sync`` run, from its actor's prefill rows (every one a fresh prompt)."""
+def padded_prompt_tokens(trace: list[TraceRow]) -> int:
+    """Prompt tokens per sequence that a ``sync`` run's actor prefilled (every prefill a batch of fresh prompts,
+    left-padded to its longest: the width the passes computed, not the prompts' mean length)."""
     rows = [r for r in trace if r.role == "actor" and r.phase == "prefill"]
     if not rows:
         raise ValueError("the calibration run's trace has no actor prefill")
@@ -111,7 +117,7 @@ def predict(
     config = load_config(run_dir / "config.json")
     setup = sim_setup_for(config, profile, prompt_tokens)
     n = config.schedule.batch * config.schedule.group_size * (config.steps + 2) + 64
-    replay = generated_lengths(run_dir) if lengths is None else replay_lengths(config, lengths, n)
+    replay = generated_lengths(run_dir, config) if lengths is None else replay_lengths(config, lengths, n)
     decisions = Decisions.of(read_rows(run_dir / "steps.csv", StepRecord))
     schedule = config.schedule
     if schedule.streaming:  # the scorers the executor streamed to (a rule reward's go to the reference)
@@ -128,11 +134,11 @@ def step_errors(measured: list[StepRecord], predicted: list[StepRecord], skip: i
 
 def fidelity(runs: dict[str, Path], lengths: LengthTrace | None, profile_out: Path) -> dict[str, dict[str, float]]:
     """Calibrate on ``runs["sync"]``, predict every run (on the forced ``lengths``, or None: each run's generated
-    ones, prompts as long as the sync run's); per policy: median step error, measured and predicted mean step time
-    (steps 1..) and their speedup over sync."""
+    ones, prompts as wide as the sync run prefilled); per policy: median step error, measured and predicted mean
+    step time (steps 1..) and their speedup over sync."""
     trace = read_rows(runs["sync"] / "trace.csv", TraceRow)
     save_profile(fit_trace(trace), profile_out, str(runs["sync"]))
-    prompt_tokens = None if lengths is not None else mean_prompt_tokens(trace)
+    prompt_tokens = None if lengths is not None else padded_prompt_tokens(trace)
     report = {}
     for policy, run in runs.items():
         measured = read_rows(run / "steps.csv", StepRecord)

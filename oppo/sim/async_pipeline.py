@@ -32,6 +32,7 @@ from oppo.records.schema import StepRecord, TrainedColumns, TrainedSeq
 from oppo.sim.cost.engine import pass_attended
 
 WEIGHTS = ("newest", "oldest")
+PUSHES = ("after_update", "before_step")
 FROZEN = ("reward", "reference")  # scorers whose weights never change: the rollout may run them
 
 
@@ -54,6 +55,12 @@ class AsyncConfig:
         False, "async: the rollout devices score what they generated with the reward model and reference"
     )
     weights: str = opt("newest", "async, step batches: the newest weights, or the oldest the bound allows (s - K)")
+    push: str = opt(
+        "after_update",
+        "async, step batches: the trainer pushes its weights to the rollout after each update, or before_step: at "
+        "the start of its next step, once that step's batch is generated, the next generation waiting for it "
+        "(verl's one-step-off trainer)",
+    )
 
     def __post_init__(self) -> None:
         if self.queue_groups < 0 or self.rollout_concurrency < 0:
@@ -64,6 +71,10 @@ class AsyncConfig:
             raise ValueError("inflight_updates needs continuous admission (rollout_concurrency >= 1)")
         if self.rollout_concurrency and self.weights != "newest":
             raise ValueError("continuous admission generates with the newest weights (weights = newest)")
+        if self.push not in PUSHES:
+            raise ValueError(f"unknown push {self.push!r}; choose from {', '.join(PUSHES)}")
+        if self.rollout_concurrency and self.push != "after_update":
+            raise ValueError("push before_step is for step batches (rollout_concurrency 0)")
 
     @property
     def is_default(self) -> bool:
@@ -122,18 +133,29 @@ def _gpus(device: str) -> int:
 
 
 class StepPipeline:
-    """A step's groups as one batch: ``rolling`` generates step after step, ``learning`` trains them in order."""
+    """A step's groups as one batch: ``rolling`` generates step after step, ``learning`` trains them in order.
+
+    ``push = "before_step"`` (verl's one-step-off trainer): the trainer, once step s's batch is generated, pushes
+    its weights (s updates) before training it, and the rollout starts step s + K only after that push: a step
+    takes the push and the longer of generation and training, where pushing after each update hides the push
+    behind a generation still running."""
 
     def __init__(self, trainer, options: AsyncConfig) -> None:
         self.trainer, self.options, env = trainer, options, trainer.env
         self.batches, self.version, self.updated = simpy.Store(env), 0, env.event()
         self.queued = 0  # groups generated (or generating) and not yet trained
+        self.pushes = 0  # with push before_step: pushes made, one at the start of each trainer step
+        trainer.push_after_update = options.push == "after_update"
         env.process(self.rolling())
         self.process = env.process(self.learning())
 
     def _held_back(self, step: int) -> bool:
         schedule, q = self.trainer.config.schedule, self.options.queue_groups
-        return step - self.version > schedule.staleness or bool(q) and self.queued + schedule.batch > q
+        if self.trainer.push_after_update:
+            behind = step - self.version > schedule.staleness
+        else:  # step s + K waits for the push that opens trainer step s
+            behind = self.pushes < step - schedule.staleness + 1
+        return behind or bool(q) and self.queued + schedule.batch > q
 
     def rolling(self):
         """Generate step after step, at most ``staleness`` versions ahead (and within the queue bound)."""
@@ -151,15 +173,24 @@ class StepPipeline:
             yield self.batches.put((plan, trained))
 
     def learning(self):
-        """Train each generated step in order, then push the weights to the rollout devices."""
+        """Train each generated step in order; the weights pushed to the rollout devices after each update, or
+        (push before_step) before it."""
         t = self.trainer
         for _ in range(t.config.steps):
             plan, trained = yield self.batches.get()
+            if not t.push_after_update:
+                yield from t.push_weights(plan.step)
+                self.pushes += 1
+                self._wake()
             yield from t._learn(plan, trained)
             self.version += 1
             self.queued -= t.config.schedule.batch
-            updated, self.updated = self.updated, t.env.event()
-            updated.succeed()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Tell the rolling process that the bound may have moved."""
+        updated, self.updated = self.updated, self.trainer.env.event()
+        updated.succeed()
 
 
 class ContinuousPipeline:

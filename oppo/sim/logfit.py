@@ -129,11 +129,13 @@ def replay_trace(setup: Setup, steps: list[LoggedStep]) -> LengthTrace:
 
 def async_step_seconds(setup: Setup, steps: list[LoggedStep], staleness: int = 1) -> np.ndarray:
     """Each logged step's seconds under ``async`` on the setup's rollout/trainer split: verl's one-step-off trainer
-    (``staleness`` 1) generates batch s + 1 with the weights it pushed before training step s, which it trains
-    meanwhile, so a step takes the push and the longer of the two. A step is the time between two closes (the
-    first: from the start), as the trainer's ``timing_s/step`` runs from one step's end to the next's."""
+    (``staleness`` 1) waits for batch s, pushes its weights, starts generating batch s + 1 with them and trains
+    step s meanwhile (``push = "before_step"``), so a step takes the push and the longer of the two. A step is the
+    time between two closes (the first: from the start), as the trainer's ``timing_s/step`` runs from one step's
+    end to the next's."""
     schedule = setup.schedule(policy="async", staleness=staleness)
-    config = SimConfig(schedule, setup, steps=len(steps), seed=0, rollout=AsyncConfig(weights="oldest"))
+    rollout = AsyncConfig(weights="oldest", push="before_step")
+    config = SimConfig(schedule, setup, steps=len(steps), seed=0, rollout=rollout)
     ends = np.array([record.end_s for record in simulate(config, replay_trace(setup, steps)).steps])
     return np.diff(ends, prepend=0.0)
 

@@ -204,6 +204,7 @@ class Trainer(Generation):
         # generation has rollout GPUs of its own.
         actor.shared = schedule.policy == "async" and any(self.device[r] is actor for r in self.roles)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
+        self.push_after_update = True  # else the async pipeline pushes (AsyncConfig.push = "before_step")
         self.engine = setup.engine_spec
         self.framework = setup.framework
         self._fixed_s: dict[tuple[str, tuple[str, ...]], float] = {}  # a role's per-step stage seconds
@@ -347,7 +348,11 @@ class Trainer(Generation):
         for _ in range(setup.ppo_epochs * setup.minibatches):
             for role, phase in passes:
                 yield from self.device[role].run(step, role, phase, seconds[role], round(rows), tokens, 0)
-        # weights pushed to the generation engine: its own copy (vLLM) or its own devices
+        if self.push_after_update:
+            yield from self.push_weights(step)
+
+    def push_weights(self, step: int):
+        """The weights pushed to the generation engine: its own copy (vLLM) or its own devices."""
         sync_s = self.costs["actor"].transfer_s() if self.gen == "rollout" else self.costs["actor"].sync_s()
         if sync_s > 0:
             yield from self.device["actor"].run(step, "actor", "sync", sync_s, 0, 0, 0)

@@ -37,6 +37,18 @@ def test_a_gpu_stage_with_a_step_timed_at_zero_fits_the_other_steps():
     assert cost.half_efficiency_tokens == pytest.approx(1000.0, rel=1e-6)
 
 
+def test_a_weight_push_fits_its_links_share_on_the_steps_it_timed():
+    """verl's weight push (a load of bytes over a link, no compute): its achieved share is the nominal seconds over
+    the measured, steps read 0.00 s left out (no division by them); nothing else is fitted."""
+    nominal = np.full(5, 0.076)  # s at the nominal link per push
+    measured = np.array([0.0, 0.25, 0.26, 0.24, 0.25])
+    load = StageLoad(gather_s=nominal, roofline_s=np.full(5, 1e-18), steps=np.ones(5))  # a replay's round-off
+    with np.errstate(all="raise"):
+        cost = fit_stage(load, measured, gen=False)
+    assert cost.gather_bandwidth_frac == pytest.approx(0.076 / 0.25, rel=0.02)
+    assert (cost.efficiency, cost.per_unit_s, cost.half_efficiency_tokens) == (1.0, 0.0, 0.0)
+
+
 def test_a_stage_timed_at_zero_in_every_step_fits_no_cost():
     load = StageLoad(units=np.full(3, 512.0), steps=np.ones(3))
     assert fit_stage(load, np.zeros(3), gen=False) == StageCost()

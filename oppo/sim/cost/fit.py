@@ -127,10 +127,11 @@ def _fit_push(load: StageLoad, measured: np.ndarray) -> StageCost:
     """The weights pushed to a rollout engine on GPUs of its own: the achieved share of the push's nominal link,
     ``gather_s / frac`` = measured - extra, least relative error (closed form). One term: the bytes are the same
     every step, so a per-push constant could not be told from the link's share."""
-    ratio = np.broadcast_to(load.gather_s, measured.shape) / measured
-    target = 1 - np.broadcast_to(load.extra_s, measured.shape) / measured
-    inverse = float(np.sum(ratio * target) / np.sum(ratio * ratio))
-    return StageCost(gather_bandwidth_frac=float(np.clip(1 / max(inverse, 1e-12), *GATHER_SCALE_BOUNDS)))
+    timed = measured > 0  # a step timed 0 s (under the log's resolution) has no relative error to weigh
+    ratio = np.broadcast_to(load.gather_s, measured.shape)[timed] / measured[timed]
+    target = 1 - np.broadcast_to(load.extra_s, measured.shape)[timed] / measured[timed]
+    inverse = float(np.sum(ratio * target) / np.sum(ratio * ratio))  # measured / nominal, > 0 for pushes that took time
+    return StageCost(gather_bandwidth_frac=float(np.clip(1 / inverse, *GATHER_SCALE_BOUNDS)))
 
 
 def has_collectives(load: StageLoad, shape: tuple) -> bool:
