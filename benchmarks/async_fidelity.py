@@ -79,7 +79,7 @@ def one_repeat(args, root: Path, repeat: int, ks: list[int]) -> dict[int, dict[s
 
 def calibrate(run: Path, profile: Path) -> Path:
     """``python -m oppo.sim calibrate`` on ``run``'s trace."""
-    from oppo.sim.cost.fit import fit_trace, save_profile
+    from oppo.sim.cost.profile import fit_trace, save_profile
 
     save_profile(fit_trace(read_rows(run / "trace.csv", TraceRow)), profile, str(run))
     return profile

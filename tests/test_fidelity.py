@@ -9,7 +9,7 @@ from oppo.exec.train import train
 from oppo.fidelity import generated_lengths, padded_prompt_tokens, predict
 from oppo.records.io import read_rows
 from oppo.records.schema import StepRecord, TraceRow, TrainedSeq
-from oppo.sim.cost.fit import fit_trace, save_profile
+from oppo.sim.cost.profile import fit_trace, save_profile
 
 DECIDED = ("delta", "chunk", "finished", "deferred")  # what a faithful replay repeats exactly, whatever its clock
 TRACE = (2, 3, 5, 8, 13, 21, 24, 4, 9, 16)

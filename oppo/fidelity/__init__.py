@@ -26,7 +26,7 @@ from oppo.records.io import read_rows
 from oppo.records.schema import StepRecord, TraceRow, TrainedSeq
 from oppo.sim import SimConfig, simulate
 from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.cost.fit import fit_trace, save_profile
+from oppo.sim.cost.profile import fit_trace, save_profile
 from oppo.sim.setups import Contention, LengthModel, Placement, Setup
 
 

@@ -435,7 +435,7 @@ def cmd_fit_gpus(args: argparse.Namespace) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from oppo.records.io import read_rows
     from oppo.records.schema import TraceRow
-    from oppo.sim.cost.fit import fit_trace, save_profile
+    from oppo.sim.cost.profile import fit_trace, save_profile
 
     if not Path(args.trace).is_file():
         raise FileNotFoundError(f"trace not found: {args.trace}")

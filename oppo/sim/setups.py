@@ -240,7 +240,7 @@ class Setup:
         """A cost model per role on its device group under ``policy``: roofline (fitted or analytic efficiencies),
         or a profile calibrated on an executor's records (``cost = "NAME.json"``, in oppo/data/profiles/)."""
         if self.cost.endswith(".json"):
-            from oppo.sim.cost.fit import calibrated_costs
+            from oppo.sim.cost.profile import calibrated_costs
 
             path = (
                 Path(self.cost)

@@ -6,7 +6,8 @@ import pytest
 
 from oppo.records.schema import TraceRow
 from oppo.sim.cost.engine import pass_attended
-from oppo.sim.cost.fit import CalibratedCost, fit_trace, load_profile, nonnegative_lstsq, save_profile
+from oppo.sim.cost.fit import nonnegative_lstsq
+from oppo.sim.cost.profile import CalibratedCost, fit_trace, load_profile, save_profile
 
 
 def synthetic_trace(seed=0):
@@ -61,8 +62,8 @@ def test_a_term_the_rows_cannot_tell_apart_is_not_fitted_to_noise():
 
 
 def test_committed_profiles_load():
-    from oppo.sim.cost.fit import TRACE_FEATURES
     from oppo.sim.cost.gpu import PROFILE_DIR
+    from oppo.sim.cost.profile import TRACE_FEATURES
 
     for name in ("tiny-cpu", "small-cpu"):
         profile = load_profile(PROFILE_DIR / f"{name}.json")

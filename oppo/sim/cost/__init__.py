@@ -8,7 +8,8 @@
    offload, per-step costs): :meth:`~oppo.sim.cost.framework.StageCost.seconds`, the one formula the simulator
    charges and the fit fits.
 4. :mod:`oppo.sim.cost.fit`: the fitted terms: the framework layer's terms fitted to logged stage seconds (the loads
-   measured by :mod:`oppo.sim.logfit`), and a whole cost model fitted to the executor's traces.
+   measured by :mod:`oppo.sim.logfit`).
+5. :mod:`oppo.sim.cost.profile`: a whole cost model fitted to the executor's traces, in place of layers 2-4.
 
 A setup (:mod:`oppo.sim.setups`) assembles a cost model per role from these layers; the simulator
 (:mod:`oppo.sim.model`) only calls it. None of them imports SimPy.
