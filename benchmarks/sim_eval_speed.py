@@ -32,7 +32,7 @@ EVALUATION = """
 import time
 from oppo.catalog.lengths import load_lengths
 from oppo.sim.experiments import run
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 setup, trace = load_setup("paper-7b-h200"), load_lengths({lengths!r})
 run(setup, "oppo", 1, seed=0, trace=trace, batch={batch})  # warm-up: profile fits and imports, paid once per plan
 start = time.process_time()

@@ -32,7 +32,8 @@ from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config
 from oppo.sim.logcli import LOG_COMMANDS, add_log_commands
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
-from oppo.sim.setups import PRESETS, Setup, load_setup, setup_from_dict
+from oppo.sim.setup_toml import load_setup, setup_from_dict
+from oppo.sim.setups import PRESETS, Setup
 from oppo.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
 from oppo.tracking import add_tracking_args, track_run, trackers_from
 

@@ -18,7 +18,8 @@ from oppo.cli import format_table
 from oppo.records.io import write_json
 from oppo.sim.calibration import calibration, trust_note
 from oppo.sim.runlogs import load_run_log
-from oppo.sim.setups import Setup, load_setup, setup_toml
+from oppo.sim.setup_toml import load_setup, setup_toml
+from oppo.sim.setups import Setup
 
 
 def add_log_commands(sub) -> None:
@@ -108,7 +109,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     from oppo.records import plots
     from oppo.sim.logdevice import resolve_gpu
     from oppo.sim.logfit import fitted_terms, logged_run, shared_fidelity, summary
-    from oppo.sim.setups import framework_toml
+    from oppo.sim.setup_toml import framework_toml
 
     logs = [load_run_log(log) for log in args.log]
     setups = args.setup or [None] * len(args.log)

@@ -23,7 +23,8 @@ import numpy as np
 
 from oppo.sim.cost.engine import MODELS
 from oppo.sim.runlogs import TrainingLog, load_run_log
-from oppo.sim.setups import UNKNOWN_GPU, Setup, setup_from_dict, toml_value
+from oppo.sim.setup_toml import setup_from_dict, toml_value
+from oppo.sim.setups import UNKNOWN_GPU, Setup
 from oppo.sim.verl_config import VerlConfig, read_verl_config
 
 ARA = "actor_rollout_ref"

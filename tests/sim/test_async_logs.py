@@ -10,7 +10,7 @@ import pytest
 from oppo.sim.cost.framework import StageCost
 from oppo.sim.logsetup import setup_from_log
 from oppo.sim.runlogs import load_run_log
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from tests import invoke
 from tests.sim.test_logfit import synthesized_log, within_run
 

@@ -10,7 +10,7 @@ import pytest
 
 from oppo.sim.calibration import calibration, extrapolations, trust_note, weighted_quantile
 from oppo.sim.cost.framework import Framework, StageCost
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from tests import invoke
 
 DATA = Path(__file__).with_name("data")

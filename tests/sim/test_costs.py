@@ -147,7 +147,8 @@ def test_across_nodes_each_gpu_gathers_over_its_own_network_card():
 
 
 def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
-    from oppo.sim.setups import Cluster, load_setup
+    from oppo.sim.setup_toml import load_setup
+    from oppo.sim.setups import Cluster
 
     cluster, gpu = Cluster(gpus_per_node=8, inter_node_bytes_per_s=50e9), GPUS["h100"]
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8) == gpu.link_bytes_per_s  # one node: NVLink
@@ -169,7 +170,8 @@ def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
 def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
     """Node boundaries sit at multiples of gpus_per_node: two GPUs 3 and 4 at 4 per node are on two nodes although
     two GPUs fit in one; a tensor-parallel engine of 4 on GPUs 4-7 at 6 per node straddles the boundary at 6."""
-    from oppo.sim.setups import Cluster, load_setup
+    from oppo.sim.setup_toml import load_setup
+    from oppo.sim.setups import Cluster
 
     cluster, gpu = Cluster(gpus_per_node=4, inter_node_bytes_per_s=25e9), GPUS["h200"]
     assert cluster.link_bytes_per_s(gpu, first=4, n_gpus=4) == gpu.link_bytes_per_s  # GPUs 4-7: node 1 alone
@@ -197,7 +199,7 @@ def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):
     """A rule reward is CPU time per sequence; a reward model a forward pass (the reference's terms). A TOML that
     turns a preset's reward model into a rule must not charge the model's per-micro-batch terms per sequence."""
     from oppo.sim.cost.framework import StageLoad, trl_layer
-    from oppo.sim.setups import load_setup
+    from oppo.sim.setup_toml import load_setup
 
     path = tmp_path / "rule.toml"
     path.write_text('base = "paper-7b-h200"\nreward = "rule"\n')

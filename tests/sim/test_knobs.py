@@ -9,7 +9,7 @@ import pytest
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.knobs import activation_bytes, colocated_bytes, framework_grid, verl_overrides, with_framework_knobs
 from oppo.sim.plan import Candidate, Space, candidates, fits_memory, sim_config
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from tests import invoke
 
 

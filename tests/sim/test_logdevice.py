@@ -11,7 +11,8 @@ import pytest
 from oppo.core.config import to_dict
 from oppo.sim.logdevice import read_back_peak, resolve_gpu
 from oppo.sim.runlogs import load_run_log
-from oppo.sim.setups import GpuSpec, load_setup, setup_from_dict, setup_toml
+from oppo.sim.setup_toml import load_setup, setup_from_dict, setup_toml
+from oppo.sim.setups import GpuSpec
 from tests import invoke
 
 DATA = Path(__file__).parent / "data"

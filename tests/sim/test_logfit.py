@@ -29,7 +29,7 @@ from oppo.sim.logfit import (
     step_lengths,
 )
 from oppo.sim.runlogs import TrainingLog, load_run_log
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from tests import invoke
 
 DATA = Path(__file__).with_name("data")

@@ -11,7 +11,7 @@ import pytest
 
 from oppo.sim.logsetup import contradictions, model_name, setup_from_log
 from oppo.sim.runlogs import load_run_log
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from oppo.sim.verl_config import parse_value, read_verl_config
 from tests import invoke
 

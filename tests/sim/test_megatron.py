@@ -11,7 +11,7 @@ import pytest
 from oppo.sim.cost.framework import StageCost
 from oppo.sim.logfit import fit_layer, logged_run
 from oppo.sim.runlogs import load_run_log
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from tests import invoke
 from tests.sim.test_logfit import assert_predicts_its_own_steps, synthesized_log
 

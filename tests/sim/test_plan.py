@@ -11,7 +11,7 @@ import pytest
 from oppo.sim.experiments import summarize_config
 from oppo.sim.plan import LAG, Candidate, Rungs, Space, baselines, candidates, fits_memory, plan, plan_rows, sim_config
 from oppo.sim.pool import Pool
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from tests import invoke
 
 SMALL = Rungs(steps=(6, 12), seeds=(1, 2))

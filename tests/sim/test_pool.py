@@ -14,7 +14,7 @@ from oppo.cli import Interrupted
 from oppo.sim.experiments import sweep_config
 from oppo.sim.model import SimConfig
 from oppo.sim.pool import Pool, evaluate
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 
 
 def sim(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import pytest
 from oppo.sim.cost.framework import StageCost
 from oppo.sim.logfit import predict_stages, replay
 from oppo.sim.runlogs import LoggedStep, load_run_log
-from oppo.sim.setups import load_setup
+from oppo.sim.setup_toml import load_setup
 from tests import invoke
 from tests.sim.test_logfit import within_run
 
