@@ -30,6 +30,7 @@ from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
 from oppo.exec.update import cut_at_cap, deal, longest_first, minibatch_totals, minibatches, step_batch
 from oppo.exec.verifiable import DatasetPrompts, Judge, Judgement, RewardFailed
+from oppo.records.schema import HOST
 
 
 class RunAborted(RuntimeError):
@@ -450,9 +451,6 @@ class Executor:
 
     def close(self) -> None:
         self.group.close()
-
-
-HOST = "host"  # the device label of work on the driver's CPU (a rule reward)
 
 
 def task_with_answers(config: ExecConfig, eos_id: int) -> tuple[DatasetPrompts | None, Judge | None]:

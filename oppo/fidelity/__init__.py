@@ -84,16 +84,17 @@ def replay_lengths(config: ExecConfig, lengths: LengthTrace, n: int) -> LengthTr
 
 
 def generated_lengths(run_dir: Path, config: ExecConfig) -> LengthTrace:
-    """The response lengths a run generated, by sequence id (row i: sequence i, as the simulator admits them):
-    each trained sequence's final length; a sequence never trained (still running when the run ended, or admitted
-    last) gets the cap, since it did not finish within the run, and so do the ids past the last recorded, as many
-    as a step may admit, so that the replay never cycles back to the first rows."""
+    """The response lengths a run generated, by sequence id (row i: sequence i, as the simulator admits them): a
+    trained sequence's final length where it finished; the cap for one whose last record is unfinished (a T-PPO
+    segment) or that no step trained (still running, or carried, when the run ended: its length is unknown, and
+    the cap keeps it from finishing earlier in the replay than it could have), and for the ids past the last
+    recorded, as many as a step may admit, so that the replay never cycles back to the first rows."""
+    schedule = config.schedule
     last = {}
     for row in read_rows(run_dir / "sequences.csv", TrainedSeq):  # in step order: a later row supersedes
-        last[row.seq_id] = row.response_tokens
+        last[row.seq_id] = row.response_tokens if row.finished else schedule.max_new_tokens
     if not last:
         raise ValueError(f"{run_dir / 'sequences.csv'}: no sequences recorded")
-    schedule = config.schedule
     spare = (schedule.batch + schedule.delta_max) * schedule.group_size * (schedule.staleness + 2)
     lengths = np.full(max(last) + 1 + spare, schedule.max_new_tokens, dtype=np.int64)
     lengths[list(last)] = list(last.values())

@@ -23,6 +23,9 @@ from typing import NamedTuple
 PHASES = ("decode", "prefill", "score", "train_actor", "train_critic", "sync", "other")
 
 
+HOST = "host"  # the device of work on the driver's CPU (a rule reward scoring), not a model's device
+
+
 class TraceRow(NamedTuple):
     """One operation on one device. Times in seconds from the run's start; tokens are counts, not ids."""
 

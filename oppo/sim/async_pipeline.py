@@ -85,7 +85,9 @@ class AsyncConfig:
         if self.is_default:
             return
         if schedule.policy != "async":
-            raise ValueError(f"queue, concurrency and in-flight options are async's, not {schedule.policy}'s")
+            raise ValueError(f"queue, concurrency, in-flight and push options are async's, not {schedule.policy}'s")
+        if self.push == "before_step" and schedule.staleness < 1:
+            raise ValueError("push before_step generates a step while the one before trains: needs staleness >= 1")
         if self.queue_groups and self.queue_groups < schedule.batch:
             raise ValueError(f"queue_groups {self.queue_groups} cannot hold one step's {schedule.batch} groups")
         if self.rollout_concurrency and not setup.engine_spec.compacts_batch:
@@ -164,7 +166,7 @@ class StepPipeline:
         for step in range(t.config.steps):
             while self._held_back(step):
                 yield self.updated
-            version = max(0, step - staleness) if self.options.weights == "oldest" else self.version
+            version = max(0, step - staleness) if self.options.weights == "oldest" else self._newest()
             plan = t.scheduler.plan_step(t.env.now, version=version)
             self.queued += t.config.schedule.batch
             yield from t._rollout(plan)
@@ -186,6 +188,11 @@ class StepPipeline:
             self.version += 1
             self.queued -= t.config.schedule.batch
             self._wake()
+
+    def _newest(self) -> int:
+        """The version the rollout holds: the last update's, or with push before_step the last push's (a push at the
+        start of trainer step s carries s updates)."""
+        return self.version if self.trainer.push_after_update else max(0, self.pushes - 1)
 
     def _wake(self) -> None:
         """Tell the rolling process that the bound may have moved."""

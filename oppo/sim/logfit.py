@@ -127,14 +127,16 @@ def replay_trace(setup: Setup, steps: list[LoggedStep]) -> LengthTrace:
     return LengthTrace("log-replay", response, prompt, ordered=True)
 
 
-def async_step_seconds(setup: Setup, steps: list[LoggedStep], staleness: int = 1) -> np.ndarray:
+def async_step_seconds(
+    setup: Setup, steps: list[LoggedStep], staleness: int = 1, push: str = "before_step"
+) -> np.ndarray:
     """Each logged step's seconds under ``async`` on the setup's rollout/trainer split: verl's one-step-off trainer
     (``staleness`` 1) waits for batch s, pushes its weights, starts generating batch s + 1 with them and trains
     step s meanwhile (``push = "before_step"``), so a step takes the push and the longer of the two. A step is the
     time between two closes (the first: from the start), as the trainer's ``timing_s/step`` runs from one step's
     end to the next's."""
     schedule = setup.schedule(policy="async", staleness=staleness)
-    rollout = AsyncConfig(weights="oldest", push="before_step")
+    rollout = AsyncConfig(weights="oldest", push=push)
     config = SimConfig(schedule, setup, steps=len(steps), seed=0, rollout=rollout)
     ends = np.array([record.end_s for record in simulate(config, replay_trace(setup, steps)).steps])
     return np.diff(ends, prepend=0.0)

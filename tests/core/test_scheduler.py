@@ -4,7 +4,7 @@ import pytest
 
 from oppo import ScheduleConfig, Scheduler
 from oppo.core.scheduler import Decisions
-from tests.drive import run_step
+from tests.drive import finish_all, run_step
 
 
 def ids(outcome):
@@ -199,3 +199,15 @@ def test_a_scheduler_following_a_record_makes_its_decisions_not_its_controllers(
     assert [run_step(free, lengths, reward=float(step))[0].delta for step in range(3)] == [1, 1, 2]  # its own
     with pytest.raises(ValueError, match="one Δ and one chunk size per step"):
         Decisions(deltas=(1, 2), chunks=(4,))
+
+
+def test_a_pipelined_replay_makes_each_planned_steps_own_decision():
+    """async plans step 1 before it closes step 0: the record's Δ for step 1 is made there (here a Δ the record
+    gives an async step, 3 extra prompts admitted), not the last closed step's (step 0's, none)."""
+    s = Scheduler(ScheduleConfig(policy="async", batch=3, max_new_tokens=12, check_tokens=2, staleness=1))
+    s.follow(Decisions(deltas=(0, 3), chunks=(0, 0)))
+    first = s.plan_step(0.0, version=0)
+    finish_all(s, {i: 1 + i % 5 for i in range(20)}, first)
+    s.finish_generation()
+    second = s.plan_step(1.0, version=0)  # step 0 not closed yet
+    assert (len(first.new), len(second.new)) == (3, 6)

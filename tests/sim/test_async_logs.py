@@ -5,9 +5,11 @@ stages' terms are recovered from a log synthesised from known terms."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from oppo.sim.cost.framework import StageCost
+from oppo.sim.logfit import async_step_seconds
 from oppo.sim.logsetup import setup_from_log
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setup_toml import load_setup
@@ -30,7 +32,7 @@ TRUTH = {
     "gen": StageCost(efficiency=0.4, per_token_s=2e-5),
     "old_log_prob": StageCost(efficiency=0.6, half_efficiency_tokens=3000.0),
     "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
-    "weight_sync": StageCost(gather_bandwidth_frac=0.02),  # a slow push (3.8 s): whether it hides shows in the step
+    "weight_sync": StageCost(gather_bandwidth_frac=0.025),  # a slow push (3 s): whether it hides shows in the step
 }
 TRAINER = ("weight_sync", "old_log_prob", "update_actor")  # what the trainer runs in a step, one after another
 
@@ -72,6 +74,11 @@ def one_step_off_clock(gen: list, push: list, train: list) -> tuple[list, list]:
         steps.append(pushed + train[s] - closed)
         closed = pushed + train[s]
     return waits, steps
+
+
+def within_first(log) -> int:
+    """The first validated step of :func:`within_run`'s default split (60% fitted)."""
+    return max(1, int(len(log.steps) * 0.6))
 
 
 def step_line(step: int, times: dict, mean, high, low, prompt) -> str:
@@ -153,12 +160,16 @@ def test_the_stages_of_a_one_step_off_log_are_recovered(tmp_path, bound):
     for stage, errors in report["stages"].items():
         assert errors["median_abs_err"] <= 0.01, stage
     assert fitted.framework.gen.efficiency == pytest.approx(truth["gen"].efficiency, rel=0.05)
-    assert fitted.framework.weight_sync.gather_bandwidth_frac == pytest.approx(0.02, rel=0.05)
+    assert fitted.framework.weight_sync.gather_bandwidth_frac == pytest.approx(0.025, rel=0.05)
     assert report["async_step"]["median_abs_err"] <= 0.05
     # the overlap is no rounding: the stages one after another (sync's step) would be far off the logged step
     assert report["step"]["predicted_s"] > 1.2 * report["async_step"]["measured_s"]
     generating = report["stages"]["gen"]["measured_s"] > report["stages"]["update_actor"]["measured_s"] + 1.0
     assert generating == (bound == "generation")
+    if generating:  # the push after the update would hide it behind the generation still running: too short
+        hidden = async_step_seconds(fitted, list(log.steps), push="after_update")[within_first(log) :]
+        measured = np.array([s.async_step_s for s in log.steps])[within_first(log) :]
+        assert np.median(np.abs(hidden - measured) / measured) > 0.04
 
 
 def test_an_async_log_with_a_setup_that_does_not_split_its_gpus_is_refused(tmp_path):

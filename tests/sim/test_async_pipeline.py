@@ -188,6 +188,8 @@ def test_cli_runs_continuous_async_and_stores_its_options(tmp_path):
         (["--policy", "async", "--queue-groups", "4"], "cannot hold one step's"),
         (["--policy", "sync", "--queue-groups", "16"], "async's, not sync's"),
         (["--policy", "async", "--weights", "latest"], "unknown weights"),
+        (["--policy", "async", "--push", "later"], "unknown push"),
+        (["--policy", "async", "--staleness", "0", "--push", "before_step"], "needs staleness >= 1"),
         (["--policy", "async", "--rollout-scores"], "the reward is priced on its own 1 GPU(s), the rollout has 4"),
     ],
 )

@@ -112,7 +112,8 @@ def _fit_push(load: StageLoad, measured: np.ndarray) -> StageCost:
     ratio = np.broadcast_to(load.gather_s, measured.shape)[timed] / measured[timed]
     target = 1 - np.broadcast_to(load.extra_s, measured.shape)[timed] / measured[timed]
     inverse = float(np.sum(ratio * target) / np.sum(ratio * ratio))  # measured / nominal, > 0 for pushes that took time
-    return StageCost(gather_bandwidth_frac=float(np.clip(1 / inverse, *GATHER_SCALE_BOUNDS)))
+    # no time beyond the rest (inverse <= 0): the fastest share the bounds allow
+    return StageCost(gather_bandwidth_frac=float(np.clip(1 / max(inverse, 1e-12), *GATHER_SCALE_BOUNDS)))
 
 
 def has_collectives(load: StageLoad, shape: tuple) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oppo.records.schema import TraceRow
+from oppo.records.schema import HOST, TraceRow
 from oppo.sim.cost.engine import pass_attended
 from oppo.sim.cost.fit import nonnegative_lstsq
 
@@ -35,9 +35,6 @@ FAMILY = {
     "train_critic": "train_critic",
     "sync": "sync",
 }
-
-
-HOST = "host"  # the executor's device name for work on the driver's CPU (a rule reward), not a model's device
 
 
 def _features(row: TraceRow) -> list[float]:
