@@ -49,6 +49,16 @@ def test_a_weight_push_fits_its_links_share_on_the_steps_it_timed():
     assert (cost.efficiency, cost.per_unit_s, cost.half_efficiency_tokens) == (1.0, 0.0, 0.0)
 
 
+@pytest.mark.parametrize("share", [0.5, 2.0])
+def test_the_push_links_nominal_figure_is_no_floor(share):
+    """The push's nominal link (the engine's 200 GB/s) is a prior: a link at half and at twice it is recovered."""
+    nominal = np.array([0.076, 0.076, 0.152, 0.152])  # s at the nominal link (two model sizes)
+    load = StageLoad(gather_s=nominal, steps=np.ones(4))
+    cost = fit_stage(load, nominal / share, gen=False)
+    assert cost.gather_bandwidth_frac == pytest.approx(share, rel=1e-9)
+    assert cost.seconds(StageLoad(gather_s=0.3, steps=1.0)) == pytest.approx(0.3 / share, rel=1e-9)
+
+
 def test_a_stage_timed_at_zero_in_every_step_fits_no_cost():
     load = StageLoad(units=np.full(3, 512.0), steps=np.ones(3))
     assert fit_stage(load, np.zeros(3), gen=False) == StageCost()
