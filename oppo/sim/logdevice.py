@@ -61,10 +61,10 @@ def read_back_peak(setup: Setup, log: TrainingLog) -> tuple[float, int]:
         )
     shape, n_gpus = model_shape(setup.actor), device_count(setup.devices["actor"])
     n_seqs = setup.batch * setup.group_size
-    peaks = [
-        verl_update_flops(shape, s.total_tokens, _seqlens(s, n_seqs, setup.max_new_tokens))
+    peaks = [  # per trainer step (a fully async trainer's row sums several, its MFU is their mean)
+        verl_update_flops(shape, s.total_tokens / s.trainer_steps, _seqlens(s, n_seqs, setup.max_new_tokens))
         * setup.ppo_epochs
-        / (s.mfu * s.stages["update_actor"] * n_gpus)
+        / (s.mfu * s.stages["update_actor"] / s.trainer_steps * n_gpus)
         for s in steps
     ]
     return float(np.median(peaks)), len(steps)
@@ -73,7 +73,8 @@ def read_back_peak(setup: Setup, log: TrainingLog) -> tuple[float, int]:
 def _seqlens(step: LoggedStep, n: int, cap: int) -> np.ndarray:
     """Prompt + response tokens of each of a step's ``n`` sequences: the logged mean prompt (where not logged, what
     the token count leaves beside the mean response) and the responses as the replay draws them."""
-    prompt = step.prompt_mean if step.prompt_mean is not None else step.total_tokens / n - step.response_mean
+    per_step = step.total_tokens / step.trainer_steps
+    prompt = step.prompt_mean if step.prompt_mean is not None else per_step / n - step.response_mean
     return prompt + step_lengths(step, n, cap)
 
 

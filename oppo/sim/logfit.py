@@ -36,7 +36,7 @@ import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.cost.fit import concat_loads, fit_problems, slice_load, sum_loads, terms_fitted
+from oppo.sim.cost.fit import concat_loads, fit_problems, scale_load, slice_load, sum_loads, terms_fitted
 from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
 from oppo.sim.runlogs import COMPOSITES, SUBSTAGES, LoggedStep, TrainingLog
@@ -99,6 +99,7 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     structural framework settings hold; its stage terms are replaced by the probes). A step runs batch x group
     size sequences (GRPO's samples share their prompt)."""
     check_token_counts(setup, steps)
+    trainer_steps = np.array([s.trainer_steps for s in steps], dtype=float)
     trace = replay_trace(setup, steps)
     bare = _stage_seconds(setup, BARE, trace, len(steps))
     added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
@@ -114,7 +115,10 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
         # per-step terms: charged once per step by a stage that runs (generation's named ones by its engine)
         per_step = StageLoad() if stage not in runs else _step_load(generating, stage)
         once = {f: np.full(len(steps), float(getattr(per_step, f))) for f in PER_STEP}
-        loads[stage] = StageLoad(**terms, extra_s=extra_s, **once)
+        load = StageLoad(**terms, extra_s=extra_s, **once)
+        # a row that sums several trainer steps (verl's fully async trainer) holds each stage that many times at
+        # its lengths, and the weight push once
+        loads[stage] = load if stage == "weight_sync" else scale_load(load, trainer_steps)
     return Replay(loads)
 
 
@@ -157,11 +161,6 @@ TOKEN_TOLERANCE = 0.10  # a setup whose sequences per step miss the log's token 
 def check_placement(setup: Setup, log: TrainingLog) -> None:
     """An asynchronous trainer's log (its generation on GPUs of its own) needs a setup that splits them off: each
     stage is replayed on its own GPUs, one after another (the overlap is the ``async`` policy's to simulate)."""
-    if log.fully_async:
-        raise ValueError(
-            f"{log.source} is verl's fully async trainer's log: a row sums the timings of trigger_parameter_sync_step "
-            "trainer steps of ppo_mini_batch_size x require_batches prompts each; not read yet"
-        )
     if log.asynchronous and not setup.placement.rollout_gpus:
         raise ValueError(
             f"{log.source} is an asynchronous trainer's log (generation on GPUs of its own): setup {setup.name} "
@@ -171,18 +170,21 @@ def check_placement(setup: Setup, log: TrainingLog) -> None:
 
 def check_token_counts(setup: Setup, steps: list[LoggedStep]) -> None:
     """Where the log counts a step's tokens (verl's ``total_num_tokens``), the setup's sequences per step (batch x
-    group size) at the logged mean prompt and response lengths must make them, to 10% (median over steps)."""
+    group size, per trainer step a row sums) at the logged mean prompt and response lengths must make them, to 10%
+    (median over steps)."""
     logged = [s for s in steps if s.total_tokens and s.prompt_mean is not None]
     if not logged:
         return
     n = setup.batch * setup.group_size
-    expected = np.array([n * (s.prompt_mean + s.response_mean) for s in logged])
+    expected = np.array([n * s.trainer_steps * (s.prompt_mean + s.response_mean) for s in logged])
     total = np.array([s.total_tokens for s in logged])
     if abs(np.median(expected / total) - 1) > TOKEN_TOLERANCE:
         i = len(logged) // 2
+        times = f" x {logged[i].trainer_steps} trainer steps" if logged[i].trainer_steps > 1 else ""
         raise ValueError(
             f"the log counts {total[i]:.0f} tokens at step {logged[i].step} (total_num_tokens) but the setup's "
-            f"{n} sequences (batch {setup.batch} x group size {setup.group_size}) of {logged[i].prompt_mean:.0f} + "
+            f"{n} sequences (batch {setup.batch} x group size {setup.group_size}){times} of "
+            f"{logged[i].prompt_mean:.0f} + "
             f"{logged[i].response_mean:.0f} tokens make {expected[i]:.0f}: set batch and group_size as the run did"
         )
 
@@ -322,7 +324,9 @@ def replay_errors(
         "step": step_errors,
         "stages": {stage: _errors(measured[stage][first:], predicted[stage][first:]) for stage in stages},
     }
-    if all(s.async_step_s is not None for s in steps):  # an asynchronous trainer's own step: async's to predict
+    # the one-step-off trainer's own step: async's to predict (the fully async trainer's holds its wait for a
+    # rollouter whose generation its rows do not time: not predicted)
+    if all(s.async_step_s is not None and s.trainer_steps == 1 for s in steps):
         measured["async_step"] = np.array([s.async_step_s for s in steps])
         predicted["async_step"] = async_step_seconds(setup, steps)
         report["async_step"] = _errors(measured["async_step"][first:], predicted["async_step"][first:])

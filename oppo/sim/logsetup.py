@@ -240,7 +240,10 @@ def _algorithm(r: _Reader) -> None:
 
 
 def _batch(r: _Reader) -> None:
-    batch = r.take("batch", "data.train_batch_size", required=True, convert=int)
+    if "fully_async" in (r.config.entry or ""):
+        batch = _fully_async_batch(r)
+    else:
+        batch = r.take("batch", "data.train_batch_size", required=True, convert=int)
     r.take("max_new_tokens", "data.max_response_length", required=True, convert=int)
     name, origin = r.get(f"{ARA}.rollout.name", "vllm")
     if name not in ENGINE_OF:
@@ -252,6 +255,18 @@ def _batch(r: _Reader) -> None:
     if mini <= 0 or batch % mini:
         raise ValueError(f"{r.config.source}: ppo_mini_batch_size {mini} does not divide train_batch_size {batch}")
     r.out.set("minibatches", batch // mini, "data.train_batch_size / actor.ppo_mini_batch_size", origin)
+
+
+def _fully_async_batch(r: _Reader) -> int:
+    """verl's fully async trainer (``data.train_batch_size`` 0) trains a step on ``require_batches`` mini-batches of
+    prompts as they come off the rollouter's queue: the setup's batch, a trainer step's."""
+    mini, origin = r.number(f"{ARA}.actor.ppo_mini_batch_size", 256)
+    batches, _ = r.number("async_training.require_batches", 1)
+    if mini <= 0 or batches <= 0:
+        raise ValueError(f"{r.config.source}: ppo_mini_batch_size and async_training.require_batches must be > 0")
+    r.read.add("data.train_batch_size")
+    r.out.set("batch", mini * batches, "actor.ppo_mini_batch_size x async_training.require_batches", origin)
+    return mini * batches
 
 
 def _placement(r: _Reader) -> None:
@@ -287,7 +302,6 @@ ASYNC_KNOBS = {
     "prompts may be generated per weight version",
     "async_training.trigger_parameter_sync_step": "--staleness K bounds the lag in steps; this counts trainer steps "
     "between weight syncs; no exact counterpart",
-    "async_training.require_batches": "no counterpart: oppo trains once a step's batch is ready",
     "async_training.partial_rollout": "--inflight-updates (a sync interrupts the rollouts, which go on after it)",
 }
 

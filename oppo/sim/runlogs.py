@@ -71,6 +71,9 @@ PERF = {  # device metrics of the actor update, field -> metric names (verl: per
     "memory_reserved_gib": ("perf_max_memory_reserved_gb", "max_memory_reserved_gb"),  # GiB (2**30 bytes)
 }
 STEP_KEYS = ("step", "global_step")
+# verl's fully async trainer logs a row per weight version: its last trainer step, counted from 1 (the trainer
+# steps a row sums are the difference from the previous row's)
+TRAINER_STEP = "training_global_step"
 PREFIXES = ("", "train_")  # a W&B export of OpenRLHF names its metrics train/...
 STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
 GLOBAL_STEP_LINE = re.compile(r"Global step (\d+): (\{.*\})\s*$")
@@ -93,6 +96,9 @@ class LoggedStep:
     # an asynchronous trainer's step (``timing_s/step``: its wait, weight sync and stages, generation beside them):
     # no sum of stages, predicted by the ``async`` policy
     async_step_s: float | None = None
+    # the trainer steps the row's timings and token count sum (verl's fully async trainer: the steps between two
+    # weight versions, trigger_parameter_sync_step); the weight push is made once a row; lengths are their means
+    trainer_steps: int = 1
 
 
 @dataclass(frozen=True)
@@ -237,9 +243,10 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
     steps = []
     asynchronous = any(_asynchronous(row) for row in rows)
     fully_async = any(k.startswith("fully_async_") for row in rows for k in row)
-    for row, times in zip(rows, timed):
+    counts = _trainer_steps(path, rows) if fully_async else [1] * len(rows)
+    for row, times, count in zip(rows, timed, counts):
         stages = {stage: t for stage, t in times.items() if stage in STAGES}
-        wait, async_step = _asynchronous_stages(path, row, stages) if asynchronous else (None, None)
+        wait, async_step = _asynchronous_stages(path, row, stages, fully_async) if asynchronous else (None, None)
         if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
         lengths, perf = _metrics(path, row, LENGTHS), _metrics(path, row, PERF)
@@ -261,6 +268,7 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
                 memory_reserved_bytes=None if reserved is None else reserved * 2**30,
                 trainer_wait_s=wait,
                 async_step_s=async_step,
+                trainer_steps=_counted(path, row, count, stages),
             )
         )
     if not steps:
@@ -273,20 +281,55 @@ def _asynchronous(row: dict[str, str]) -> bool:
 
 
 def _asynchronous_stages(
-    path: Path, row: dict[str, str], stages: dict[str, float]
+    path: Path, row: dict[str, str], stages: dict[str, float], fully_async: bool
 ) -> tuple[float | None, float | None]:
     """An asynchronous trainer's step, in place: its ``gen`` (or ``wait_prev_gen``) is the trainer's wait,
-    generation the first of :data:`ASYNC_GENERATION` the row has (the fully async trainer's rows time none), and its
-    ``step`` holds the wait and the overlap, so it is no sum of stages: taken out of them (the stages' sum is
-    compared with theirs, the step with the ``async`` policy's). Returns (the wait, the step), None where not
-    logged."""
+    generation the first of :data:`ASYNC_GENERATION` the row has, and its ``step`` holds the wait and the overlap,
+    so it is no sum of stages: taken out of them (the stages' sum is compared with theirs, the step with the
+    ``async`` policy's). The fully async trainer's rows time no generation: its rollouter generates sample by
+    sample across weight versions, and what reaches the row (``fully_async/processing_time/*``) is a sample's
+    latency, not a batch's generation. Returns (the wait, the step), None where not logged."""
     stages.pop("gen", None)
     step = stages.pop("step", None)
     wait = next((t for name in ASYNC_WAIT if (t := _timing(path, row, name)) is not None), None)
     generated = next((t for name in ASYNC_GENERATION if (t := _timing(path, row, name)) is not None), None)
-    if generated is not None:
+    if generated is not None and not fully_async:
         stages["gen"] = generated
     return wait, step
+
+
+def _trainer_steps(path: Path, rows: list[dict[str, str]]) -> list[int | None]:
+    """verl's fully async trainer: per row, the trainer steps it sums, from ``training/global_step`` (the row's last
+    step, counted from 1): the difference from the previous row's, the first row's from its weight version (version
+    v ends at step v x trigger_parameter_sync_step, resumed or not). None for a row without it."""
+    ordered = sorted(
+        (i for i, row in enumerate(rows) if _value(row, TRAINER_STEP)), key=lambda i: _row_step(path, rows[i])
+    )
+    counts: list[int | None] = [None] * len(rows)
+    previous = None
+    for i in ordered:
+        last = _number(path, rows[i], _value(rows[i], TRAINER_STEP)[1], "training/global_step")
+        version = _row_step(path, rows[i])
+        count = last - previous if previous is not None else last / max(version, 1)
+        counts[i], previous = round(count), last
+    return counts
+
+
+def _row_step(path: Path, row: dict[str, str]) -> float:
+    found = _value(row, *STEP_KEYS)
+    return _number(path, row, found[1], "step") if found else 0.0
+
+
+def _counted(path: Path, row: dict[str, str], count: int | None, stages: dict[str, float]) -> int:
+    """A timed row's trainer steps (at least 1); a fully async row that does not say how many is refused."""
+    if count is None and stages:
+        raise ValueError(
+            f"{path}: step {row.get('step', '?')}: verl's fully async trainer's row sums several trainer steps' "
+            "timings but has no training/global_step to count them"
+        )
+    if count is not None and count < 1:
+        raise ValueError(f"{path}: step {row.get('step', '?')}: training/global_step does not increase")
+    return count or 1
 
 
 def _metrics(path: Path, row: dict[str, str], table: dict[str, tuple[str, ...]]) -> dict[str, float | None]:

@@ -115,23 +115,89 @@ def test_the_trainers_wait_is_not_generation(tmp_path):
     assert (one.trainer_wait_s, one.stages["gen"], two.trainer_wait_s, two.stages["gen"]) == (0.4, 30.0, 0.2, 33.0)
 
 
-def test_a_fully_async_log_is_refused_in_one_line(tmp_path):
-    """verl's fully async trainer logs one row per weight version, the timings summed over
-    trigger_parameter_sync_step trainer steps: not a step of the setup's batch."""
-    fully = write(
-        tmp_path / "fully.log",
-        "step:1 - timing_s/gen:12.5 - timing_s/old_log_prob:3.0 - timing_s/update_actor:9.0 - timing_s/step:25.0"
-        " - fully_async/count/stale_samples_processed:64 - response_length/mean:300\n"
-        "step:2 - timing_s/gen:12.0 - timing_s/old_log_prob:3.1 - timing_s/update_actor:9.2 - timing_s/step:25.0"
-        " - fully_async/count/stale_samples_processed:64 - response_length/mean:310\n",
+FULLY_ASYNC = (
+    "+ python3 -m verl.experimental.fully_async_policy.fully_async_main algorithm.adv_estimator=grpo "
+    "data.train_batch_size=0 data.max_prompt_length=512 data.max_response_length=512 "
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct actor_rollout_ref.actor.ppo_mini_batch_size=8 "
+    "async_training.require_batches=2 async_training.trigger_parameter_sync_step=4 "
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 "
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 "
+    "actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True "
+    "actor_rollout_ref.rollout.n=5 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.actor.use_kl_loss=False "
+    "trainer.nnodes=1 trainer.n_gpus_per_node=6 rollout.nnodes=1 rollout.n_gpus_per_node=2"
+)
+
+
+def fully_async_log(tmp_path: Path, rows: int = 15, trigger: int = 4, first_version: int = 1) -> Path:
+    """verl's fully async trainer's console log written from a setup with known terms: each row one weight version,
+    its timings and token count summed over ``trigger`` trainer steps (each simulated at its own lengths: those of
+    the shared MI300X run's steps), its lengths' means averaged, max and min taken over them (verl's
+    ``MetricsAggregator``), ``training/global_step`` the last trainer step, and the weight push with its wait in a
+    second line of the same step."""
+    first = step_line(1, {"gen": 1.0, "update_actor": 9.0}, 100, 500, 5, 50) + " - training/global_step:4"
+    first += " - fully_async/count/current_param_version:0"
+    setup = setup_from_log(write(tmp_path / "cmd.log", f"{FULLY_ASYNC}\n{first}\n"), gpu="h100").setup()
+    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[: rows * trigger]
+    logged = synthesized_log(setup, TRUTH, real).steps
+    lines = [FULLY_ASYNC]
+    for row in range(rows):
+        group = logged[row * trigger : (row + 1) * trigger]
+        version = first_version + row
+        times = {stage: sum(s.stages[stage] for s in group) for stage in ("old_log_prob", "update_actor")}
+        times |= {"gen": 0.5 * trigger, "step": sum(times.values()) + 0.5 * trigger}  # the wait: no generation
+        mean = float(np.mean([s.response_mean for s in group]))
+        line = step_line(
+            version, times, mean, max(s.response_max for s in group), min(s.response_min for s in group),
+            float(np.mean([s.prompt_mean for s in group])),
+        )  # fmt: skip
+        tokens = sum(s.total_tokens for s in group)
+        counts = f"training/global_step:{version * trigger} - fully_async/count/current_param_version:{version - 1}"
+        lines.append(f"{line} - perf/total_num_tokens:{tokens} - {counts}")
+        push = group[0].stages["weight_sync"]
+        lines.append(f"step:{version} - timing_s/wait_last_valid:0.2 - timing_s/param_sync:{push}")
+    return write(tmp_path / "fully_async.log", "\n".join(lines) + "\n")
+
+
+def test_a_fully_async_row_is_the_trainer_steps_between_two_weight_versions(tmp_path):
+    """Each row sums its trainer steps (counted from training/global_step: the difference from the previous row's,
+    the first row's from its weight version, resumed or not); its push is made once; its wait is no generation."""
+    log = load_run_log(fully_async_log(tmp_path, rows=3, first_version=5))
+    assert log.fully_async and [s.trainer_steps for s in log.steps] == [4, 4, 4]
+    assert set(log.steps[0].stages) == {"old_log_prob", "update_actor", "weight_sync"}  # gen: the wait
+    assert log.steps[0].trainer_wait_s == pytest.approx(2.0)
+    # the last row of a run syncs after fewer steps (verl's final sync); a row with no step count is refused
+    last = write(
+        tmp_path / "last.log",
+        "step:1 - timing_s/gen:1 - timing_s/update_actor:9.0 - training/global_step:4 - fully_async/x:1"
+        " - response_length/mean:300\n"
+        "step:2 - timing_s/gen:1 - timing_s/update_actor:4.5 - training/global_step:6 - response_length/mean:300\n",
     )
-    log = load_run_log(fully)
-    assert log.fully_async and log.steps[0].stages == {"old_log_prob": 3.0, "update_actor": 9.0}
-    res = invoke.sim(
-        "validate-log", "--log", fully, "--setup", "verl-deepseek-llm-7b-ppo-8xmi300x", "--out", tmp_path / "o"
-    )
+    assert [s.trainer_steps for s in load_run_log(last).steps] == [4, 2]
+    uncounted = write(tmp_path / "uncounted.log", last.read_text().replace(" - training/global_step:6", ""))
+    with pytest.raises(ValueError, match="no training/global_step to count them"):
+        load_run_log(uncounted)
+    res = invoke.sim("validate-log", "--log", uncounted, "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", tmp_path / "o")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert "fully async trainer's log" in res.stderr
+
+
+def test_the_stages_of_a_fully_async_log_are_recovered(tmp_path):
+    """setup-from-log reads a trainer step's batch (ppo_mini_batch_size x require_batches; train_batch_size is 0)
+    and the split; calibrated on the first 60% of rows, each row's stages (four trainer steps' worth, and one
+    push) are predicted to 2%, and the push's link share recovered to 5%. The trainer's wait and step are not
+    predicted: its rollouter's generation is timed nowhere in the rows."""
+    path = fully_async_log(tmp_path)
+    read = setup_from_log(path, gpu="h100")
+    setup = read.setup()
+    assert (setup.batch, setup.minibatches, setup.group_size, setup.placement.rollout_gpus) == (16, 2, 5, 2)
+    fitted, report = within_run(setup, load_run_log(path))
+    assert set(report["stages"]) == {"old_log_prob", "update_actor", "weight_sync"}
+    for stage, errors in report["stages"].items():
+        assert errors["median_abs_err"] <= 0.02, stage
+    assert fitted.framework.weight_sync.gather_bandwidth_frac == pytest.approx(0.025, rel=0.05)
+    assert "async_step" not in report
+    # one trainer step's loads for a row of four would be four times too light: the fit would take them 4x slower
+    assert fitted.framework.update_actor.efficiency == pytest.approx(TRUTH["update_actor"].efficiency, rel=0.1)
 
 
 def test_the_setup_splits_off_the_rollout_gpus_on_the_trainers_node(tmp_path):

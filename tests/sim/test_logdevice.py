@@ -42,29 +42,34 @@ def verl_flops(tokens: float, seqlens: list[float]) -> float:
     return 6 * dense * tokens + 12 * sum(s * s for s in seqlens) * width * heads * layers
 
 
-def test_the_peak_reads_back_from_a_log_made_with_it(tmp_path):
+@pytest.mark.parametrize("trainer_steps", [1, 4])
+def test_the_peak_reads_back_from_a_log_made_with_it(tmp_path, trainer_steps):
     """A log whose MFU verl would print on a 750 TFLOP/s device (equal-length sequences, so the attention term is
-    exact): the peak reads back to 1e-9, with the setup's sequences, GPUs and PPO epochs (2 here) as the run's."""
+    exact): the peak reads back to 1e-9, with the setup's sequences, GPUs and PPO epochs (2 here) as the run's. So
+    does a fully async trainer's, whose rows sum 4 trainer steps' seconds and tokens (the MFU their mean) and do
+    not log the prompt's length (the token count gives it)."""
     setup = dataclasses.replace(load_setup(GPG), ppo_epochs=2)
     n, gpus, peak, prompt, response = 1024 * 5, 8, 750e12, 100, 300
     rows = []
     for step, update_s in enumerate((120.0, 131.5, 127.25), 1):
         tokens = n * (prompt + response)
         mfu = verl_flops(tokens, [prompt + response] * n) * 2 / (update_s * gpus * peak)
-        rows.append(
-            dict(
-                step=step,
-                timing_s_gen=60.0,
-                timing_s_update_actor=update_s,
-                response_length_mean=response,
-                response_length_max=response,
-                response_length_min=response,
-                prompt_length_mean=prompt,
-                total_num_tokens=tokens,
-                mfu_actor=mfu,
-                max_memory_reserved_gb=70.5,
-            )
+        row = dict(
+            step=step,
+            timing_s_gen=60.0 * trainer_steps,
+            timing_s_update_actor=update_s * trainer_steps,
+            response_length_mean=response,
+            response_length_max=response,
+            response_length_min=response,
+            prompt_length_mean=prompt,
+            total_num_tokens=tokens * trainer_steps,
+            mfu_actor=mfu,
+            max_memory_reserved_gb=70.5,
         )
+        if trainer_steps > 1:
+            del row["prompt_length_mean"]
+            row |= dict(training_global_step=step * trainer_steps, fully_async_count_current_param_version=step - 1)
+        rows.append(row)
     path = tmp_path / "steps.csv"
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -289,6 +289,12 @@ def sum_loads(loads: list[StageLoad]) -> StageLoad:
     return StageLoad(**{f: sum(getattr(load, f) for load in loads) for f in LOAD_FIELDS})
 
 
+def scale_load(load: StageLoad, factor: np.ndarray) -> StageLoad:
+    """The load ``factor`` times over (per step): every term is linear in the load, and the overlap of compute
+    with the gathers scales with both."""
+    return StageLoad(**{f: np.asarray(getattr(load, f)) * factor for f in LOAD_FIELDS})
+
+
 def slice_load(load: StageLoad, part: slice) -> StageLoad:
     return StageLoad(**{f: np.asarray(getattr(load, f))[part] for f in LOAD_FIELDS})
 
