@@ -159,26 +159,43 @@ def fully_async_log(tmp_path: Path, rows: int = 15, trigger: int = 4, first_vers
     return write(tmp_path / "fully_async.log", "\n".join(lines) + "\n")
 
 
+def fully_async_row(version: int, update_s: float, global_step: int | None, old_log_prob: float = 3.0) -> str:
+    counted = "" if global_step is None else f" - training/global_step:{global_step}"
+    return (
+        f"step:{version} - timing_s/gen:1 - timing_s/old_log_prob:{old_log_prob} - timing_s/update_actor:{update_s}"
+        f"{counted} - fully_async/count/current_param_version:{version - 1} - response_length/mean:300"
+    )
+
+
 def test_a_fully_async_row_is_the_trainer_steps_between_two_weight_versions(tmp_path):
-    """Each row sums its trainer steps (counted from training/global_step: the difference from the previous row's,
-    the first row's from its weight version, resumed or not); its push is made once; its wait is no generation."""
+    """Row v sums the trainer steps after (v - 1) x trigger up to its training/global_step, fresh or resumed and
+    whatever rows are missing (a W&B export samples rows); its push is made once; its wait is no generation."""
     log = load_run_log(fully_async_log(tmp_path, rows=3, first_version=5))
     assert log.fully_async and [s.trainer_steps for s in log.steps] == [4, 4, 4]
     assert set(log.steps[0].stages) == {"old_log_prob", "update_actor", "weight_sync"}  # gen: the wait
     assert log.steps[0].trainer_wait_s == pytest.approx(2.0)
-    # the last row of a run syncs after fewer steps (verl's final sync); a row with no step count is refused
-    last = write(
-        tmp_path / "last.log",
-        "step:1 - timing_s/gen:1 - timing_s/update_actor:9.0 - training/global_step:4 - fully_async/x:1"
-        " - response_length/mean:300\n"
-        "step:2 - timing_s/gen:1 - timing_s/update_actor:4.5 - training/global_step:6 - response_length/mean:300\n",
-    )
-    assert [s.trainer_steps for s in load_run_log(last).steps] == [4, 2]
-    uncounted = write(tmp_path / "uncounted.log", last.read_text().replace(" - training/global_step:6", ""))
-    with pytest.raises(ValueError, match="no training/global_step to count them"):
+    # rows 3 and 5 missing; the last row syncs after 2 steps (verl's final sync), then a sync after no step, whose
+    # row holds the push alone (verl prints a bare step:N, then its push)
+    rows = [fully_async_row(v, 9.0, 4 * v) for v in (1, 2, 4)] + [fully_async_row(6, 4.5, 22)]
+    rows += ["step:7", "step:7 - timing_s/wait_last_valid:0.1 - timing_s/param_sync:2.0"]
+    gaps = write(tmp_path / "gaps.log", "\n".join(rows) + "\n")
+    assert [(s.step, s.trainer_steps) for s in load_run_log(gaps).steps] == [(1, 4), (2, 4), (4, 4), (6, 2)]
+    # a log resumed on its last, partial row: the full rows of the run say the period
+    resumed = write(tmp_path / "resumed.log", "\n".join([fully_async_row(10, 9, 40), fully_async_row(11, 4.5, 42)]))
+    assert [s.trainer_steps for s in load_run_log(resumed).steps] == [4, 2]
+    uncounted = write(tmp_path / "uncounted.log", gaps.read_text().replace(" - training/global_step:22", ""))
+    with pytest.raises(ValueError, match="step 6: .* no training/global_step to count them"):
         load_run_log(uncounted)
-    res = invoke.sim("validate-log", "--log", uncounted, "--setup", "verl-qwen2.5-0.5b-gsm8k", "--out", tmp_path / "o")
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_fully_async_trainer_that_took_the_rollouts_log_probs_ran_no_old_log_prob_pass(tmp_path):
+    """verl's default (use_rollout_log_probs) copies the rollout's log-probs as the old ones and times the copy at
+    ~1e-5 s: no pass to fit, the stage is not read (a timed one is)."""
+    rows = [fully_async_row(v, 9.0, 4 * v, old_log_prob=1.2e-5) for v in (1, 2, 3)]
+    copied = load_run_log(write(tmp_path / "copied.log", "\n".join(rows)))
+    assert copied.stages == ["update_actor"]
+    rows[1] = fully_async_row(2, 9.0, 8, old_log_prob=2.5)
+    assert load_run_log(write(tmp_path / "computed.log", "\n".join(rows))).stages == ["old_log_prob", "update_actor"]
 
 
 def test_the_stages_of_a_fully_async_log_are_recovered(tmp_path):
@@ -195,7 +212,14 @@ def test_the_stages_of_a_fully_async_log_are_recovered(tmp_path):
     for stage, errors in report["stages"].items():
         assert errors["median_abs_err"] <= 0.02, stage
     assert fitted.framework.weight_sync.gather_bandwidth_frac == pytest.approx(0.025, rel=0.05)
-    assert "async_step" not in report
+    assert "async_step" not in report  # not even where a row is one trainer step: its wait is the rollouter's
+    (tmp_path / "one").mkdir()
+    _, one = within_run(setup, load_run_log(fully_async_log(tmp_path / "one", rows=10, trigger=1)))
+    assert "async_step" not in one
+    # the setup setup-from-log wrote is the log's own (its batch is no contradiction of train_batch_size 0)
+    toml = write(tmp_path / "setup.toml", read.toml())
+    res = invoke.sim("validate-log", "--log", path, "--setup", toml, "--out", tmp_path / "v")
+    assert res.returncode == 0, res.stderr
     # one trainer step's loads for a row of four would be four times too light: the fit would take them 4x slower
     assert fitted.framework.update_actor.efficiency == pytest.approx(TRUTH["update_actor"].efficiency, rel=0.1)
 
