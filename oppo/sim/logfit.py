@@ -326,7 +326,7 @@ def replay_errors(
     }
     # the one-step-off trainer's own step: async's to predict (the fully async trainer's holds its wait for a
     # rollouter whose generation its rows do not time: not predicted)
-    if all(s.async_step_s is not None and s.trainer_steps == 1 for s in steps):
+    if not log.fully_async and all(s.async_step_s is not None for s in steps):
         measured["async_step"] = np.array([s.async_step_s for s in steps])
         predicted["async_step"] = async_step_seconds(setup, steps)
         report["async_step"] = _errors(measured["async_step"][first:], predicted["async_step"][first:])

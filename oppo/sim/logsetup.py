@@ -240,7 +240,7 @@ def _algorithm(r: _Reader) -> None:
 
 
 def _batch(r: _Reader) -> None:
-    if "fully_async" in (r.config.entry or ""):
+    if fully_async(r.config):
         batch = _fully_async_batch(r)
     else:
         batch = r.take("batch", "data.train_batch_size", required=True, convert=int)
@@ -254,14 +254,27 @@ def _batch(r: _Reader) -> None:
     mini, origin = r.number(f"{ARA}.actor.ppo_mini_batch_size", 256)
     if mini <= 0 or batch % mini:
         raise ValueError(f"{r.config.source}: ppo_mini_batch_size {mini} does not divide train_batch_size {batch}")
-    r.out.set("minibatches", batch // mini, "data.train_batch_size / actor.ppo_mini_batch_size", origin)
+    split = "async_training.require_batches" if fully_async(r.config) else "data.train_batch_size / ppo_mini_batch_size"
+    r.out.set("minibatches", batch // mini, split, origin)
+
+
+def fully_async(config: VerlConfig) -> bool:
+    """Whether the log is verl's fully async trainer's: its launch command, or where the log prints only the
+    configuration, a batch of 0 with the trainer's sync period set."""
+    if "fully_async" in (config.entry or ""):
+        return True
+    return config.get("data.train_batch_size", None) == 0 and config.get(SYNC_PERIOD, None) is not None
+
+
+SYNC_PERIOD = "async_training.trigger_parameter_sync_step"
+REQUIRE_BATCHES = "async_training.require_batches"
 
 
 def _fully_async_batch(r: _Reader) -> int:
     """verl's fully async trainer (``data.train_batch_size`` 0) trains a step on ``require_batches`` mini-batches of
     prompts as they come off the rollouter's queue: the setup's batch, a trainer step's."""
     mini, origin = r.number(f"{ARA}.actor.ppo_mini_batch_size", 256)
-    batches, _ = r.number("async_training.require_batches", 1)
+    batches, _ = r.number(REQUIRE_BATCHES, 1)
     if mini <= 0 or batches <= 0:
         raise ValueError(f"{r.config.source}: ppo_mini_batch_size and async_training.require_batches must be > 0")
     r.read.add("data.train_batch_size")
@@ -274,7 +287,7 @@ def _placement(r: _Reader) -> None:
     ``rollout.nnodes``, verl's one-step-off and fully async recipes) as the setup's ``rollout_gpus``."""
     per_node, per_origin = r.number("trainer.n_gpus_per_node", required=True)
     nodes, _ = r.number("trainer.nnodes", 1)
-    asynchronous = any(name in (r.config.entry or "") for name in ("one_step_off", "fully_async"))
+    asynchronous = "one_step_off" in (r.config.entry or "") or fully_async(r.config)
     # the asynchronous trainers' configurations default to 8 rollout GPUs per node on 1 node
     rollout_per_node, rollout_origin = r.number("rollout.n_gpus_per_node", 8 if asynchronous else 0)
     rollout_nodes, _ = r.number("rollout.nnodes", 1)
@@ -482,6 +495,9 @@ def contradictions(setup: Setup, path: str | Path) -> str:
         return ""
     for name, key, value_of in CHECKED:
         logged = config.get(key, None)
+        if key == "data.train_batch_size" and fully_async(config):  # 0: a trainer step's batch is its mini-batches
+            key = "actor.ppo_mini_batch_size x async_training.require_batches"
+            logged = config.get(f"{ARA}.actor.ppo_mini_batch_size", 256) * config.get(REQUIRE_BATCHES, 1)
         if logged is not None and value_of(setup) != logged:
             return f"its {name} is {value_of(setup)}, the log's {key} is {logged}"
     return ""

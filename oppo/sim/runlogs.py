@@ -20,7 +20,7 @@ import io
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # logged stage -> the framework's timing metrics (after "timing_s_" / "timing_") summed into it: the first group
@@ -249,6 +249,8 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
         wait, async_step = _asynchronous_stages(path, row, stages, fully_async) if asynchronous else (None, None)
         if not stages or any(s in times for s in EXCLUDING):  # test scores only, or a step that also tested
             continue
+        if fully_async and count is None and set(stages) <= {"weight_sync"}:  # verl's last sync, after no step
+            continue
         lengths, perf = _metrics(path, row, LENGTHS), _metrics(path, row, PERF)
         if lengths["mean"] is None:
             raise ValueError(f"{path}: step {row.get('step')}: missing the mean response length (response_length/mean)")
@@ -273,6 +275,8 @@ def _run_log(path: Path, rows: list[dict[str, str]]) -> TrainingLog:
         )
     if not steps:
         raise ValueError(f"{path}: no training step with timings (all excluded: testing or checkpoint steps)")
+    if asynchronous:
+        steps = _without_unrun_old_log_prob(steps)
     return TrainingLog(str(path), tuple(sorted(steps, key=lambda s: s.step)), asynchronous, fully_async)
 
 
@@ -299,25 +303,38 @@ def _asynchronous_stages(
 
 
 def _trainer_steps(path: Path, rows: list[dict[str, str]]) -> list[int | None]:
-    """verl's fully async trainer: per row, the trainer steps it sums, from ``training/global_step`` (the row's last
-    step, counted from 1): the difference from the previous row's, the first row's from its weight version (version
-    v ends at step v x trigger_parameter_sync_step, resumed or not). None for a row without it."""
-    ordered = sorted(
-        (i for i, row in enumerate(rows) if _value(row, TRAINER_STEP)), key=lambda i: _row_step(path, rows[i])
-    )
-    counts: list[int | None] = [None] * len(rows)
-    previous = None
-    for i in ordered:
-        last = _number(path, rows[i], _value(rows[i], TRAINER_STEP)[1], "training/global_step")
-        version = _row_step(path, rows[i])
-        count = last - previous if previous is not None else last / max(version, 1)
-        counts[i], previous = round(count), last
-    return counts
+    """verl's fully async trainer: per row, the trainer steps it sums. Row v (its weight version) holds the trainer
+    steps after (v - 1) x T up to its ``training/global_step`` (the last, counted from 1), T being
+    trigger_parameter_sync_step, fresh or resumed (a resumed trainer starts at version x T + 1): its count is
+    the global step - (v - 1) x T, whatever rows are missing; the last row of a run, synced early, counts fewer.
+    T is the global step over the version that most rows show. None for a row without a global step or version."""
+    found = [(_row_version(path, row), _value(row, TRAINER_STEP)) for row in rows]
+    marks = [
+        (v, _number(path, row, g[1], "training/global_step")) if v and g else None
+        for row, (v, g) in zip(rows, found, strict=True)
+    ]
+    ratios = [last / v for v, last in filter(None, marks) if float(last / v).is_integer()]
+    if not ratios:
+        return [None] * len(rows)
+    trigger = max(set(ratios), key=ratios.count)
+    return [None if mark is None else round(mark[1] - (mark[0] - 1) * trigger) for mark in marks]
 
 
-def _row_step(path: Path, row: dict[str, str]) -> float:
+def _row_version(path: Path, row: dict[str, str]) -> float:
     found = _value(row, *STEP_KEYS)
     return _number(path, row, found[1], "step") if found else 0.0
+
+
+UNRUN_S = 1e-3  # an old_log_prob timed under this on every step ran no forward pass
+
+
+def _without_unrun_old_log_prob(steps: list[LoggedStep]) -> list[LoggedStep]:
+    """An asynchronous trainer's steps without their ``old_log_prob`` where it is timed under :data:`UNRUN_S` on
+    every one: it ran no pass to fit (verl's fully async trainer with ``use_rollout_log_probs``, its default, takes
+    the rollout's log-probs as the old ones and times the copy at ~1e-5 s)."""
+    if any(s.stages.get("old_log_prob", 0.0) >= UNRUN_S for s in steps):
+        return steps
+    return [replace(s, stages={k: v for k, v in s.stages.items() if k != "old_log_prob"}) for s in steps]
 
 
 def _counted(path: Path, row: dict[str, str], count: int | None, stages: dict[str, float]) -> int:
