@@ -27,6 +27,7 @@ from oppo.sim.logfit import (
     replay_errors,
     shared_fidelity,
     step_lengths,
+    with_layer,
 )
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setup_toml import load_setup
@@ -352,6 +353,35 @@ def test_runs_of_two_model_sizes_separate_a_per_micro_batch_cost_from_the_propor
         assert per_step_terms(layer[stage]) == pytest.approx(per_step_terms(cost), rel=0.05, abs=1e-12), stage
         for term in ("efficiency", "half_efficiency_tokens", "per_unit_s", "per_token_s"):
             assert getattr(layer[stage], term) == pytest.approx(getattr(cost, term), rel=0.05, abs=1e-12), (stage, term)
+
+
+HOST = dict(exposed_host_frac=0.2)
+
+
+def test_the_hosts_time_per_micro_batch_hides_behind_a_large_models_compute():
+    """The host's time per micro-batch (Python, hooks, launches) runs ahead of the GPU: a pass costs the larger of
+    it and the compute, plus a share of the smaller. Runs of 0.5B (one GPU, 64-128 short micro-batches: waiting on
+    the host), 2B and 7B synthesised from one layer whose host time is 80 ms a micro-batch, 20% of the smaller
+    exposed: the layer fitted across them predicts every stage of each run to 5% (the 7B run's stages are 4-30x
+    its host time; added to its compute, that host time would make the 0.5B run's stages 2x its roofline's)."""
+    truth = {
+        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, per_unit_s=0.08, **HOST),
+        "values": StageCost(efficiency=0.6, half_efficiency_tokens=1500.0, per_unit_s=0.08, **HOST),
+        "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=3000.0, per_unit_s=0.15, **HOST),
+        "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=2500.0, per_unit_s=0.15, **HOST),
+    }
+    runs = []
+    for log_name, setup_name in (SHARED_RUNS[0], SHARED_RUNS[2], SHARED_RUNS[3]):
+        setup = resolve_gpu(load_setup(setup_name), load_run_log(DATA / log_name))
+        steps = list(load_run_log(DATA / log_name).steps)[:30]
+        log = synthesized_log(setup, truth, [dataclasses.replace(s, stages={}) for s in steps])
+        runs.append(logged_run(setup, log, 0.6))
+    layer = fit_layer(runs, whole=True)
+    for run in runs:
+        report = replay_errors(with_layer(run.setup, layer), run.log, 0, run.replayed)[0]
+        for stage, errors in report["stages"].items():
+            assert errors["median_abs_err"] <= 0.05, (run.name, stage, errors)
 
 
 def test_a_rule_reward_is_a_cpu_stage_per_sequence_the_fit_recovers():

@@ -55,10 +55,12 @@ def fit_stage(
     not bounded by 1: a GPU faster than its datasheet times the default fractions is no floor). With
     1 / efficiency = i:
     - forward and update stages: measured - extra ≈ i·roofline + h'·small (h' = half · i), and
-      with ``per_unit`` also + per_unit·micro-batches: a launch cost per micro-batch that does not grow with the
-      model, which runs of different model sizes tell apart from the model-proportional ``half`` (one run cannot:
-      its micro-batch count is constant); where the stage gathers sharded parameters, also the achieved share of
-      the link and the share of the overlap left exposed (:func:`_fit_overlapped`);
+      with ``per_unit`` the host's time per micro-batch (Python, hooks, kernel launches: per_unit·micro-batches),
+      which runs ahead of the GPU, so a pass costs the larger of the two plus ``exposed_host_frac`` of the smaller:
+      it does not grow with the model, and runs of different model sizes tell it apart from the model-proportional
+      ``half`` (one run cannot: its micro-batch count is constant), a small model's many short micro-batches
+      waiting on the host, a large one's hiding it (:func:`_fit_overlapped`); where the stage gathers sharded
+      parameters, also the achieved share of the link and the share of the overlap left exposed;
     - ``gen``: measured - extra ≈ i·roofline + per_token·row_tokens + the per-step terms
       (:func:`_fit_generation`; ``reshard_frac``: the reshard's share of its links, where a log times it apart).
     A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
@@ -95,7 +97,10 @@ def fit_stage(
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     link = {"gather_bandwidth_frac": 1 / max(float(rest[-1]), 1 / GATHER_SCALE_BOUNDS[1])} if collectives else {}
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link)
-    return _fit_overlapped(linear, load, measured, per_unit) if np.any(load.gather_s) else linear
+    # Megatron's collectives keep the linear fit (their link's share anchored where the steps cannot tell it): its
+    # host time adds to compute there
+    overlapped = np.any(load.gather_s) or (per_unit and not collectives)
+    return _fit_overlapped(linear, load, measured, per_unit) if overlapped else linear
 
 
 def is_push(load: StageLoad) -> bool:
@@ -220,32 +225,37 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
     shape = np.shape(load.roofline_s)
+    host = ["per_unit_s", "exposed_host_frac"] if per_unit else []
     if has_collectives(load, shape):
+        host = host[:1]  # Megatron's: added to compute (the linear fit)
         columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), load.serial_s]
         if _identified(np.stack([np.broadcast_to(c, shape) for c in columns], axis=1)):
             gathers = ["gather_bandwidth_frac"]  # Megatron's collectives, where the steps tell them apart
-    return ["efficiency", "half_efficiency_tokens", *(["per_unit_s"] if per_unit else []), *gathers]
+    return ["efficiency", "half_efficiency_tokens", *host, *gathers]
 
 
 def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool) -> StageCost:
     """The terms of a stage whose passes gather sharded parameters: ``max(compute, gathers) + exposed ·
     min(compute, gathers)`` is not linear in the terms, so they are fitted by bounded nonlinear least squares of
     the relative error (:func:`scipy.optimize.least_squares`) from the linear fit ``start``, with weak priors pulling
-    the gather terms to :class:`StageCost`'s defaults. Parameters: 1 / efficiency, half / efficiency,
-    per_unit_s (with ``per_unit``), exposed_gather_frac, log gather_bandwidth_frac."""
+    the gather terms to :class:`StageCost`'s defaults; also the fit of the host's time per micro-batch
+    (``per_unit``), overlapped with compute the same way. Parameters: 1 / efficiency, half / efficiency,
+    per_unit_s and exposed_host_frac (with ``per_unit``), exposed_gather_frac, log gather_bandwidth_frac (sharded
+    passes)."""
     from scipy.optimize import least_squares
 
     prior = StageCost()
     n = len(measured)
 
     def cost(theta: np.ndarray) -> StageCost:
-        inverse, h, u, exposed, log_scale = (float(v) for v in theta)
+        inverse, h, u, exposed, log_scale, host = (float(v) for v in theta)
         return StageCost(
             efficiency=1 / inverse,
             half_efficiency_tokens=h / inverse,
             per_unit_s=u if per_unit else 0.0,
             exposed_gather_frac=min(max(exposed, 0.0), 1.0),
             gather_bandwidth_frac=float(np.exp(log_scale)),
+            exposed_host_frac=min(max(host, 0.0), 1.0) if per_unit else 1.0,
         )
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -257,12 +267,19 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
         return np.concatenate([errors, priors])
 
     i0 = 1 / start.efficiency
-    theta0 = np.array([i0, start.half_efficiency_tokens * i0, start.per_unit_s, prior.exposed_gather_frac, 0.0])
+    theta0 = np.array([i0, start.half_efficiency_tokens * i0, start.per_unit_s, prior.exposed_gather_frac, 0.0, 1.0])
     low, high = np.log(GATHER_SCALE_BOUNDS)
-    bounds = ([MIN_INVERSE, 0, 0, 0, low], [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high])
+    linked = bool(np.any(load.gather_s))  # the gathers of sharded parameters: their link to fit
+    bounds = (
+        [MIN_INVERSE, 0, 0, 0, low if linked else -1e-12, 0],
+        [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high if linked else 1e-12, 1 if per_unit else 1],
+    )
+    # max() has kinks: start from a slow, the nominal and a fast link, and from the host's time summed and hidden
+    links = (0.0, low / 2, high / 2) if linked else (0.0,)
+    starts = [(scale0, host0) for scale0 in links for host0 in (1.0, 0.0)]
     best = None
-    for scale0 in (0.0, low / 2, high / 2):  # max() has kinks: start from a slow, the nominal and a fast link
-        theta0[4] = scale0
+    for scale0, host0 in starts if per_unit else [(s, 1.0) for s, _ in starts[::2]]:
+        theta0[4], theta0[5] = scale0, host0
         found = least_squares(residuals, np.clip(theta0, bounds[0], bounds[1]), bounds=bounds, x_scale="jac")
         best = found if best is None or found.cost < best.cost else best
     return cost(best.x)

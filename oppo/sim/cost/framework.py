@@ -5,15 +5,21 @@ below the roofline (micro-batches of a few sequences, eager decoding, padding, r
 parameters, weight resharding between the training and the rollout engine); each operation of a stage costs
 :meth:`StageCost.seconds` of its :class:`StageLoad`,
 
-    compute = roofline_s / efficiency × (1 + half_efficiency_tokens / micro-batch tokens) + units × per_unit_s
+    compute = roofline_s / efficiency × (1 + half_efficiency_tokens / micro-batch tokens)
+    host = units × per_unit_s
+    busy = max(compute, host) + exposed_host_frac × min(compute, host)
     gathers = gather_s / gather_bandwidth_frac
-    seconds = max(compute, gathers) + exposed_gather_frac × min(compute, gathers)
+    seconds = max(busy, gathers) + exposed_gather_frac × min(busy, gathers)
               + row_tokens × per_token_s + steps × fixed_s + extra_s
 
 The first term is a micro-batched pass whose efficiency grows with the tokens of a micro-batch and reaches half
 its best at ``half_efficiency_tokens`` (a model-size-proportional cost per micro-batch: it transfers between
 models, a fixed time per micro-batch would not); generation has no micro-batch term. The unit is a decode
-iteration for ``gen`` and a micro-batch for the others. ``gather_s`` are the parameter gathers of a sharded pass
+iteration for ``gen`` and a micro-batch for the others; ``per_unit_s`` is the host's time per unit (Python,
+the framework's hooks, kernel launches), which CUDA runs ahead of the GPU: a pass costs the larger of its compute
+and its host time, plus the share ``exposed_host_frac`` of the smaller (1, the default: their sum; the shared
+fit finds 0-0.5). A small model's short micro-batches wait on the host, a large model's hide it.
+``gather_s`` are the parameter gathers of a sharded pass
 (FSDP / ZeRO-3) at the nominal link: FSDP prefetches the next layer's parameters while the current one computes,
 so a pass costs the larger of its compute and its gathers plus the share of the smaller that does not overlap
 (``exposed_gather_frac``; 1 is the serial sum); ``gather_bandwidth_frac`` is the achieved share of the nominal link
@@ -99,8 +105,10 @@ class StageCost:
     ``half_efficiency_tokens`` (micro-batch tokens per GPU at which a pass runs at half that), ``per_unit_s``
     (seconds per decode iteration or micro-batch), ``per_token_s`` (seconds per decode row per iteration, ``gen``
     only), ``fixed_s`` (seconds per step), ``gather_bandwidth_frac`` (achieved share of the nominal link of the
-    sharded parameters' gathers, > 0; above 1 where the nominal link was set too low) and ``exposed_gather_frac``
-    (share of the smaller of compute and gathers that prefetch does not hide, [0, 1]); ``gen`` only:
+    sharded parameters' gathers, > 0; above 1 where the nominal link was set too low), ``exposed_gather_frac``
+    (share of the smaller of compute and gathers that prefetch does not hide, [0, 1]) and ``exposed_host_frac``
+    (share of the smaller of compute and the host's time, per_unit_s x units, that the GPU's queue does not hide,
+    [0, 1]; 1: their sum); ``gen`` only:
     ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache), ``reshard_frac`` and ``transfer_frac``
     (achieved shares of the nominal links by the reshard into the engine and by its sleep mode's weight moves,
     > 0)."""
@@ -114,6 +122,9 @@ class StageCost:
     # PyTorch FSDP issues a layer's all-gather while the previous layer computes; what stays exposed is the first
     # gather and the collectives' contention for the GPU [assumed prior; the fit moves it where gathers are timed]
     exposed_gather_frac: float = 0.1
+    # the host's time per micro-batch (per_unit_s: Python, kernel launches, hooks) runs ahead of the GPU, which
+    # queues the kernels: a pass costs the larger of the two plus this share of the smaller (1: their sum)
+    exposed_host_frac: float = 1.0
     cache_reinit_s: float = 0.0
     reshard_frac: float = 1.0
     transfer_frac: float = 1.0
@@ -124,12 +135,17 @@ class StageCost:
             raise ValueError("a stage needs efficiency > 0, link shares > 0 and its other terms >= 0")
         if self.gather_bandwidth_frac <= 0 or not 0 <= self.exposed_gather_frac <= 1:
             raise ValueError("a stage needs gather_bandwidth_frac > 0 and 0 <= exposed_gather_frac <= 1")
+        if not 0 <= self.exposed_host_frac <= 1:
+            raise ValueError("a stage needs 0 <= exposed_host_frac <= 1")
 
     def seconds(self, load: StageLoad):
         """Seconds of ``load`` under these terms: the one formula the simulator charges and the log fit fits."""
-        busy = (load.roofline_s + self.half_efficiency_tokens * load.small_s) / self.efficiency + (
-            load.units * self.per_unit_s
-        )
+        compute = (load.roofline_s + self.half_efficiency_tokens * load.small_s) / self.efficiency
+        host = load.units * self.per_unit_s
+        if self.exposed_host_frac >= 1 or not _any(host):
+            busy = compute + host
+        else:  # the host runs ahead of the GPU: the larger, and what of the smaller shows
+            busy = np.maximum(compute, host) + self.exposed_host_frac * np.minimum(compute, host)
         if _any(load.gather_s):  # prefetch: the larger of compute and gathers, and what of the smaller shows
             gathers = load.gather_s / self.gather_bandwidth_frac
             busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
