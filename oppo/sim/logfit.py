@@ -4,13 +4,12 @@ stack (:mod:`oppo.sim.cost.fit`).
 
 Each logged step is replayed with the ``sync`` policy and lengths consistent with that step's logged mean / max /
 min (:func:`step_lengths`). A stage's seconds are a function of its load (:meth:`StageCost.seconds` of a
-:class:`StageLoad`, :mod:`oppo.sim.cost.framework`), linear in each part of it but for the overlap of compute with
-the parameter gathers, so :func:`replay` measures each step's load of every stage on the simulator itself, with
-the overlap summed (``exposed_gather_frac`` 1, where it is linear too): one simulation without framework terms,
-then one per term with that term alone switched on; what a term adds is its load. :func:`predict_stages` prices
-the loads with a setup's terms
-through the same :meth:`StageCost.seconds` the simulator charges with: a calibrated setup simulates what the fit
-predicts.
+:class:`StageLoad`, :mod:`oppo.sim.cost.framework`), linear in each part of it but for the overlaps of compute with
+the parameter gathers and with the host's time, so :func:`replay` measures each step's load of every stage on the
+simulator itself, with the overlaps summed (``exposed_gather_frac`` and ``exposed_host_frac`` 1, where it is
+linear too): one simulation without framework terms, then one per term with that term alone switched on; what a
+term adds is its load. :func:`predict_stages` prices the loads with a setup's terms through the same
+:meth:`StageCost.seconds` the simulator charges with: a calibrated setup simulates what the fit predicts.
 
 :func:`calibrate` fits per stage, by least squares of the relative error (non-negative,
 :func:`~oppo.sim.cost.fit.fit_stage`) on the first ``fit_frac`` of the steps:
@@ -57,7 +56,7 @@ LENGTH_SIGMA = 0.5  # spread (log scale) of the synthetic lengths between a step
 # A load is measured by simulating with one term alone, each adding exactly its load (roofline / 0.5 - roofline,
 # the gathers / 0.5 - the gathers, ...): every probe sums compute and gathers (exposed_gather_frac = 1), so the
 # step's seconds stay linear in the terms while they are measured.
-SERIAL = dict(exposed_gather_frac=1.0)
+SERIAL = dict(exposed_gather_frac=1.0, exposed_host_frac=1.0)
 BARE = StageCost(**SERIAL)
 PROBES = {
     "roofline_s": StageCost(efficiency=0.5, **SERIAL),

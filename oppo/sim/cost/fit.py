@@ -4,9 +4,11 @@ fitted to measured stage seconds (a whole cost model fitted to the executor's ow
 (:func:`nonnegative_lstsq`), or bounded and nonlinear where compute overlaps the parameter gathers
 (:func:`_fit_overlapped`).
 
-From real logs (:func:`fit_stage`, :func:`fit_problems`): a stage's seconds are linear in its terms
-(:meth:`~oppo.sim.cost.framework.StageCost.seconds` of a :class:`~oppo.sim.cost.framework.StageLoad`), so given each
-step's load (:mod:`oppo.sim.logfit` measures it by replaying the log on the simulator) the terms are a linear fit.
+From real logs (:func:`fit_stage`, :func:`fit_problems`): a stage's seconds are linear in its terms but for two
+overlaps with compute, the gathers' and the host's (:meth:`~oppo.sim.cost.framework.StageCost.seconds` of a
+:class:`~oppo.sim.cost.framework.StageLoad`), so given each step's load (:mod:`oppo.sim.logfit` measures it by
+replaying the log on the simulator) the terms are a linear fit, refined by a bounded nonlinear one where an
+overlap is fitted.
 """
 
 from __future__ import annotations
@@ -264,6 +266,9 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
         weight = PRIOR_WEIGHT * np.sqrt(n)  # per step, so the prior weighs the same against any number of steps
         priors = [weight * (fitted.exposed_gather_frac - prior.exposed_gather_frac), weight * theta[4]]
         priors.append(weight * max(0.0, 1.0 - theta[0]))  # faster than the roofline: as in roofline_lstsq
+        # the host's time summed with compute unless the steps say it hides: where no run waits on the host, the
+        # share and the host time are one product (any share fits), and the prior picks the sum
+        priors.append(weight * (fitted.exposed_host_frac - 1.0))
         return np.concatenate([errors, priors])
 
     i0 = 1 / start.efficiency
@@ -275,13 +280,16 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
         [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high if linked else 1e-12, 1 if per_unit else 1],
     )
     # max() has kinks: start from a slow, the nominal and a fast link, and from the host's time summed and hidden
+    # (at the summed fit's host time and twice it)
     links = (0.0, low / 2, high / 2) if linked else (0.0,)
-    starts = [(scale0, host0) for scale0 in links for host0 in (1.0, 0.0)]
+    unit = start.per_unit_s
+    hosts = [(1.0, unit), (0.0, unit), (0.0, 2 * unit)] if per_unit else [(1.0, 0.0)]
     best = None
-    for scale0, host0 in starts if per_unit else [(s, 1.0) for s, _ in starts[::2]]:
-        theta0[4], theta0[5] = scale0, host0
-        found = least_squares(residuals, np.clip(theta0, bounds[0], bounds[1]), bounds=bounds, x_scale="jac")
-        best = found if best is None or found.cost < best.cost else best
+    for scale0 in links:
+        for host0, unit0 in hosts:
+            theta0[2], theta0[4], theta0[5] = unit0, scale0, host0
+            found = least_squares(residuals, np.clip(theta0, bounds[0], bounds[1]), bounds=bounds, x_scale="jac")
+            best = found if best is None or found.cost < best.cost else best
     return cost(best.x)
 
 

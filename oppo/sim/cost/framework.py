@@ -32,11 +32,15 @@ batches that fill it, so its time follows the tokens decoded rather than the lon
 ``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales (the
 host transfer of offloaded parameters: bytes over a link). Every term but the overlap is linear in the load, so the
 loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very
-class (with ``exposed_gather_frac`` = 1, where the overlap is a sum too).
+class (with both exposed shares 1, where the overlaps are sums too). Of a replayed step's passes of one stage,
+every one is alike, so the overlaps of their summed loads are theirs; a logged stage that times several of ours
+at once (OpenRLHF's) is fitted on their summed loads, and predicted as the sum of each one's overlap: the two
+differ where its parts fall on both sides of the kink.
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
 of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages, and where a stage gathers
-sharded parameters its two gather terms; ``per_unit_s`` (and any term) can be set by hand in a setup's
+sharded parameters its two gather terms; across several logs also ``per_unit_s`` and ``exposed_host_frac`` (a
+prior of 1, the sum, where no run's passes wait on the host); any term can be set by hand in a setup's
 ``[framework.STAGE]`` tables; the structural settings (micro-batch sizes, gradient checkpointing, offload) are the
 run's configuration.
 
@@ -275,6 +279,8 @@ class Framework:
         unknown = set(self.offload) - set(ROLE_STAGES)
         if unknown:
             raise ValueError(f"framework offload: unknown role(s) {sorted(unknown)}")
+        if self.gen.exposed_host_frac < 1:  # its iterations fall on both sides of the kink within a step
+            raise ValueError("framework gen: exposed_host_frac must be 1 (decode's host time is summed)")
 
     def stage(self, name: str | None) -> StageCost:
         return getattr(self, name) if name else StageCost()
@@ -464,7 +470,7 @@ class FrameworkCost:
 
 STAGES = tuple(f.name for f in dataclasses.fields(Framework) if f.type in ("StageCost", StageCost))
 STAGE_TERMS = tuple(f.name for f in dataclasses.fields(StageCost))
-SHARED_LAYER = data_dir() / "framework" / "verl-shared.toml"  # fitted across the four shared verl runs
+SHARED_LAYER = data_dir() / "framework" / "verl-shared.toml"  # fitted across the five shared verl runs
 
 
 def read_layer(path: Path) -> dict[str, dict]:
@@ -479,7 +485,7 @@ def read_layer(path: Path) -> dict[str, dict]:
 
 @functools.cache
 def shared_layer() -> dict[str, StageCost]:
-    """The stage terms fitted across the four shared verl runs (``oppo/data/framework/verl-shared.toml``, whose
+    """The stage terms fitted across the five shared verl runs (``oppo/data/framework/verl-shared.toml``, whose
     header says which logs and which command)."""
     return {stage: StageCost(**terms) for stage, terms in read_layer(SHARED_LAYER).items() if stage in STAGES}
 
