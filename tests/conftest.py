@@ -24,14 +24,7 @@ def shared_ray():
     if not ray.is_initialized():
         os.environ.setdefault("RAY_worker_niceness", "0")  # as a run's own start sets it: workers at full priority
         # address "local": a new cluster of this process's own, never one a `ray start` left on the machine
-        options = dict(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        try:
-            ray.init(**options)
-        except Exception as err:  # Ray waits 30 s (fixed) for its raylet: on cores busy with other work, once more
-            if "timed out during startup" not in str(err):
-                raise
-            ray.shutdown()
-            ray.init(**options)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     return ray
 
 

@@ -34,6 +34,9 @@ PRIOR_WEIGHT = 0.1
 # micro-batch count (residuals 0-2e-5 on the Megatron log and a synthesised run); their link share then stays at the
 # nominal figure (a prior of PRIOR_WEIGHT). Runs of three layouts leave 6-10%, and fit it free
 IDENTIFIED_RESIDUAL = 0.01
+# Weight of the host share's pull to 1 (its sum with compute), per step: a tie-breaker on the ridge where no run's
+# passes wait on the host, far under the steps' errors where one does (0.1 held a synthesised share of 0.2 at 1)
+HOST_PRIOR_WEIGHT = 1e-3
 # achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
 GATHER_SCALE_BOUNDS = (1 / 50, 50)
 PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads that tell which terms a run pays
@@ -50,7 +53,12 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_stage(
-    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, reshard_frac: float | None = None
+    load: StageLoad,
+    measured: np.ndarray,
+    gen: bool,
+    per_unit: bool = False,
+    reshard_frac: float | None = None,
+    host_overlap: bool = True,
 ) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
     :meth:`StageCost.seconds` of the load matches them (every term >= 0, least relative error; the efficiency is
@@ -101,8 +109,8 @@ def fit_stage(
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link)
     # Megatron's collectives keep the linear fit (their link's share anchored where the steps cannot tell it): its
     # host time adds to compute there
-    overlapped = np.any(load.gather_s) or (per_unit and not collectives)
-    return _fit_overlapped(linear, load, measured, per_unit) if overlapped else linear
+    hidden = per_unit and host_overlap and not collectives  # the host's time may hide behind compute
+    return _fit_overlapped(linear, load, measured, per_unit, hidden) if np.any(load.gather_s) or hidden else linear
 
 
 def is_push(load: StageLoad) -> bool:
@@ -228,7 +236,7 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
     shape = np.shape(load.roofline_s)
     host = ["per_unit_s", "exposed_host_frac"] if per_unit else []
-    if has_collectives(load, shape):
+    if has_collectives(load, shape) and not np.any(load.gather_s):
         host = host[:1]  # Megatron's: added to compute (the linear fit)
         columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), load.serial_s]
         if _identified(np.stack([np.broadcast_to(c, shape) for c in columns], axis=1)):
@@ -236,7 +244,9 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
     return ["efficiency", "half_efficiency_tokens", *host, *gathers]
 
 
-def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool) -> StageCost:
+def _fit_overlapped(
+    start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool, hidden: bool = False
+) -> StageCost:
     """The terms of a stage whose passes gather sharded parameters: ``max(compute, gathers) + exposed ·
     min(compute, gathers)`` is not linear in the terms, so they are fitted by bounded nonlinear least squares of
     the relative error (:func:`scipy.optimize.least_squares`) from the linear fit ``start``, with weak priors pulling
@@ -257,7 +267,7 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
             per_unit_s=u if per_unit else 0.0,
             exposed_gather_frac=min(max(exposed, 0.0), 1.0),
             gather_bandwidth_frac=float(np.exp(log_scale)),
-            exposed_host_frac=min(max(host, 0.0), 1.0) if per_unit else 1.0,
+            exposed_host_frac=min(max(host, 0.0), 1.0) if hidden else 1.0,
         )
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -267,8 +277,9 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
         priors = [weight * (fitted.exposed_gather_frac - prior.exposed_gather_frac), weight * theta[4]]
         priors.append(weight * max(0.0, 1.0 - theta[0]))  # faster than the roofline: as in roofline_lstsq
         # the host's time summed with compute unless the steps say it hides: where no run waits on the host, the
-        # share and the host time are one product (any share fits), and the prior picks the sum
-        priors.append(weight * (fitted.exposed_host_frac - 1.0))
+        # share and the host time are one product (any share fits), and this tie-breaker picks the sum; where one
+        # does, it weighs nothing against the steps
+        priors.append(HOST_PRIOR_WEIGHT * np.sqrt(n) * (fitted.exposed_host_frac - 1.0))
         return np.concatenate([errors, priors])
 
     i0 = 1 / start.efficiency
@@ -277,13 +288,13 @@ def _fit_overlapped(start: StageCost, load: StageLoad, measured: np.ndarray, per
     linked = bool(np.any(load.gather_s))  # the gathers of sharded parameters: their link to fit
     bounds = (
         [MIN_INVERSE, 0, 0, 0, low if linked else -1e-12, 0],
-        [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high if linked else 1e-12, 1 if per_unit else 1],
+        [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high if linked else 1e-12, 1],
     )
     # max() has kinks: start from a slow, the nominal and a fast link, and from the host's time summed and hidden
     # (at the summed fit's host time and twice it)
     links = (0.0, low / 2, high / 2) if linked else (0.0,)
     unit = start.per_unit_s
-    hosts = [(1.0, unit), (0.0, unit), (0.0, 2 * unit)] if per_unit else [(1.0, 0.0)]
+    hosts = [(1.0, unit), (0.0, unit), (0.0, 2 * unit)] if hidden else [(1.0, unit)]
     best = None
     for scale0 in links:
         for host0, unit0 in hosts:
@@ -304,7 +315,11 @@ def fit_problems(
         several = len(loads) > 1  # runs of different shapes separate a per-micro-batch cost from the proportional
         gen = parts == ("gen",)
         frac = reshard_frac if gen else None
-        cost = fit_stage(concat_loads(loads), np.concatenate(measured), gen=gen, per_unit=several, reshard_frac=frac)
+        # a logged stage timing several of ours (OpenRLHF's): the simulator overlaps each part's host time with its
+        # own compute, a fit of their summed loads could not say how: their host time is summed
+        single = len(parts) == 1
+        load, seconds = concat_loads(loads), np.concatenate(measured)
+        cost = fit_stage(load, seconds, gen=gen, per_unit=several, reshard_frac=frac, host_overlap=single)
         layer |= dict.fromkeys(parts, cost)
     return layer
 

@@ -18,7 +18,8 @@ models, a fixed time per micro-batch would not); generation has no micro-batch t
 iteration for ``gen`` and a micro-batch for the others; ``per_unit_s`` is the host's time per unit (Python,
 the framework's hooks, kernel launches), which CUDA runs ahead of the GPU: a pass costs the larger of its compute
 and its host time, plus the share ``exposed_host_frac`` of the smaller (1, the default: their sum; the shared
-fit finds 0-0.5). A small model's short micro-batches wait on the host, a large model's hide it.
+fit finds 0-0.4, and 1 where no run's passes wait on the host). A small model's short micro-batches wait on the
+host, a large model's hide it.
 ``gather_s`` are the parameter gathers of a sharded pass
 (FSDP / ZeRO-3) at the nominal link: FSDP prefetches the next layer's parameters while the current one computes,
 so a pass costs the larger of its compute and its gathers plus the share of the smaller that does not overlap
