@@ -115,17 +115,12 @@ def test_the_trainers_wait_is_not_generation(tmp_path):
     assert (one.trainer_wait_s, one.stages["gen"], two.trainer_wait_s, two.stages["gen"]) == (0.4, 30.0, 0.2, 33.0)
 
 
+# the same run under the fully async trainer: a trainer step of ppo_mini_batch_size x require_batches prompts
 FULLY_ASYNC = (
-    "+ python3 -m verl.experimental.fully_async_policy.fully_async_main algorithm.adv_estimator=grpo "
-    "data.train_batch_size=0 data.max_prompt_length=512 data.max_response_length=512 "
-    "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct actor_rollout_ref.actor.ppo_mini_batch_size=8 "
-    "async_training.require_batches=2 async_training.trigger_parameter_sync_step=4 "
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 "
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 "
-    "actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True "
-    "actor_rollout_ref.rollout.n=5 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.actor.use_kl_loss=False "
-    "trainer.nnodes=1 trainer.n_gpus_per_node=6 rollout.nnodes=1 rollout.n_gpus_per_node=2"
+    COMMAND.replace("one_step_off_policy.main_ppo", "fully_async_policy.fully_async_main")
+    .replace("data.train_batch_size=64", "data.train_batch_size=0")
+    .replace("ppo_mini_batch_size=16", "ppo_mini_batch_size=8 async_training.require_batches=2")
+    + " async_training.trigger_parameter_sync_step=4"
 )
 
 
@@ -147,10 +142,8 @@ def fully_async_log(tmp_path: Path, rows: int = 15, trigger: int = 4, first_vers
         times = {stage: sum(s.stages[stage] for s in group) for stage in ("old_log_prob", "update_actor")}
         times |= {"gen": 0.5 * trigger, "step": sum(times.values()) + 0.5 * trigger}  # the wait: no generation
         mean = float(np.mean([s.response_mean for s in group]))
-        line = step_line(
-            version, times, mean, max(s.response_max for s in group), min(s.response_min for s in group),
-            float(np.mean([s.prompt_mean for s in group])),
-        )  # fmt: skip
+        high, low = max(s.response_max for s in group), min(s.response_min for s in group)
+        line = step_line(version, times, mean, high, low, float(np.mean([s.prompt_mean for s in group])))
         tokens = sum(s.total_tokens for s in group)
         counts = f"training/global_step:{version * trigger} - fully_async/count/current_param_version:{version - 1}"
         lines.append(f"{line} - perf/total_num_tokens:{tokens} - {counts}")
