@@ -8,11 +8,13 @@ This is the one simulator module that imports Ray (lazily, when an address is gi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import signal
 import socket
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -95,9 +97,12 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None]) -> list
         workers, mp_context=context, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
     )
     try:
-        futures = [executor.submit(fn, item) for item in items]
-        for future in futures:  # counted when a result came back, not when cancelled or broken
-            future.add_done_callback(lambda f: None if f.cancelled() or f.exception() else progress())
+        # submit() takes the pool's locks and spawns workers: a Ctrl-C raised in there can leave a lock held or a
+        # worker unregistered, and the pool's thread, which the interpreter joins at exit, waiting on it forever
+        with _sigint_deferred():
+            futures = [executor.submit(fn, item) for item in items]
+            for future in futures:  # counted when a result came back, not when cancelled or broken
+                future.add_done_callback(lambda f: None if f.cancelled() or f.exception() else progress())
         results = [future.result() for future in futures]  # in order: the items' rows whichever finished first
     except BaseException:  # Ctrl-C, or a simulation's error: cancel what is queued, stop what runs
         workers_left = list(executor._processes.values())  # no public handle on them before 3.14; stable since 3.8
@@ -111,6 +116,22 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None]) -> list
         raise
     executor.shutdown()
     return results  # a worker that dies mid-task (killed, out of memory) raises BrokenProcessPool: no hang
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C within the block is raised (as KeyboardInterrupt) once the block is done, not in the middle of it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread alone
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _on_ray(fn, items, address: str, progress: Callable[[], None]) -> list:
