@@ -23,6 +23,8 @@ def test_one_oppo_step_is_one_trl_generation_of_epochs_x_minibatches_updates(tmp
     assert args.loss_type == "bnpo"  # token-mean over each minibatch, as oppo's
     assert (args.epsilon, args.epsilon_high, args.beta, args.scale_rewards) == (0.2, 0.28, 0.05, "group")
     assert args.mask_truncated_completions and args.learning_rate == 2e-6 and args.lr_scheduler_type == "constant"
+    # oppo.exec trains in float32 and keeps every activation; TRL's defaults autocast to bfloat16 and checkpoint
+    assert not args.bf16 and not args.gradient_checkpointing
 
 
 @pytest.mark.parametrize(
