@@ -120,9 +120,12 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None]) -> list
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """A Ctrl-C within the block is raised (as KeyboardInterrupt) once the block is done, not in the middle of it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach the main thread alone
+    """A Ctrl-C within the block is raised (as KeyboardInterrupt) once the block is done, not in the middle of it.
+    Where Ctrl-C does not raise KeyboardInterrupt (SIGINT ignored, as in a background job, or handled by the caller)
+    nothing changes."""
+    main = threading.current_thread() is threading.main_thread()  # signals reach the main thread alone
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
         return
     caught: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))

@@ -72,7 +72,8 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, cut_run):
 def test_ctrl_c_keeps_the_last_checkpoint_and_the_run_goes_on(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "oppo.exec.train", *COMMON, "--steps", "500", "--save-every", "2", "--out", str(run)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731  (as on a terminal)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120
         while not (run / "checkpoint" / "state.pkl").exists() and time.monotonic() < deadline:

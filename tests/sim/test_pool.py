@@ -100,7 +100,11 @@ def test_ctrl_c_cancels_queued_simulations_and_leaves_no_worker(tmp_path):
     args = ["sweep", "--setup", "paper-7b-h200", "--steps", "1200", "--batch", "256", "--workers", "2"]
     args += ["--chunks", "100,150,200,250,300,350,400,450", "--out", str(tmp_path / "s")]
     cmd = [sys.executable, "-m", "oppo.sim", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # SIGINT handled as on a terminal even where this test runs with SIGINT ignored (pytest-xdist's workers start so,
+    # and their children inherit it)
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, **pipes, start_new_session=True, preexec_fn=default_sigint)
     try:
         time.sleep(4.0)
         assert proc.poll() is None, "the sweep ended before it was interrupted: make it longer"
@@ -154,3 +158,36 @@ def test_an_interrupt_counts_the_results_that_came_back(monkeypatch):
 
     with pytest.raises(Interrupted, match="2 of 5 simulations had finished, the other 3 were cancelled"):
         evaluate(second_interrupts, list(range(5)))
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raising KeyboardInterrupt in this process, as in a terminal's foreground job (xdist workers ignore it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_while_submitting_is_raised_once_all_are_submitted(sigint_raises):
+    from oppo.sim.pool import _sigint_deferred
+
+    submitted = []
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_deferred():
+            for item in range(3):
+                os.kill(os.getpid(), signal.SIGINT)  # delivered at once to this, the main, thread
+                submitted.append(item)
+    assert submitted == [0, 1, 2]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_where_sigint_is_ignored_it_stays_ignored():
+    from oppo.sim.pool import _sigint_deferred
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
