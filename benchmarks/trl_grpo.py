@@ -5,9 +5,11 @@ model, data, reward function, group size, lengths, sampling and CPU threads, nat
     python benchmarks/trl_grpo.py --data data/add/train.jsonl --val-data data/add/val.jsonl --reward-fn gsm8k \\
         --steps 30 --eval-every 10 --out runs/bench-grpo
 
-Prints per run: median step time (steps 1..; spread: the 25th-75th percentiles), its ratio to TRL's, samples
-trained per second, and held-out greedy accuracy before training and at each evaluation against the run's clock
-(evaluation time excluded). Writes ``OUT/grpo_side_by_side.csv`` (one row per run and evaluation).
+With ``--repeats R`` the three runs go round R times, interleaved, so that the machine's drift falls on all three.
+Prints per run: median step time over the rounds (steps 1..; spread: the 25th-75th percentiles), its ratio to
+TRL's (the median of the rounds' ratios, and their range), samples trained per second, and held-out greedy accuracy
+before training and at each evaluation against the run's clock (evaluation time excluded). Writes
+``OUT/grpo_side_by_side.csv`` (one row per round, run and evaluation).
 """
 
 from __future__ import annotations
@@ -42,42 +44,59 @@ def oppo_points(out: Path) -> tuple[list[float], list[tuple[int, float, float]]]
     return [float(s["step_s"]) for s in steps], points
 
 
+def one_round(study, seed: int, out: Path) -> dict[str, tuple[list[float], list[tuple[int, float, float]]]]:
+    """The three runs, one after another: run name -> (step seconds, held-out points)."""
+    trl = run_trl_grpo(study.config("sync", seed), eval_every=study.eval_every)
+    wall = [p.wall_s for p in trl]
+    runs = {
+        "TRL GRPOTrainer": (
+            list(np.diff(wall)),
+            [(p.step, p.wall_s, p.held_out_accuracy) for p in trl if np.isfinite(p.held_out_accuracy)],
+        )
+    }
+    for policy in ("sync", "oppo"):
+        train(dataclasses.replace(study.config(policy, seed), save_every=0), out / policy)
+        runs[f"oppo.exec {policy}"] = oppo_points(out / policy)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_study_args(parser)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds of the three runs, interleaved: TRL, sync, oppo, TRL, ..."
+    )
     parser.add_argument("--out", default="runs/bench-grpo")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     study, out = study_from(args), Path(args.out)
-    runs: dict[str, tuple[list[float], list[tuple[int, float, float]]]] = {}
-    trl = run_trl_grpo(study.config("sync", args.seed), eval_every=study.eval_every)
-    wall = [p.wall_s for p in trl]
-    runs["TRL GRPOTrainer"] = (
-        list(np.diff(wall)),
-        [(p.step, p.wall_s, p.held_out_accuracy) for p in trl if np.isfinite(p.held_out_accuracy)],
-    )
-    for policy in ("sync", "oppo"):
-        train(dataclasses.replace(study.config(policy, args.seed), save_every=0), out / policy)
-        runs[f"oppo.exec {policy}"] = oppo_points(out / policy)
+    rounds = [one_round(study, args.seed, out / f"round{r}") for r in range(args.repeats)]
     samples = study.batch * study.group_size
-    base = float(np.median(runs["TRL GRPOTrainer"][0][1:]))
     shape = f"{study.batch} prompts x {study.group_size} samples, cap {study.max_new_tokens}"
-    print(f"\n{study.preset}: {shape}, {study.steps} steps")
+    print(f"\n{study.preset}: {shape}, {study.steps} steps, {args.repeats} interleaved round(s)")
     print(
-        f"{'run':<18} {'step s (p25-p75)':>20} {'vs TRL':>7} {'samples/s':>10}  held-out accuracy at (updates, clock s)"
+        f"{'run':<18} {'step s (p25-p75)':>20} {'vs TRL (range)':>18} {'samples/s':>10}  "
+        "held-out accuracy at (updates, clock s), first round"
     )
     rows = []
-    for name, (times, points) in runs.items():
-        t = np.asarray(times[1:])
+    for name in rounds[0]:
+        t = np.concatenate([np.asarray(runs[name][0][1:]) for runs in rounds])  # the first step warms up
         median, p25, p75 = np.median(t), np.percentile(t, 25), np.percentile(t, 75)
-        curve = ", ".join(f"{acc:.2f} ({n}, {clock:.0f})" for n, clock, acc in points)
-        print(
-            f"{name:<18} {median:>8.2f} ({p25:.2f}-{p75:.2f}) {base / median:>6.2f}x {samples / median:>10.2f}  {curve}"
-        )
-        rows += [{"run": name, "updates": n, "clock_s": clock, "held_out_accuracy": acc} for n, clock, acc in points]
+        # each round's ratio of medians: drift of the machine between rounds moves all three runs of a round alike
+        ratios = [np.median(runs["TRL GRPOTrainer"][0][1:]) / np.median(runs[name][0][1:]) for runs in rounds]
+        vs = f"{np.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        curve = ", ".join(f"{acc:.2f} ({n}, {clock:.0f})" for n, clock, acc in rounds[0][name][1])
+        print(f"{name:<18} {median:>8.2f} ({p25:.2f}-{p75:.2f}) {vs:>18} {samples / median:>10.2f}  {curve}")
+        rows += [
+            {"run": name, "round": r, "updates": n, "clock_s": clock, "held_out_accuracy": acc}
+            for r, runs in enumerate(rounds)
+            for n, clock, acc in runs[name][1]
+        ]
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "grpo_side_by_side.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["run", "updates", "clock_s", "held_out_accuracy"])
+        writer = csv.DictWriter(fh, fieldnames=["run", "round", "updates", "clock_s", "held_out_accuracy"])
         writer.writeheader()
         writer.writerows(rows)
 

@@ -89,6 +89,8 @@ def grpo_args(config: ExecConfig, out: str):
         logging_steps=1,
         save_strategy="no",
         use_cpu=not torch.cuda.is_available(),
+        bf16=False,  # oppo.exec trains in float32 (TRL's default autocasts to bfloat16)
+        gradient_checkpointing=False,  # oppo.exec keeps the activations (TRL's default recomputes them)
         dataloader_num_workers=0,
         shuffle_dataset=True,
     )
