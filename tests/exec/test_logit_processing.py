@@ -71,3 +71,30 @@ def test_scored_logprobs_are_the_models_own(name):
     assert float((once - expected).abs().max()) <= tolerance
     ratio = torch.exp(streamed - expected)  # the PPO ratio at identical weights
     assert float((ratio - 1).abs().max()) <= 10 * tolerance
+
+
+@pytest.mark.parametrize("name", ["gemma2", "cohere"])
+def test_the_trainers_response_logits_are_the_models_own_at_every_prompt_length(name):
+    """The update projects onto the vocabulary only from the first response's position on: rows whose prompts are
+    longer than the shortest (2 to 6 tokens here) must still get their own positions' logits, post-processed."""
+    from oppo.exec.update import response_logits
+
+    model = build(name)
+    seqs = sequences(1)
+    full, mask = plain_forward(model, seqs)  # (B, L, V) over every position
+    longest = max(len(t) - p for _, t, p in seqs)
+    pos = torch.zeros(len(seqs), longest, dtype=torch.long)
+    for row, (_, t, p) in enumerate(seqs):
+        pos[row, : len(t) - p] = torch.arange(p - 1, len(t) - 1)
+    ids = torch.where(mask.bool(), full.new_zeros(mask.shape, dtype=torch.long), PAD)
+    for row, (_, t, _) in enumerate(seqs):
+        ids[row, : len(t)] = torch.tensor(t)
+    with torch.no_grad():
+        got = response_logits(model, {"ids": ids, "attn": mask, "pos": pos})
+    expected = full.gather(1, pos[:, :, None].expand(-1, -1, full.shape[-1]))
+    assert got.shape == expected.shape
+    valid = torch.zeros(pos.shape, dtype=torch.bool)  # response tokens; the padding after them is masked out
+    for row, (_, t, p) in enumerate(seqs):
+        valid[row, : len(t) - p] = True
+    # float64, the same padded forward; the projection on fewer positions
+    torch.testing.assert_close(got[valid], expected[valid], rtol=1e-12, atol=1e-9)
