@@ -52,6 +52,7 @@ STAGE_OPS = {
     "update_critic": (("critic", "train_critic"),),
     "weight_sync": (("actor", "sync"),),  # the push to a rollout engine on GPUs of its own
 }
+ROUND_OFF = 1e-9  # share of a stage's simulated seconds under which a load measured by differencing is round-off
 LENGTH_SIGMA = 0.5  # spread (log scale) of the synthetic lengths between a step's logged min and max
 # A load is measured by simulating with one term alone, each adding exactly its load (roofline / 0.5 - roofline,
 # the gathers / 0.5 - the gathers, ...): every probe sums compute and gathers (exposed_gather_frac = 1), so the
@@ -106,8 +107,8 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     generating = _generating_cost(setup)
     loads = {}
     for stage in STAGE_OPS:
-        terms = {term: added[term][stage] - bare[stage] for term in PROBES}
-        extra_s = bare[stage] - terms["roofline_s"] - terms["gather_s"]
+        terms = {term: _rounded_off(added[term][stage] - bare[stage], added[term][stage]) for term in PROBES}
+        extra_s = _rounded_off(bare[stage] - terms["roofline_s"] - terms["gather_s"], bare[stage])
         terms["serial_s"] = np.zeros_like(terms["gather_s"])
         if setup.framework.train_backend == "megatron":  # its collectives (one link probe) are serial, no gathers
             terms["serial_s"], terms["gather_s"] = terms["gather_s"], terms["serial_s"]
@@ -119,6 +120,13 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
         # its lengths, and the weight push once
         loads[stage] = load if stage == "weight_sync" else scale_load(load, trainer_steps)
     return Replay(loads)
+
+
+def _rounded_off(difference: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """A load measured as the difference of two simulated stage times, with what is the differencing's round-off
+    (under :data:`ROUND_OFF` of the stage's seconds) set to 0: a stage that moves no bytes has no gathers to fit,
+    not gathers of -6e-12 s."""
+    return np.where(np.abs(difference) > ROUND_OFF * np.abs(total), difference, 0.0)
 
 
 def replay_trace(setup: Setup, steps: list[LoggedStep]) -> LengthTrace:
