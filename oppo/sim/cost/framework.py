@@ -31,12 +31,12 @@ engines decode side by side; a layer fitted before this rule charged every engin
 the engine count times too small); a rollout engine whose KV memory cannot hold the whole batch runs it as resident
 batches that fill it, so its time follows the tokens decoded rather than the longest response.
 ``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales (none
-of the framework's costs: the host transfers of offloaded parameters go with the gathers). Every term but the overlap is linear in the load, so the
-loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very
-class (with both exposed shares 1, where the overlaps are sums too). Of a replayed step's passes of one stage,
-every one is alike, so the overlaps of their summed loads are theirs; a logged stage that times several of ours
-at once (OpenRLHF's) is fitted on their summed loads, and predicted as the sum of each one's overlap: the two
-differ where its parts fall on both sides of the kink.
+of the framework's costs: the host transfers of offloaded parameters go with the gathers). Every term but the
+overlap is linear in the load, so the loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures
+them by simulating a step with this very class (with both exposed shares 1, where the overlaps are sums too). Of
+a replayed step's passes of one stage, every one is alike, so the overlaps of their summed loads are theirs; a
+logged stage that times several of ours at once (OpenRLHF's) is fitted on their summed loads, and predicted as the
+sum of each one's overlap: the two differ where its parts fall on both sides of the kink.
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
 of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages, and where a stage gathers
