@@ -8,8 +8,9 @@ terms of the setup that leave the span of the runs it was calibrated on.
 ``compare``, ``sweep`` and ``plan`` on such a setup say that interval and name what extrapolates: more GPUs or
 nodes than any calibration run, a model outside [half the smallest, twice the largest], another GPU, algorithm or
 rollout engine reset or training backend, a training tensor- or pipeline-parallel degree or an update micro-batch
-outside the runs', group
-sampling where no run sampled groups, a longer response cap.
+outside the runs', group sampling where no run sampled groups, a longer response cap, a role offloaded or weights
+pushed to a rollout engine of its own where no run did (their links at their priors), forward micro-batches of a
+work outside [half the least, twice the most] of the runs' (the host's time per micro-batch shows or hides).
 """
 
 from __future__ import annotations
@@ -84,7 +85,20 @@ def calibration(
         train_tensor_parallel=span([s.framework.train_tensor_parallel for s in setups]),
         train_pipeline_parallel=span([s.framework.train_pipeline_parallel for s in setups]),
         train_micro_batch=span([s.framework.train_micro_batch for s in setups]),
+        offloads=tuple(sorted({",".join(sorted(s.framework.offload)) or "none" for s in setups})),
+        weight_pushes=tuple(sorted({bool(s.placement.rollout_gpus) for s in setups})),
+        forward_gflop=span([round(forward_gflop(s), 3) for s in setups]),
     )
+
+
+def forward_gflop(setup: Setup) -> float:
+    """The work of one scoring forward micro-batch on one GPU, 2 x parameters x its rows x (prompt + response cap)
+    tokens (over the training tensor-parallel degree), in GFLOP: small, a pass waits on the host's time per
+    micro-batch (a 0.5B model's); large, that time hides behind compute (a 7B model's)."""
+    fw = setup.framework
+    rows = fw.forward_micro_batch or math.ceil(setup.batch * setup.group_size / setup.total_gpus)
+    tokens = max(setup.lengths.prompt_tokens + setup.max_new_tokens, 0 if fw.packed else fw.pad_to_tokens)
+    return 2 * model_shape(setup.actor).params * rows * tokens / fw.train_tensor_parallel / 1e9
 
 
 def extrapolations(setup: Setup) -> list[str]:
@@ -125,6 +139,22 @@ def extrapolations(setup: Setup) -> list[str]:
     ):
         if seen and value not in seen:
             found.append(f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})")
+    roles = [role for role in setup.framework.offload if not any(role in runs.split(",") for runs in c.offloads)]
+    if c.offloads and roles:
+        found.append(
+            f"{', '.join(roles)} offloaded to the host (no calibration run offloaded it: the host link at its prior)"
+        )
+    if c.weight_pushes and setup.placement.rollout_gpus and True not in c.weight_pushes:
+        found.append(
+            "weights pushed to rollout GPUs of their own (no calibration run pushed: the push's link at its prior)"
+        )
+    work = forward_gflop(setup)
+    if c.forward_gflop and not c.forward_gflop[0] / MODEL_SPAN <= work <= c.forward_gflop[1] * MODEL_SPAN:
+        lo, hi = c.forward_gflop
+        found.append(
+            f"forward micro-batches of {work:.3g} GFLOP a GPU (calibrated on {lo:.3g}-{hi:.3g}: where the host's time "
+            "per micro-batch shows or hides)"
+        )
     if setup.group_size > max(c.group_sizes):
         if max(c.group_sizes) == 1:
             found.append(f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")

@@ -47,6 +47,27 @@ def test_a_setup_inside_the_span_says_so_and_one_outside_names_each_term():
         assert phrase in found, phrase
 
 
+def test_an_offload_a_weight_push_and_a_micro_batch_far_from_the_runs_are_each_named():
+    """Runs that offloaded nothing, pushed no weights and scored a 0.5B model in micro-batches of 4 x 1,536 tokens:
+    a setup that offloads its reference, pushes weights to a rollout engine of its own and scores a 7B model's
+    micro-batches of 16 rows (~30x the work: the host's time per micro-batch hidden where the runs showed it) is
+    told that each is outside; the runs themselves are not."""
+    run = load_setup("verl-qwen2.5-0.5b-gsm8k")
+    run = dataclasses.replace(run, framework=dataclasses.replace(run.framework, offload=()))
+    errors = {"step": [np.full(10, 0.1)]}
+    record = calibration([run], errors, basis="within")
+    assert record.offloads == ("none",) and record.weight_pushes == (False,)
+    assert record.forward_gflop[0] == record.forward_gflop[1] > 0
+    itself = dataclasses.replace(run, framework=dataclasses.replace(run.framework, calibration=record))
+    assert extrapolations(itself) == []
+    other = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")  # reference offloaded; micro-batches of 16
+    placement = dataclasses.replace(other.placement, rollout_gpus=2)
+    fw = dataclasses.replace(other.framework, calibration=record, forward_micro_batch=16)
+    found = " | ".join(extrapolations(dataclasses.replace(other, placement=placement, framework=fw)))
+    for phrase in ("reference offloaded to the host", "weights pushed to rollout GPUs", "forward micro-batches of"):
+        assert phrase in found, (phrase, found)
+
+
 def test_an_uncalibrated_setup_says_nothing():
     assert trust_note(load_setup("paper-7b-h200")) is None
     assert extrapolations(load_setup("paper-7b-h200")) == []

@@ -183,8 +183,9 @@ class Calibration:
     runs, each a (min, max) or the values seen: total GPUs, nodes, parameters (billions), response caps, the GPUs,
     algorithms, group sizes, the rollout engines' per-step resets, the engines, their tensor-parallel degrees
     (min, max), whether they reshard and whether the training passes shard their parameters, the training backends
-    and their tensor- and pipeline-parallel degrees and update micro-batches (min, max). Empty (no runs): an
-    uncalibrated layer."""
+    and their tensor- and pipeline-parallel degrees and update micro-batches (min, max), the roles they offloaded,
+    whether they pushed weights to a rollout engine of its own, and the work of a forward micro-batch (min, max).
+    Empty (no runs): an uncalibrated layer."""
 
     runs: tuple[str, ...] = ()
     basis: str = ""
@@ -208,6 +209,10 @@ class Calibration:
     train_tensor_parallel: tuple[int, ...] = ()
     train_pipeline_parallel: tuple[int, ...] = ()
     train_micro_batch: tuple[int, ...] = ()
+    # empty in a record written before these were kept: no check
+    offloads: tuple[str, ...] = ()  # each run's offloaded roles, comma-joined ("none": none)
+    weight_pushes: tuple[bool, ...] = ()  # whether a run pushed weights to a rollout engine on GPUs of its own
+    forward_gflop: tuple[float, ...] = ()  # (min, max) work of a scoring forward micro-batch on one GPU, GFLOP
 
 
 @dataclass(frozen=True)
