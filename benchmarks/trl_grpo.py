@@ -5,7 +5,8 @@ model, data, reward function, group size, lengths, sampling and CPU threads, nat
     python benchmarks/trl_grpo.py --data data/add/train.jsonl --val-data data/add/val.jsonl --reward-fn gsm8k \\
         --steps 30 --eval-every 10 --out runs/bench-grpo
 
-With ``--repeats R`` the three runs go round R times, interleaved, so that the machine's drift falls on all three.
+With ``--repeats R`` the three runs go round R times, interleaved (each round starts with the next run), so that
+the machine's drift and the order fall on all three alike.
 Prints per run: median step time over the rounds (steps 1..; spread: the 25th-75th percentiles), its ratio to
 TRL's (the median of the rounds' ratios, and their range), samples trained per second, and held-out greedy accuracy
 before training and at each evaluation against the run's clock (evaluation time excluded). Writes
@@ -44,20 +45,25 @@ def oppo_points(out: Path) -> tuple[list[float], list[tuple[int, float, float]]]
     return [float(s["step_s"]) for s in steps], points
 
 
-def one_round(study, seed: int, out: Path) -> dict[str, tuple[list[float], list[tuple[int, float, float]]]]:
-    """The three runs, one after another: run name -> (step seconds, held-out points)."""
-    trl = run_trl_grpo(study.config("sync", seed), eval_every=study.eval_every)
-    wall = [p.wall_s for p in trl]
-    runs = {
-        "TRL GRPOTrainer": (
-            list(np.diff(wall)),
-            [(p.step, p.wall_s, p.held_out_accuracy) for p in trl if np.isfinite(p.held_out_accuracy)],
-        )
-    }
-    for policy in ("sync", "oppo"):
-        train(dataclasses.replace(study.config(policy, seed), save_every=0), out / policy)
-        runs[f"oppo.exec {policy}"] = oppo_points(out / policy)
-    return runs
+RUNS = ("TRL GRPOTrainer", "oppo.exec sync", "oppo.exec oppo")
+
+
+def one_run(name: str, study, seed: int, out: Path) -> tuple[list[float], list[tuple[int, float, float]]]:
+    """One of the three runs: (step seconds, held-out points)."""
+    if name == "TRL GRPOTrainer":
+        trl = run_trl_grpo(study.config("sync", seed), eval_every=study.eval_every)
+        points = [(p.step, p.wall_s, p.held_out_accuracy) for p in trl if np.isfinite(p.held_out_accuracy)]
+        return list(np.diff([p.wall_s for p in trl])), points
+    policy = name.split()[-1]
+    train(dataclasses.replace(study.config(policy, seed), save_every=0), out / policy)
+    return oppo_points(out / policy)
+
+
+def one_round(study, seed: int, out: Path, first: int) -> dict[str, tuple[list[float], list[tuple[int, float, float]]]]:
+    """The three runs, one after another from the ``first``-th (rounds rotate it: no run always goes first)."""
+    order = RUNS[first:] + RUNS[:first]
+    done = {name: one_run(name, study, seed, out) for name in order}
+    return {name: done[name] for name in RUNS}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,14 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     add_study_args(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--repeats", type=int, default=1, help="rounds of the three runs, interleaved: TRL, sync, oppo, TRL, ..."
+        "--repeats", type=int, default=1, help="rounds of the three runs, interleaved, each round starting one later"
     )
     parser.add_argument("--out", default="runs/bench-grpo")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     study, out = study_from(args), Path(args.out)
-    rounds = [one_round(study, args.seed, out / f"round{r}") for r in range(args.repeats)]
+    rounds = [one_round(study, args.seed, out / f"round{r}", r % len(RUNS)) for r in range(args.repeats)]
     samples = study.batch * study.group_size
     shape = f"{study.batch} prompts x {study.group_size} samples, cap {study.max_new_tokens}"
     print(f"\n{study.preset}: {shape}, {study.steps} steps, {args.repeats} interleaved round(s)")

@@ -107,16 +107,17 @@ def test_trl_grpo(tmp_path):
     word_task(tmp_path)
     args = ("--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f", "--eval-every", "1")
     small = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "2", "--group-size", "2", "--max-new-tokens", "6")
-    stdout = bench_here(
-        "trl_grpo", *args, *small, "--prompt-tokens", "8", "--eval-prompts", "3", "--out", "out", cwd=tmp_path
-    )
-    rows = stdout.split("held-out accuracy at")[-1].splitlines()[1:]
+    small += ("--prompt-tokens", "8", "--eval-prompts", "3")
+    stdout = bench_here("trl_grpo", *args, *small, "--repeats", "2", "--out", "out", cwd=tmp_path)
+    rows = stdout.split("first round")[-1].splitlines()[1:]
     assert [r[:18].strip() for r in rows] == ["TRL GRPOTrainer", "oppo.exec sync", "oppo.exec oppo"]
+    assert "1.00x (1.00-1.00)" in rows[0]  # TRL against itself, in each round
     with open(tmp_path / "out" / "grpo_side_by_side.csv") as fh:
         table = list(csv.DictReader(fh))
-    # before training and after each of 2 steps, each answer judged against its own item
-    assert [(r["run"][:4], r["updates"], float(r["held_out_accuracy"])) for r in table] == [
-        (run, str(n), pytest.approx(1 / 3)) for run in ("TRL ", "oppo", "oppo") for n in range(3)
+    # per run, both rounds: before training and after each of 2 steps, each answer judged against its own item
+    runs = ("TRL ", "oppo", "oppo")
+    assert [(r["run"][:4], r["round"], r["updates"], float(r["held_out_accuracy"])) for r in table] == [
+        (run, str(k), str(n), pytest.approx(1 / 3)) for run in runs for k in (0, 1) for n in range(3)
     ]
 
 

@@ -342,8 +342,12 @@ def response_logits(actor: torch.nn.Module, part: dict[str, torch.Tensor]) -> to
     (b, T, V). The vocabulary projection runs on the positions from the first response's on, not on the prompts'
     (with a 49k vocabulary and a 576-wide model it costs a fifth of a position's forward and backward)."""
     first = int(part["pos"][:, 0].min())  # rows are right-padded: a row's response starts at its prompt's length
+    if first < 0:
+        raise ValueError("a trained sequence has an empty prompt: no position predicts its first response token")
     keep = part["ids"].shape[1] - first  # the last ``keep`` positions
     logits = actor(input_ids=part["ids"], attention_mask=part["attn"], logits_to_keep=keep).logits  # (b, keep, V)
+    if logits.shape[1] != keep:
+        raise ValueError(f"{type(actor).__name__} ignores logits_to_keep: its logits span {logits.shape[1]} positions")
     return at_positions(logits, (part["pos"] - first).clamp(min=0))  # padding's index 0 stays in range (masked)
 
 

@@ -489,38 +489,6 @@ def test_a_link_other_than_the_assumed_one_is_no_floor(tmp_path, assumed, link_f
         assert np.median(floor["update_actor"] / measured) > 1.5
 
 
-def test_the_references_host_link_is_no_floor(tmp_path):
-    """verl's reference lives on the host (FSDP's CPU offload) and copies its parameters in at every forward
-    micro-batch. A run whose host link achieves 10 GB/s, calibrated with a setup that assumes 2.5 GB/s: at the
-    assumed link the copies alone would take longer than the measured passes (the floor a fixed constant leaves);
-    calibrated on its first 60% of steps, the reference's stage and the step are predicted on the rest to 5%."""
-    setups = {}
-    for name, link in (("assumed", 2.5e9), ("real", 10e9)):
-        path = tmp_path / f"{name}.toml"
-        path.write_text(f'base = "verl-qwen2.5-0.5b-gsm8k"\n[framework]\nhost_bytes_per_s = {link!r}\n')
-        setups[name] = load_setup(str(path))
-    assert setups["assumed"].framework.offload == ("reference",)
-    real = list(load_run_log(DATA / "verl_qwen2.5_0.5b_resp512.log.gz").steps)[:40]
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "ref": StageCost(efficiency=0.5, exposed_gather_frac=0.3),
-        "values": StageCost(efficiency=0.55),
-        "update_actor": StageCost(efficiency=0.45),
-        "update_critic": StageCost(efficiency=0.5),
-    }
-    log = synthesized_log(setups["real"], truth, real)
-    report = within_run(setups["assumed"], log)[1]
-    assert report["step"]["median_abs_err"] <= 0.05
-    assert report["stages"]["ref"]["median_abs_err"] <= 0.05
-    # the copies at the assumed link, hidden behind nothing: above every measured pass of the reference
-    copies = StageCost(efficiency=1e9, exposed_gather_frac=1.0)
-    assumed = setups["assumed"]
-    at_assumed = dataclasses.replace(assumed, framework=dataclasses.replace(assumed.framework, ref=copies))
-    floor = predict_stages(at_assumed, replay(assumed, real), ["ref"])["ref"]
-    measured = np.array([s.stages["ref"] for s in log.steps])
-    assert np.min(floor / measured) > 1.5
-
-
 UNLIKE_THE_DEFAULTS = {
     # a GPU faster than its datasheet times the default fractions: efficiencies above 1
     "faster GPU": (

@@ -100,8 +100,8 @@ def test_ctrl_c_cancels_queued_simulations_and_leaves_no_worker(tmp_path):
     args = ["sweep", "--setup", "paper-7b-h200", "--steps", "1200", "--batch", "256", "--workers", "2"]
     args += ["--chunks", "100,150,200,250,300,350,400,450", "--out", str(tmp_path / "s")]
     cmd = [sys.executable, "-m", "oppo.sim", *args]
-    # SIGINT handled as on a terminal even where this test runs with SIGINT ignored (pytest-xdist's workers start so,
-    # and their children inherit it)
+    # SIGINT handled as on a terminal even where this test runs with SIGINT ignored (pytest started as a background
+    # job of a non-interactive shell: its processes and their children inherit it)
     default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen(cmd, **pipes, start_new_session=True, preexec_fn=default_sigint)
@@ -162,7 +162,7 @@ def test_an_interrupt_counts_the_results_that_came_back(monkeypatch):
 
 @pytest.fixture
 def sigint_raises():
-    """SIGINT raising KeyboardInterrupt in this process, as in a terminal's foreground job (xdist workers ignore it)."""
+    """SIGINT raising KeyboardInterrupt here, as in a terminal's foreground job (a background job ignores it)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)

@@ -30,13 +30,13 @@ padded batch, finished rows included, on one that does not (HF generate), and on
 engines decode side by side; a layer fitted before this rule charged every engine's rows: its ``per_token_s`` is
 the engine count times too small); a rollout engine whose KV memory cannot hold the whole batch runs it as resident
 batches that fill it, so its time follows the tokens decoded rather than the longest response.
-``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales (none
-of the framework's costs: the host transfers of offloaded parameters go with the gathers). Every term but the
-overlap is linear in the load, so the loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures
-them by simulating a step with this very class (with both exposed shares 1, where the overlaps are sums too). Of
-a replayed step's passes of one stage, every one is alike, so the overlaps of their summed loads are theirs; a
-logged stage that times several of ours at once (OpenRLHF's) is fitted on their summed loads, and predicted as the
-sum of each one's overlap: the two differ where its parts fall on both sides of the kink.
+``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales (the
+host transfer of offloaded parameters: bytes over a link). Every term but the overlap is linear in the load, so the
+loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very
+class (with both exposed shares 1, where the overlaps are sums too). Of a replayed step's passes of one stage,
+every one is alike, so the overlaps of their summed loads are theirs; a logged stage that times several of ours
+at once (OpenRLHF's) is fitted on their summed loads, and predicted as the sum of each one's overlap: the two
+differ where its parts fall on both sides of the kink.
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
 of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages, and where a stage gathers
@@ -243,8 +243,7 @@ class Framework:
     # without remove-padding, rows padded to this many tokens at least (0: to the longest row): verl before
     # use_remove_padding (2024) padded every prompt to max_prompt_length and every response to max_response_length
     pad_to_tokens: int = 0
-    # roles whose parameters live on the host: the reference's copied in at each micro-batch, another's once a pass
-    offload: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
     # the rollout engine (:class:`oppo.sim.cost.engine.RooflineCost` reads them for generation)
     decode_cuda_graphs: bool = False  # False: eager, every layer's kernels launched each decode iteration
@@ -334,14 +333,6 @@ class FrameworkCost:
         receives the (n - 1) / n of the weights it does not hold over the collective's link (ring), in seconds."""
         return self._gather_bytes_s(self.base.model.weight_bytes) if self.framework.sharded else 0.0
 
-    def _host_load_s(self, units: float) -> float:
-        """Seconds at the nominal host link (``host_bytes_per_s``) of a pass's moves of the role's offloaded
-        parameters onto its GPUs, in ``units`` micro-batches: the reference's at every micro-batch (verl wraps it in
-        FSDP's ``CPUOffload(offload_params=True)``, whose every unshard copies the shard from the host), another
-        role's once (loaded for the pass). Priced with the gathers, whose fitted link share and overlap scale it: the
-        datasheet's link is a prior, not a floor."""
-        return self._offload_s() * (units if self.role == "reference" else 1.0)
-
     def _offload_s(self) -> float:
         """One host-to-GPU transfer of the role's offloaded parameters: each GPU's share (FSDP: 1 / n of them;
         Megatron: its tensor x pipeline slice)."""
@@ -380,11 +371,9 @@ class FrameworkCost:
         micro_batch = self.framework.forward_micro_batch
         if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
             load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
-            # verl's Megatron workers load an offloaded model once a pass: serial, at the collectives' fitted share
-            load = dataclasses.replace(load, serial_s=load.serial_s + self._host_load_s(1.0))
         else:
             load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
-        return stage.seconds(load)
+        return stage.seconds(load) + self._offload_s()  # the host transfer: no framework term scales it
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if tokens <= 0:
@@ -405,7 +394,7 @@ class FrameworkCost:
         ``gathers`` times the sharded parameters over the interconnect (seconds at the nominal link)."""
         units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
-        gather_s = units * gathers * self._gather_s() + self._host_load_s(units)
+        gather_s = units * gathers * self._gather_s()
         return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, gather_s=gather_s)
 
     def _megatron_load(
