@@ -8,7 +8,10 @@ predicted by the simulator calibrated on the ``sync`` run.
    ``sync``, ``intra``, ``inter``, ``oppo`` in bf16 with AlpacaEval lengths forced, the actor as ``--dp`` ranks
    (default: one per GPU present; with more than one, ranks are Ray workers joined by NCCL);
 3. the simulator calibrated on each ``sync`` trace predicts the other policies (``oppo.fidelity``);
-4. one table: measured vs predicted step time, decode tokens/s, MFU of decode and of the actor update.
+4. one table: measured vs predicted step time, decode tokens/s, MFU of decode and of the actor update;
+5. the real model (preset ``smollm2``, SmolLM2-135M-Instruct) in bfloat16: GRPO ``sync`` and ``oppo`` on the
+   arithmetic task (written into OUT/data), ``--real-steps`` steps at the study's sizes times ``--real-scale``
+   prompts; its step times and greedy held-out accuracy before and after (``--real-steps 0`` skips it).
 
 Without CUDA it exits with code 2 and one line. Sized to finish within 10 minutes on one H100.
 """
@@ -42,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dp", type=int, default=0, help="data-parallel actor ranks, one GPU each (default: 0, every GPU present)"
     )
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu first")
+    parser.add_argument(
+        "--real-steps", type=int, default=6, help="GRPO steps of the real model (smollm2) per policy (0: none)"
+    )
+    parser.add_argument(
+        "--real-scale", type=int, default=8, help="prompts a step, times the CPU study's 2 (default: 8, 16 prompts)"
+    )
     return parser
 
 
@@ -55,6 +64,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
         raise ValueError("--steps, --batch and --max-new-tokens must be >= 1")
     if args.dp < 0:
         raise ValueError(f"--dp must be >= 0 (0: every GPU present), got {args.dp}")
+    if args.real_steps < 0 or args.real_scale < 1:
+        raise ValueError("--real-steps must be >= 0 and --real-scale >= 1")
     return models
 
 
@@ -98,6 +109,45 @@ def run_policies(model: str, args: argparse.Namespace, out: Path) -> dict[str, P
         runs[policy] = out / model / policy
         train(config, runs[policy])
     return runs
+
+
+def run_real_model(
+    args: argparse.Namespace, out: Path, preset: str = "smollm2", device: str = "cuda", dtype: str = "bfloat16"
+) -> list[dict]:
+    """GRPO ``sync`` and ``oppo`` of SmolLM2 in bfloat16 on CUDA, on the arithmetic task: a row per policy (the
+    other arguments: a smoke test's tiny model on a CPU)."""
+    import dataclasses
+
+    import numpy as np
+
+    from oppo.exec import arithmetic
+    from oppo.exec.learning import TaskStudy, read_run
+    from oppo.exec.train import train
+
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    files = arithmetic.write(out / "data", train=2000, val=200, seed=0)
+    study = TaskStudy(
+        data=str(files["train"]), val_data=str(files["val"]), preset=preset, steps=args.real_steps,
+        batch=2 * args.real_scale, eval_every=args.real_steps, eval_prompts=100,
+    )  # fmt: skip
+    rows = []
+    for policy in ("sync", "oppo"):
+        config = study.config(policy, seed=0)
+        model = dataclasses.replace(config.model, device=device, dtype=dtype, threads=0)
+        run = out / preset / policy
+        train(dataclasses.replace(config, model=model, save_every=0), run)
+        steps = read_run(run)
+        times = np.diff([0.0] + [s["end_s"] for s in steps])[1:]  # the first step warms up
+        rows.append(
+            {
+                "model": f"{preset} ({dtype}, GRPO)",
+                "policy": policy,
+                "median_step_s": round(float(np.median(times)), 3) if len(times) else None,
+                "held_out_before": (steps[0]["start"] or {}).get("held_out_rule_score"),
+                "held_out_after": steps[-1]["held_out_rule_score"],
+            }
+        )
+    return rows
 
 
 def table(model: str, runs: dict[str, Path], report: dict) -> list[dict]:
@@ -150,11 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_policies(model, args, out)
         report = fidelity(runs, lengths, out / model / "profile.json")
         rows += table(model, runs, report)
+    real = run_real_model(args, out) if args.real_steps else []
     print(f"pytest -m gpu: {tests}; actor ranks: {args.dp}")
     print(format_table(rows))
+    if real:
+        print(format_table(real))
     print(f"({time.perf_counter() - start:.0f} s)")
     (out / "gpu_validate.json").write_text(
-        json.dumps({"pytest_gpu": tests, "dp": args.dp, "rows": rows}, indent=2) + "\n"
+        json.dumps({"pytest_gpu": tests, "dp": args.dp, "rows": rows, "real_model": real}, indent=2) + "\n"
     )
     return 0
 

@@ -67,3 +67,20 @@ def test_random_checkpoints_of_a_real_architecture_load_and_train(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
+
+
+def test_the_real_model_part_runs_grpo_on_the_arithmetic_task(tmp_path):
+    """Part 5 at a smoke's size: the tiny model in float32 on a CPU stands for SmolLM2 in bfloat16 on CUDA; a row
+    per policy, with its step time and held-out score before and after."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_validate", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(real_steps=2, real_scale=1)
+    rows = module.run_real_model(args, tmp_path, preset="tiny-cpu", device="cpu", dtype="float32")
+    assert [r["policy"] for r in rows] == ["sync", "oppo"]
+    for row in rows:
+        assert row["median_step_s"] > 0 and 0 <= row["held_out_before"] <= 1 and 0 <= row["held_out_after"] <= 1
+    assert (tmp_path / "data" / "train.jsonl").is_file() and (tmp_path / "tiny-cpu" / "oppo" / "steps.csv").is_file()
