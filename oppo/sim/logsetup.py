@@ -40,6 +40,9 @@ ENGINE_OF = {"vllm": "vllm", "sglang": "vllm", "hf": "hf"}  # verl's rollout.nam
 # of spring 2025 (verl v0.3, vLLM >= 0.7); a log's date decides which one its run paid
 SLEEP_MODE_FROM = "2025-04-01"
 MEGATRON_TP1_FROM = "2025-04-13"  # ppo_megatron_trainer.yaml's tensor_model_parallel_size default: 4, then 1
+# verl PR #121: the reference's FSDP module always takes CPUOffload(offload_params=True) (before: param_offload
+# loaded it once a pass); every unshard, at every forward micro-batch, copies its shard from the host
+REFERENCE_CPU_OFFLOAD_FROM = "2025-01-24"
 LENGTH_SIGMA = 0.6  # [assumed] lognormal spread of the responses; the log gives only each step's mean, min and max
 # configuration keys that could cost time and have no counterpart in the model, and why (a key ending with the
 # pattern, where its value is not the harmless one)
@@ -420,7 +423,13 @@ def _fsdp(r: _Reader, origin: str) -> None:
         "reference": (f"{ARA}.ref.fsdp_config.param_offload",),
         "critic": ("critic.model.fsdp_config.param_offload",),
     }
-    r.out.set("framework.offload", _offloaded(r, offload), "*.fsdp_config.param_offload", "config")
+    roles = _offloaded(r, offload)
+    dated = r.config.date or "9999"
+    if r.out.tables[""]["reference"] and dated >= REFERENCE_CPU_OFFLOAD_FROM:  # whatever ref.param_offload says
+        roles = [*dict.fromkeys([*roles, "reference"])]
+        why = f"verl wraps the reference in FSDP's CPUOffload from {REFERENCE_CPU_OFFLOAD_FROM}"
+        r.out.set("framework.offload_each_micro_batch", ["reference"], why, f"log dated {r.config.date or 'nowhere'}")
+    r.out.set("framework.offload", roles, "*.fsdp_config.param_offload", "config")
 
 
 def _megatron(r: _Reader, origin: str) -> None:

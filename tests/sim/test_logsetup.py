@@ -220,3 +220,19 @@ def test_bad_logs_are_one_line_and_exit_2(tmp_path, edit, message):
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
     assert not (tmp_path / "s.toml").exists()
+
+
+def test_a_reference_after_verls_forced_cpu_offload_copies_in_at_every_micro_batch(tmp_path):
+    """verl PR #121 (2025-01-24) wraps the reference in FSDP's CPU offload whatever ``ref.param_offload`` says: a
+    log dated after it reads ``offload_each_micro_batch = ["reference"]``, the reference offloaded, even with the
+    flag off; the December 2024 log it is edited from loads the reference once a pass."""
+    log = DATA / "verl_qwen2.5_0.5b_resp512.log.gz"
+    before = setup_from_log(log, gpu="h100").setup().framework
+    assert before.offload == ("reference",) and before.offload_each_micro_batch == ()
+    text = gzip.decompress(log.read_bytes()).decode().replace("2024-12-10 06:50", "2025-03-01 06:50")
+    flag = "'ref': {'fsdp_config': {'param_offload': "
+    text = text.replace(flag + "True", flag + "False")
+    path = tmp_path / "later.log"
+    path.write_text(text)
+    after = setup_from_log(path, gpu="h100").setup().framework
+    assert after.offload == ("reference",) and after.offload_each_micro_batch == ("reference",)

@@ -244,6 +244,10 @@ class Framework:
     # use_remove_padding (2024) padded every prompt to max_prompt_length and every response to max_response_length
     pad_to_tokens: int = 0
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
+    # ... of which FSDP copies the shard in at every forward micro-batch (its CPUOffload: verl's reference from PR
+    # #121, 2025-01-24), priced with the gathers (their fitted link share and overlap), not loaded once a pass
+    # (a role not in offload: no effect; Megatron's workers load once a pass whatever this says)
+    offload_each_micro_batch: tuple[str, ...] = ()
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
     # the rollout engine (:class:`oppo.sim.cost.engine.RooflineCost` reads them for generation)
     decode_cuda_graphs: bool = False  # False: eager, every layer's kernels launched each decode iteration
@@ -285,6 +289,9 @@ class Framework:
         unknown = set(self.offload) - set(ROLE_STAGES)
         if unknown:
             raise ValueError(f"framework offload: unknown role(s) {sorted(unknown)}")
+        unknown = set(self.offload_each_micro_batch) - set(ROLE_STAGES)
+        if unknown:
+            raise ValueError(f"framework offload_each_micro_batch: unknown role(s) {sorted(unknown)}")
         if self.gen.exposed_host_frac < 1:  # its iterations fall on both sides of the kink within a step
             raise ValueError("framework gen: exposed_host_frac must be 1 (decode's host time is summed)")
 
@@ -371,9 +378,11 @@ class FrameworkCost:
         micro_batch = self.framework.forward_micro_batch
         if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
             load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
-        else:
-            load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
-        return stage.seconds(load) + self._offload_s()  # the host transfer: no framework term scales it
+            return stage.seconds(load) + self._offload_s()  # Megatron's workers load it once a pass
+        load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
+        if self.role in self.framework.offload_each_micro_batch:  # in the load's gathers (each chunk's pass, streamed)
+            return stage.seconds(load)
+        return stage.seconds(load) + self._offload_s()  # loaded once a pass: no framework term scales it
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if tokens <= 0:
@@ -395,6 +404,8 @@ class FrameworkCost:
         units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
         gather_s = units * gathers * self._gather_s()
+        if self.role in self.framework.offload_each_micro_batch:  # each unshard copies the shard from the host first
+            gather_s += units * gathers * self._offload_s()
         return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, gather_s=gather_s)
 
     def _megatron_load(
