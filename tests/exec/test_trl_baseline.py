@@ -12,8 +12,13 @@ from oppo.exec.timing import Recorder  # noqa: E402
 from oppo.exec.trl_baseline import run_trl, trl_kl_estimator  # noqa: E402
 
 
-def test_two_trl_steps_and_two_oppo_steps():
+def test_two_trl_steps_and_two_oppo_steps(monkeypatch):
     import numpy as np
+    import trl.experimental.ppo as trl_ppo
+
+    made = []  # TRL's PPOConfig as the baseline builds it
+    real_config = trl_ppo.PPOConfig
+    monkeypatch.setattr(trl_ppo, "PPOConfig", lambda **kw: made.append(real_config(**kw)) or made[-1])
 
     lengths = LengthTrace("fixed", np.array([5, 9, 30]), None)
     config = ExecConfig(
@@ -23,6 +28,8 @@ def test_two_trl_steps_and_two_oppo_steps():
     )
     trl_steps = run_trl(config, lengths)
     assert len(trl_steps) == 2
+    # oppo.exec trains in float32 (on a CPU) and keeps every activation: TRL's defaults autocast and checkpoint
+    assert len(made) == 1 and not made[0].bf16 and not made[0].gradient_checkpointing
     assert all(s.step_s > 0 and np.isfinite(s.mean_reward) for s in trl_steps)
     assert all(s.response_tokens in range(4 * 5, 4 * 30 + 1) for s in trl_steps)  # forced lengths: 5, 9 or 30 each
     executor = Executor.colocated(config, load_roles(config.model), Recorder(), lengths)
