@@ -129,14 +129,16 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-    from oppo.exec.models import role_paths
+    from oppo.exec.models import resolve_dtype, role_paths
 
     torch.manual_seed(config.seed)
     if config.model.threads:  # the same CPU budget as oppo.exec
         torch.set_num_threads(config.model.threads)
     paths = role_paths(config.model)
     tokenizer = AutoTokenizer.from_pretrained(paths["actor"])
-    load = lambda cls, p: cls.from_pretrained(p, dtype=torch.float32, attn_implementation="sdpa")  # noqa: E731
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where TRL trains (use_cpu otherwise)
+    dtype = resolve_dtype(config.model.dtype, device)  # oppo.exec's: float32 on a CPU, bfloat16 on CUDA for "auto"
+    load = lambda cls, p: cls.from_pretrained(p, dtype=dtype, attn_implementation="sdpa")  # noqa: E731
     policy, ref = load(AutoModelForCausalLM, paths["actor"]), load(AutoModelForCausalLM, paths["reference"])
     value, reward = (
         load(AutoModelForSequenceClassification, paths["critic"]),
@@ -181,6 +183,8 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
             save_strategy="no",
             logging_steps=1,
             use_cpu=not torch.cuda.is_available(),
+            bf16=False,  # the models in oppo.exec's dtype, no autocast (TRL's default autocasts to bfloat16)
+            gradient_checkpointing=False,  # oppo.exec keeps the activations (TRL's default recomputes them)
             dataloader_num_workers=0,
             missing_eos_penalty=None,
             whiten_rewards=False,
