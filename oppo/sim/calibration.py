@@ -85,10 +85,16 @@ def calibration(
         train_tensor_parallel=span([s.framework.train_tensor_parallel for s in setups]),
         train_pipeline_parallel=span([s.framework.train_pipeline_parallel for s in setups]),
         train_micro_batch=span([s.framework.train_micro_batch for s in setups]),
-        offloads=tuple(sorted({",".join(sorted(s.framework.offload)) or "none" for s in setups})),
+        offloads=tuple(sorted({",".join(offloaded(s)) or "none" for s in setups})),
         weight_pushes=tuple(sorted({bool(s.placement.rollout_gpus) for s in setups})),
         forward_gflop=span([round(forward_gflop(s), 3) for s in setups]),
     )
+
+
+def offloaded(setup: Setup) -> list[str]:
+    """The setup's offloaded roles, ``:each`` marking those copied in at every micro-batch (FSDP's CPU offload)."""
+    fw = setup.framework
+    return sorted(f"{role}:each" if role in fw.offload_each_micro_batch else role for role in fw.offload)
 
 
 def forward_gflop(setup: Setup) -> float:
@@ -139,11 +145,10 @@ def extrapolations(setup: Setup) -> list[str]:
     ):
         if seen and value not in seen:
             found.append(f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})")
-    roles = [role for role in setup.framework.offload if not any(role in runs.split(",") for runs in c.offloads)]
+    roles = [role for role in offloaded(setup) if not any(role in runs.split(",") for runs in c.offloads)]
     if c.offloads and roles:
-        found.append(
-            f"{', '.join(roles)} offloaded to the host (no calibration run offloaded it: the host link at its prior)"
-        )
+        named = ", ".join(role.replace(":each", " (copied in at every micro-batch)") for role in roles)
+        found.append(f"{named} offloaded to the host (no calibration run offloaded it so: its link at its prior)")
     if c.weight_pushes and setup.placement.rollout_gpus and True not in c.weight_pushes:
         found.append(
             "weights pushed to rollout GPUs of their own (no calibration run pushed: the push's link at its prior)"

@@ -6,7 +6,8 @@ the lengths. Each setup key records where it came from (the printed configuratio
 default where the log shows neither, or the steps), and each configuration key that could cost time but has no
 counterpart in the model is listed with the reason. A key the log shows nowhere takes verl's default
 (``verl/trainer/config``), which moves between versions: where it moved for a key read here and the log's date
-says which side it is on (vLLM's sleep mode, Megatron's tensor-parallel default), the date decides; otherwise the
+says which side it is on (vLLM's sleep mode, Megatron's tensor-parallel default, the reference's and reward
+model's CPU offload), the date decides; otherwise the
 default of the current ``ppo_trainer.yaml``, and the table ``setup-from-log`` prints marks it "verl default": check
 those against the run.
 """
@@ -424,12 +425,20 @@ def _fsdp(r: _Reader, origin: str) -> None:
         "critic": ("critic.model.fsdp_config.param_offload",),
     }
     roles = _offloaded(r, offload)
-    dated = r.config.date or "9999"
-    if r.out.tables[""]["reference"] and dated >= REFERENCE_CPU_OFFLOAD_FROM:  # whatever ref.param_offload says
-        roles = [*dict.fromkeys([*roles, "reference"])]
-        why = f"verl wraps the reference in FSDP's CPUOffload from {REFERENCE_CPU_OFFLOAD_FROM}"
-        r.out.set("framework.offload_each_micro_batch", ["reference"], why, f"log dated {r.config.date or 'nowhere'}")
     r.out.set("framework.offload", roles, "*.fsdp_config.param_offload", "config")
+    # FSDP's CPU offload (every unshard copies the shard in): verl's reward model with its param_offload at any
+    # date, and from PR #121 (2025-01-24) the reference and the reward model whatever their flags say
+    dated = r.config.date or "9999"
+    recent = dated >= REFERENCE_CPU_OFFLOAD_FROM
+    setup = r.out.tables[""]
+    copies = ["reference"] if setup["reference"] and recent else []
+    if setup.get("reward", "rule") != "rule" and (recent or r.get("reward_model.model.fsdp_config.param_offload")[0]):
+        copies.append("reward")
+    if copies:
+        why = f"FSDP CPUOffload, forced by verl from {REFERENCE_CPU_OFFLOAD_FROM} (the reward model's: or its flag)"
+        origin = f"log dated {r.config.date or 'nowhere (taken as recent)'}"
+        r.out.set("framework.offload_each_micro_batch", copies, why, origin)
+        r.out.set("framework.offload", [*dict.fromkeys([*roles, *copies])], why, origin)
 
 
 def _megatron(r: _Reader, origin: str) -> None:

@@ -236,3 +236,9 @@ def test_a_reference_after_verls_forced_cpu_offload_copies_in_at_every_micro_bat
     path.write_text(text)
     after = setup_from_log(path, gpu="h100").setup().framework
     assert after.offload == ("reference",) and after.offload_each_micro_batch == ("reference",)
+    # a reward model (verl's PR #121 forces the offload on it too)
+    text = text.replace("'reward_model': {'enable': False", "'reward_model': {'enable': True")
+    text = text.replace("'path': '~/models/FsfairX-LLaMA3-RM-v0.1'", "'path': 'Qwen/Qwen2.5-0.5B-Instruct'")
+    path.write_text(text)
+    rm = setup_from_log(path, gpu="h100").setup().framework
+    assert set(rm.offload) == set(rm.offload_each_micro_batch) == {"reference", "reward"}
