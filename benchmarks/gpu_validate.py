@@ -126,10 +126,9 @@ def run_real_model(
 
     (out / "data").mkdir(parents=True, exist_ok=True)
     files = arithmetic.write(out / "data", train=2000, val=200, seed=0)
-    study = TaskStudy(
-        data=str(files["train"]), val_data=str(files["val"]), preset=preset, steps=args.real_steps,
-        batch=2 * args.real_scale, eval_every=args.real_steps, eval_prompts=100,
-    )  # fmt: skip
+    data, val = str(files["train"]), str(files["val"])
+    steps, batch = args.real_steps, 2 * args.real_scale
+    study = TaskStudy(data, val, preset=preset, steps=steps, batch=batch, eval_every=steps, eval_prompts=100)
     rows = []
     for policy in ("sync", "oppo"):
         config = study.config(policy, seed=0)

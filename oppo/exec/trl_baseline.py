@@ -20,7 +20,17 @@ from transformers import TrainerCallback
 from oppo.catalog.lengths import LengthTrace
 from oppo.exec import task
 from oppo.exec.config import ExecConfig
+from oppo.exec.models import resolve_dtype
 from oppo.exec.runner import derived_seed, forced_length
+
+# TRL's trainer configs default to bfloat16 autocast and activation checkpointing; oppo.exec does neither
+AS_OPPO_TRAINS = dict(bf16=False, gradient_checkpointing=False)
+
+
+def trl_dtype(config: ExecConfig) -> torch.dtype:
+    """oppo.exec's dtype on the device TRL trains on (``use_cpu`` without CUDA): float32 on a CPU, bfloat16 on
+    CUDA for ``--dtype auto``."""
+    return resolve_dtype(config.model.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 @dataclass(frozen=True)
@@ -129,15 +139,14 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-    from oppo.exec.models import resolve_dtype, role_paths
+    from oppo.exec.models import role_paths
 
     torch.manual_seed(config.seed)
     if config.model.threads:  # the same CPU budget as oppo.exec
         torch.set_num_threads(config.model.threads)
     paths = role_paths(config.model)
     tokenizer = AutoTokenizer.from_pretrained(paths["actor"])
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where TRL trains (use_cpu otherwise)
-    dtype = resolve_dtype(config.model.dtype, device)  # oppo.exec's: float32 on a CPU, bfloat16 on CUDA for "auto"
+    dtype = trl_dtype(config)
     load = lambda cls, p: cls.from_pretrained(p, dtype=dtype, attn_implementation="sdpa")  # noqa: E731
     policy, ref = load(AutoModelForCausalLM, paths["actor"]), load(AutoModelForCausalLM, paths["reference"])
     value, reward = (
@@ -183,8 +192,7 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
             save_strategy="no",
             logging_steps=1,
             use_cpu=not torch.cuda.is_available(),
-            bf16=False,  # the models in oppo.exec's dtype, no autocast (TRL's default autocasts to bfloat16)
-            gradient_checkpointing=False,  # oppo.exec keeps the activations (TRL's default recomputes them)
+            **AS_OPPO_TRAINS,
             dataloader_num_workers=0,
             missing_eos_penalty=None,
             whiten_rewards=False,

@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 
 from oppo.exec.config import ExecConfig
 from oppo.exec.evaluation import HeldOut
+from oppo.exec.trl_baseline import AS_OPPO_TRAINS, trl_dtype
 from oppo.exec.verifiable import DatasetPrompts, Judge
 
 # oppo's loss aggregations as TRL 1.12's loss_type: token-mean over each minibatch is "bnpo" (TRL's "dapo" divides by
@@ -89,8 +90,7 @@ def grpo_args(config: ExecConfig, out: str):
         logging_steps=1,
         save_strategy="no",
         use_cpu=not torch.cuda.is_available(),
-        bf16=False,  # the model in oppo.exec's dtype, no autocast (TRL's default autocasts to bfloat16)
-        gradient_checkpointing=False,  # oppo.exec keeps the activations (TRL's default recomputes them)
+        **AS_OPPO_TRAINS,
         dataloader_num_workers=0,
         shuffle_dataset=True,
     )
@@ -124,7 +124,7 @@ def run_trl_grpo(config: ExecConfig, eval_every: int = 0, progress=None) -> list
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from oppo.exec.models import resolve_dtype, role_paths, token_ids
+    from oppo.exec.models import role_paths, token_ids
 
     task = config.task
     if not (task.data and task.reward_fn):
@@ -147,9 +147,7 @@ def run_trl_grpo(config: ExecConfig, eval_every: int = 0, progress=None) -> list
         ],
         "item": list(range(len(data.items))),
     }
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where TRL trains (use_cpu otherwise)
-    dtype = resolve_dtype(config.model.dtype, device)  # oppo.exec's: float32 on a CPU, bfloat16 on CUDA for "auto"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=trl_dtype(config), attn_implementation="sdpa")
     held = _held_out(config, model, tokenizer, judge, (pad_id, eos_id)) if eval_every else None
     with tempfile.TemporaryDirectory() as out:
         trainer = GRPOTrainer(

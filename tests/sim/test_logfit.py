@@ -489,13 +489,14 @@ def test_a_link_other_than_the_assumed_one_is_no_floor(tmp_path, assumed, link_f
         assert np.median(floor["update_actor"] / measured) > 1.5
 
 
-def test_a_reference_offloaded_at_every_micro_batch_has_no_floor_at_the_assumed_host_link(tmp_path):
+@pytest.mark.parametrize("achieved", [0.5, 2.0, 20.0])
+def test_a_reference_offloaded_at_every_micro_batch_has_no_floor_at_the_assumed_host_link(tmp_path, achieved):
     """FSDP's CPU offload copies the reference's shard in at every forward micro-batch. A run whose host link
-    achieves 40 GB/s, calibrated with a setup that assumes 2 GB/s: at the assumed link the copies alone would take
-    longer than the measured passes (the floor a fixed constant leaves); calibrated on its first 60% of steps, the
-    reference's stage and the step are predicted on the rest to 5%."""
+    achieves half, twice or 20 times the 2 GB/s its setup assumes: calibrated on its first 60% of steps, the
+    reference's stage and the step are predicted on the rest to 5%. At 20 times, the copies at the assumed link
+    alone would take longer than the measured passes (the floor a fixed constant leaves)."""
     setups = {}
-    for name, link in (("assumed", 2e9), ("real", 40e9)):
+    for name, link in (("assumed", 2e9), ("real", 2e9 * achieved)):
         path = tmp_path / f"{name}.toml"
         path.write_text(f'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[framework]\nhost_bytes_per_s = {link!r}\n')
         setups[name] = load_setup(str(path))
@@ -513,11 +514,12 @@ def test_a_reference_offloaded_at_every_micro_batch_has_no_floor_at_the_assumed_
     report = within_run(setups["assumed"], log)[1]
     assert report["step"]["median_abs_err"] <= 0.05
     assert report["stages"]["ref"]["median_abs_err"] <= 0.05
-    assumed = setups["assumed"]  # its copies and gathers at the nominal links, hidden behind nothing
-    serial = dataclasses.replace(assumed.framework, ref=StageCost(efficiency=1e9, exposed_gather_frac=1.0))
-    floor = predict_stages(dataclasses.replace(assumed, framework=serial), replay(assumed, real), ["ref"])["ref"]
-    measured = np.array([s.stages["ref"] for s in log.steps])
-    assert np.min(floor / measured) > 1.5
+    if achieved > 10:
+        assumed = setups["assumed"]  # its copies and gathers at the nominal links, hidden behind nothing
+        serial = dataclasses.replace(assumed.framework, ref=StageCost(efficiency=1e9, exposed_gather_frac=1.0))
+        floor = predict_stages(dataclasses.replace(assumed, framework=serial), replay(assumed, real), ["ref"])["ref"]
+        measured = np.array([s.stages["ref"] for s in log.steps])
+        assert np.min(floor / measured) > 1.5
 
 
 UNLIKE_THE_DEFAULTS = {
