@@ -65,6 +65,7 @@ PROBES = {
     "units": StageCost(per_unit_s=1.0, **SERIAL),
     "row_tokens": StageCost(per_token_s=1.0, **SERIAL),
     "gather_s": StageCost(gather_bandwidth_frac=0.5, **SERIAL),
+    "host_s": StageCost(host_link_frac=0.5, **SERIAL),
 }
 
 
@@ -108,7 +109,7 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     loads = {}
     for stage in STAGE_OPS:
         terms = {term: _rounded_off(added[term][stage] - bare[stage], added[term][stage]) for term in PROBES}
-        extra_s = _rounded_off(bare[stage] - terms["roofline_s"] - terms["gather_s"], bare[stage])
+        extra_s = _rounded_off(bare[stage] - terms["roofline_s"] - terms["gather_s"] - terms["host_s"], bare[stage])
         terms["serial_s"] = np.zeros_like(terms["gather_s"])
         if setup.framework.train_backend == "megatron":  # its collectives (one link probe) are serial, no gathers
             terms["serial_s"], terms["gather_s"] = terms["gather_s"], terms["serial_s"]

@@ -95,22 +95,37 @@ def fit_stage(
     if gen:
         return _fit_generation(load, measured, reshard_frac)
     collectives = has_collectives(load, measured.shape)  # Megatron's: their link's share, a column of its own
+    loaded = bool(np.any(load.host_s))  # an offloaded role's parameters loaded once a pass: the host link's share
     columns = (
-        [load.roofline_s, load.small_s] + ([load.units] if per_unit else []) + ([load.serial_s] if collectives else [])
+        [load.roofline_s, load.small_s]
+        + ([load.units] if per_unit else [])
+        + ([load.host_s] if loaded else [])
+        + ([load.serial_s] if collectives else [])
     )
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     # the gathers at the priors, compute larger: their exposed share (the nonlinear fit below moves both terms)
     serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)
-    anchored = collectives and not _identified(x)
-    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured, anchor_last=anchored)  # 1 / efficiency
+    # the host link's share: constant per step as the micro-batch count, so within a run it cannot be told from
+    # the micro-batch term: held at its prior unless the steps insist (a load faster than the nominal link)
+    anchored = [2 + per_unit] if loaded else []
+    if collectives and not _identified(x):
+        anchored.append(x.shape[1] - 1)
+    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured, anchored=anchored)  # 1 / efficiency
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
-    link = {"gather_bandwidth_frac": 1 / max(float(rest[-1]), 1 / GATHER_SCALE_BOUNDS[1])} if collectives else {}
-    linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link)
+    link = {"gather_bandwidth_frac": _share(rest[-1])} if collectives else {}
+    host = {"host_link_frac": _share(rest[1 + per_unit])} if loaded else {}
+    linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link, **host)
     # Megatron's collectives keep the linear fit (their link's share anchored where the steps cannot tell it): its
     # host time adds to compute there
     hidden = per_unit and host_overlap and not collectives  # the host's time may hide behind compute
     return _fit_overlapped(linear, load, measured, per_unit, hidden) if np.any(load.gather_s) or hidden else linear
+
+
+def _share(coefficient: float) -> float:
+    """The achieved share of a nominal link from a fitted coefficient on its seconds (1 / the share; 0, the
+    steps show no time for it: the fastest share the search allows)."""
+    return 1 / max(float(coefficient), 1 / GATHER_SCALE_BOUNDS[1])
 
 
 def is_push(load: StageLoad) -> bool:
@@ -145,24 +160,23 @@ def _identified(x: np.ndarray) -> bool:
     return bool(np.linalg.norm(last - others @ coefficients) > IDENTIFIED_RESIDUAL * np.linalg.norm(last))
 
 
-def roofline_lstsq(x: np.ndarray, target: np.ndarray, anchor_last: bool = False) -> np.ndarray:
+def roofline_lstsq(x: np.ndarray, target: np.ndarray, anchored: list[int] | tuple = ()) -> np.ndarray:
     """Non-negative least squares of ``x · c ≈ target`` whose first column is the roofline's, its coefficient the
     inverse efficiency: at least the roofline (an inverse of 1) costs nothing, faster than it (a GPU above its
     datasheet times the default fractions) pays a prior of ``PRIOR_WEIGHT`` per step per unit below 1, so the data
     move it there when they insist and a near-collinear fit cannot wander there. inverse = 1 + up - down, both
-    >= 0, the prior on ``down``. ``anchor_last``: the last column's coefficient is pulled to 1 with the same
+    >= 0, the prior on ``down``. ``anchored``: columns of ``x`` whose coefficients are pulled to 1 with the same
     weight (seconds at a nominal link: 1 / its achieved share, where the steps cannot tell it from the
-    efficiency)."""
+    efficiency or the micro-batch term)."""
     n, others = len(target), x[:, 1:]
     roofline = x[:, :1]
     augmented = np.hstack([roofline, -roofline, others])
-    priors = np.zeros((1 + anchor_last, augmented.shape[1]))
-    priors[0, 1] = PRIOR_WEIGHT * np.sqrt(n)
-    targets = [0.0]
-    if anchor_last:
-        priors[1, -1] = PRIOR_WEIGHT * np.sqrt(n)
-        targets.append(PRIOR_WEIGHT * np.sqrt(n))
-    rhs = np.append(target - roofline[:, 0], targets)
+    weight = PRIOR_WEIGHT * np.sqrt(n)
+    priors = np.zeros((1 + len(anchored), augmented.shape[1]))
+    priors[0, 1] = weight
+    for row, column in enumerate(anchored, start=1):
+        priors[row, column + 1] = weight  # x's column c is the augmented one's c + 1
+    rhs = np.append(target - roofline[:, 0], [0.0] + [weight] * len(anchored))
     up, down, *rest = nonnegative_lstsq(np.vstack([augmented, priors]), rhs)
     return np.array([max(1.0 + up - down, MIN_INVERSE), *rest])
 
@@ -238,10 +252,12 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
     host = ["per_unit_s", "exposed_host_frac"] if per_unit else []
     if has_collectives(load, shape) and not np.any(load.gather_s):
         host = host[:1]  # Megatron's: added to compute (the linear fit)
-        columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), load.serial_s]
+        loaded = [load.host_s] if np.any(load.host_s) else []
+        columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), *loaded, load.serial_s]
         if _identified(np.stack([np.broadcast_to(c, shape) for c in columns], axis=1)):
             gathers = ["gather_bandwidth_frac"]  # Megatron's collectives, where the steps tell them apart
-    return ["efficiency", "half_efficiency_tokens", *host, *gathers]
+    host_link = ["host_link_frac"] if np.any(load.host_s) else []
+    return ["efficiency", "half_efficiency_tokens", *host, *gathers, *host_link]
 
 
 def _fit_overlapped(
@@ -253,14 +269,16 @@ def _fit_overlapped(
     the gather terms to :class:`StageCost`'s defaults; also the fit of the host's time per micro-batch
     (``per_unit``), overlapped with compute the same way. Parameters: 1 / efficiency, half / efficiency,
     per_unit_s and exposed_host_frac (with ``per_unit``), exposed_gather_frac, log gather_bandwidth_frac (sharded
-    passes)."""
+    passes), 1 / host_link_frac (an offloaded role loaded once a pass: its seconds at the nominal link are a
+    column of the linear fit, the coefficient pulled to 1 as there, so that a link 20 times the nominal costs the
+    prior no more than 1, where a log-scale prior would cost it 3)."""
     from scipy.optimize import least_squares
 
     prior = StageCost()
     n = len(measured)
 
     def cost(theta: np.ndarray) -> StageCost:
-        inverse, h, u, exposed, log_scale, host = (float(v) for v in theta)
+        inverse, h, u, exposed, log_scale, host, host_link = (float(v) for v in theta)
         return StageCost(
             efficiency=1 / inverse,
             half_efficiency_tokens=h / inverse,
@@ -268,6 +286,7 @@ def _fit_overlapped(
             exposed_gather_frac=min(max(exposed, 0.0), 1.0),
             gather_bandwidth_frac=float(np.exp(log_scale)),
             exposed_host_frac=min(max(host, 0.0), 1.0) if hidden else 1.0,
+            host_link_frac=1 / host_link,
         )
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -275,6 +294,7 @@ def _fit_overlapped(
         errors = (fitted.seconds(load) - measured) / measured
         weight = PRIOR_WEIGHT * np.sqrt(n)  # per step, so the prior weighs the same against any number of steps
         priors = [weight * (fitted.exposed_gather_frac - prior.exposed_gather_frac), weight * theta[4]]
+        priors.append(weight * (theta[6] - 1.0))  # the host link at its nominal share unless the steps insist
         priors.append(weight * max(0.0, 1.0 - theta[0]))  # faster than the roofline: as in roofline_lstsq
         # the host's time summed with compute unless the steps say it hides: where no run waits on the host, the
         # share and the host time are one product (any share fits), and this tie-breaker picks the sum; where one
@@ -283,12 +303,17 @@ def _fit_overlapped(
         return np.concatenate([errors, priors])
 
     i0 = 1 / start.efficiency
-    theta0 = np.array([i0, start.half_efficiency_tokens * i0, start.per_unit_s, prior.exposed_gather_frac, 0.0, 1.0])
     low, high = np.log(GATHER_SCALE_BOUNDS)
+    loaded = bool(np.any(load.host_s))  # an offloaded role loaded once a pass: its host link to fit
+    host_link0 = 1 / start.host_link_frac if loaded else 1.0
+    theta0 = np.array(
+        [i0, start.half_efficiency_tokens * i0, start.per_unit_s, prior.exposed_gather_frac, 0.0, 1.0, host_link0]
+    )
     linked = bool(np.any(load.gather_s))  # the gathers of sharded parameters: their link to fit
+    host_links = (1 / GATHER_SCALE_BOUNDS[1], 1 / GATHER_SCALE_BOUNDS[0]) if loaded else (1 - 1e-12, 1 + 1e-12)
     bounds = (
-        [MIN_INVERSE, 0, 0, 0, low if linked else -1e-12, 0],
-        [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high if linked else 1e-12, 1],
+        [MIN_INVERSE, 0, 0, 0, low if linked else -1e-12, 0, host_links[0]],
+        [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high if linked else 1e-12, 1, host_links[1]],
     )
     # max() has kinks: start from a slow, the nominal and a fast link, and from the host's time summed and hidden
     # (at the summed fit's host time and twice it)

@@ -10,7 +10,7 @@ parameters, weight resharding between the training and the rollout engine); each
     busy = max(compute, host) + exposed_host_frac × min(compute, host)
     gathers = gather_s / gather_bandwidth_frac
     seconds = max(busy, gathers) + exposed_gather_frac × min(busy, gathers)
-              + row_tokens × per_token_s + steps × fixed_s + extra_s
+              + row_tokens × per_token_s + steps × fixed_s + host_s / host_link_frac + extra_s
 
 The first term is a micro-batched pass whose efficiency grows with the tokens of a micro-batch and reaches half
 its best at ``half_efficiency_tokens`` (a model-size-proportional cost per micro-batch: it transfers between
@@ -30,13 +30,14 @@ padded batch, finished rows included, on one that does not (HF generate), and on
 engines decode side by side; a layer fitted before this rule charged every engine's rows: its ``per_token_s`` is
 the engine count times too small); a rollout engine whose KV memory cannot hold the whole batch runs it as resident
 batches that fill it, so its time follows the tokens decoded rather than the longest response.
-``fixed_s`` is charged once per step (an ``other`` operation of the role). ``extra_s`` is what no term scales (the
-host transfer of offloaded parameters: bytes over a link). Every term but the overlap is linear in the load, so the
-loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very
-class (with both exposed shares 1, where the overlaps are sums too). Of a replayed step's passes of one stage,
-every one is alike, so the overlaps of their summed loads are theirs; a logged stage that times several of ours
-at once (OpenRLHF's) is fitted on their summed loads, and predicted as the sum of each one's overlap: the two
-differ where its parts fall on both sides of the kink.
+``fixed_s`` is charged once per step (an ``other`` operation of the role). ``host_s`` is an offloaded role's
+parameters loaded from the host once a pass, at the nominal host link (``host_bytes_per_s``, a prior), over its
+achieved share ``host_link_frac``. ``extra_s`` is what no term scales. Every term but the overlap is linear in the
+load, so the loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step
+with this very class (with both exposed shares 1, where the overlaps are sums too). Of a replayed step's passes of
+one stage, every one is alike, so the overlaps of their summed loads are theirs; a logged stage that times several
+of ours at once (OpenRLHF's) is fitted on their summed loads, and predicted as the sum of each one's overlap: the
+two differ where its parts fall on both sides of the kink.
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
 of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages, and where a stage gathers
@@ -87,7 +88,8 @@ class StageLoad:
     layer's matrix products, its gradients' all-reduce: nothing to overlap them with); the rollout engine's per-step
     costs (:meth:`FrameworkCost.step_load`): ``reinit_steps`` re-initialisations of its KV cache, ``reshard_s``
     seconds of the weights' reshard into it and ``transfer_s`` of its sleep mode's weight moves, at the nominal
-    links."""
+    links; ``host_s`` seconds of an offloaded role's parameters loaded onto its GPUs once a pass, at the nominal
+    host link (serial: the pass waits for them)."""
 
     roofline_s: float | np.ndarray = 0.0
     small_s: float | np.ndarray = 0.0
@@ -100,6 +102,7 @@ class StageLoad:
     reinit_steps: float | np.ndarray = 0.0
     reshard_s: float | np.ndarray = 0.0
     transfer_s: float | np.ndarray = 0.0
+    host_s: float | np.ndarray = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ class StageCost:
     sharded parameters' gathers, > 0; above 1 where the nominal link was set too low), ``exposed_gather_frac``
     (share of the smaller of compute and gathers that prefetch does not hide, [0, 1]) and ``exposed_host_frac``
     (share of the smaller of compute and the host's time, per_unit_s x units, that the GPU's queue does not hide,
-    [0, 1]; 1: their sum); ``gen`` only:
+    [0, 1]; 1: their sum), ``host_link_frac`` (achieved share of the nominal host link by a parameter load once a
+    pass, > 0); ``gen`` only:
     ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache), ``reshard_frac`` and ``transfer_frac``
     (achieved shares of the nominal links by the reshard into the engine and by its sleep mode's weight moves,
     > 0)."""
@@ -133,10 +137,12 @@ class StageCost:
     cache_reinit_s: float = 0.0
     reshard_frac: float = 1.0
     transfer_frac: float = 1.0
+    host_link_frac: float = 1.0
 
     def __post_init__(self) -> None:
         terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s, self.cache_reinit_s)
-        if self.efficiency <= 0 or min(terms) < 0 or min(self.reshard_frac, self.transfer_frac) <= 0:
+        links = (self.reshard_frac, self.transfer_frac, self.host_link_frac)
+        if self.efficiency <= 0 or min(terms) < 0 or min(links) <= 0:
             raise ValueError("a stage needs efficiency > 0, link shares > 0 and its other terms >= 0")
         if self.gather_bandwidth_frac <= 0 or not 0 <= self.exposed_gather_frac <= 1:
             raise ValueError("a stage needs gather_bandwidth_frac > 0 and 0 <= exposed_gather_frac <= 1")
@@ -157,6 +163,8 @@ class StageCost:
         seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
         if _any(load.serial_s):  # the same link's achieved share: one fitted factor per stage for its collectives
             seconds = seconds + load.serial_s / self.gather_bandwidth_frac
+        if _any(load.host_s):  # the offloaded parameters, loaded before the pass starts
+            seconds = seconds + load.host_s / self.host_link_frac
         if _any(load.reinit_steps) or _any(load.reshard_s) or _any(load.transfer_s):  # the engine's per-step
             moves = load.reshard_s / self.reshard_frac + load.transfer_s / self.transfer_frac
             seconds = seconds + load.reinit_steps * self.cache_reinit_s + moves
@@ -378,11 +386,11 @@ class FrameworkCost:
         micro_batch = self.framework.forward_micro_batch
         if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
             load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
-            return stage.seconds(load) + self._offload_s()  # Megatron's workers load it once a pass
+            return stage.seconds(dataclasses.replace(load, host_s=self._offload_s()))  # loaded once a pass
         load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
         if self.role in self.framework.offload_each_micro_batch:  # in the load's gathers (each chunk's pass, streamed)
             return stage.seconds(load)
-        return stage.seconds(load) + self._offload_s()  # loaded once a pass: no framework term scales it
+        return stage.seconds(dataclasses.replace(load, host_s=self._offload_s()))  # loaded once a pass
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if tokens <= 0:
