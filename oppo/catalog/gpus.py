@@ -13,6 +13,14 @@ GPU (50 GB/s); PCIe servers with A40 / L40S commonly one 200 Gb/s NIC per two GP
 bandwidth is eight of them. A setup's ``[cluster] inter_node_bytes_per_s`` overrides it
 (:class:`oppo.sim.cost.gpu.Cluster`).
 
+The datasheet's peak is not what a GPU's matrix products reach. ``matmul_flops`` is the measured maximum achievable
+matmul FLOP/s (BF16, the best shape a brute-force search found), from Stas Bekman's "Machine Learning Engineering"
+(github.com/stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
+table"): A100 SXM 267.9 TFLOP/s (CUDA 12.1), GH200 821.0 (CUDA 12.5), H100 SXM 792.1 (CUDA 12.1), MI300X 781.9
+(ROCm 6.2; 450 with ROCm 6.1); 0 where none was measured. Over the datasheet peaks: 86%, 83%, 80% and 60%. The
+cost stack scales a profiled GPU's fitted fractions by the ratio of two GPUs' such shares to price one that has no
+profile (:func:`oppo.sim.cost.gpu.gpu_efficiencies`).
+
 The simulator's cost stack (:mod:`oppo.sim.cost`) starts from this datasheet.
 """
 
@@ -29,6 +37,12 @@ class GPU:
     memory_bytes: float
     link_bytes_per_s: float  # intra-node GPU-to-GPU link, per GPU per direction (NVLink, Infinity Fabric, PCIe)
     nic_bytes_per_s: float = 0.0  # inter-node network per GPU per direction, the reference system's (0: none known)
+    matmul_flops: float = 0.0  # measured max achievable BF16 matmul FLOP/s (0: not measured)
+
+    @property
+    def matmul_frac(self) -> float:
+        """The share of the datasheet peak a matrix product reaches at best (0: not measured)."""
+        return self.matmul_flops / self.peak_flops
 
 
 GPUS = {
@@ -36,11 +50,11 @@ GPUS = {
     for g in (
         GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9),
         GPU("h200", 4.8e12, 989e12, 141e9, 450e9, 50e9),
-        GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9),
-        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9),
-        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9),
-        GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9),
-        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9),
+        GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9, matmul_flops=792.1e12),
+        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=821.0e12),
+        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9, matmul_flops=781.9e12),
+        GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9, matmul_flops=267.9e12),
+        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9, matmul_flops=267.9e12),  # the A100 SXM's silicon
         GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9),
         GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9),
         # One CPU core of this project's development machine running the executor's tiny models (float32):

@@ -10,6 +10,7 @@ squares to measured operator timings (:func:`fit_roofline`): the real A100/H100/
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,9 @@ def fit_gpu_profile(gpu: GPU, rows: list[dict[str, str]], seed: int = 0) -> Prof
 def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
     """Fitted efficiencies per GPU from ``oppo/data/profiles/vidur_layer_ms.csv`` (tensor-parallel degree 1 rows).
     GPUs without a profile inherit one (the efficiency applies to their own datasheet figures): H200, GH200,
-    B200, MI300X from H100 (the closest HBM datacenter part profiled), A100-40GB from A100, L40S from A40 (GDDR)."""
+    B200, MI300X from H100 (the closest HBM datacenter part profiled), A100-40GB from A100, L40S from A40 (GDDR);
+    where both GPUs' matmul ceilings were measured (:attr:`oppo.catalog.gpus.GPU.matmul_frac`), the FLOP/s
+    fractions scaled by their ratio (:func:`derived_fit`)."""
     path = Path(path) if path else PROFILE_DIR / "vidur_layer_ms.csv"
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -157,5 +160,20 @@ def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
         "l40s": "a40",
     }
     for derived, source in derived_from.items():
-        fits[derived] = fits[source]
+        fits[derived] = derived_fit(fits[source], GPUS[source], GPUS[derived])
     return fits
+
+
+def derived_fit(fit: ProfileFit, source: GPU, derived: GPU) -> ProfileFit:
+    """The profile ``fit`` of GPU ``source`` for a GPU without a profile of its own: its fractions of the datasheet,
+    the FLOP/s ones (forward and training) times ``derived.matmul_frac / source.matmul_frac`` where both were
+    measured. The Vidur profiles' FLOP/s fractions of A100 and H100 (0.658 and 0.616: per-layer products of real
+    shapes, under a best-shape ceiling) stand in the ratio of their measured ceilings (86% and 80%) to 0.4%; an
+    MI300X's GEMMs reach 60% of its datasheet, so the H100's fractions would price it 1.33x too fast. The bandwidth
+    fraction and the per-layer time stay (not a matrix product's)."""
+    if not (source.matmul_flops and derived.matmul_flops):
+        return fit
+    ratio = derived.matmul_frac / source.matmul_frac
+    e = fit.efficiency
+    scaled = dataclasses.replace(e, flops_frac=e.flops_frac * ratio, train_flops_frac=e.train_flops_frac * ratio)
+    return dataclasses.replace(fit, efficiency=scaled)
