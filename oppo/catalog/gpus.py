@@ -14,12 +14,15 @@ bandwidth is eight of them. A setup's ``[cluster] inter_node_bytes_per_s`` overr
 (:class:`oppo.sim.cost.gpu.Cluster`).
 
 The datasheet's peak is not what a GPU's matrix products reach. ``matmul_flops`` is the measured maximum achievable
-matmul FLOP/s (BF16, the best shape a brute-force search found), from Stas Bekman's "Machine Learning Engineering"
-(github.com/stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
-table"): A100 SXM 267.9 TFLOP/s (CUDA 12.1), GH200 821.0 (CUDA 12.5), H100 SXM 792.1 (CUDA 12.1), MI300X 781.9
-(ROCm 6.2; 450 with ROCm 6.1); 0 where none was measured. Over the datasheet peaks: 86%, 83%, 80% and 60%. The
-cost stack scales a profiled GPU's fitted fractions by the ratio of two GPUs' such shares to price one that has no
-profile (:func:`oppo.sim.cost.gpu.gpu_efficiencies`).
+matmul FLOP/s (BF16, the best shape a brute-force search found, the cache reset between runs, a mean of 100
+iterations), from Stas Bekman's "Machine Learning Engineering" (github.com/stas00/ml-engineering,
+compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", commit 744d01e of 2026-08-22):
+A100 SXM 271.2 TFLOP/s, GH200 828.6, H100 SXM 794.5 ("H200 is the same"), B200 SXM 1745.0 (CUDA 12.6-12.8), MI300X
+668.4 (ROCm 6.3, PyTorch 2.5.1, TunableOp); 87%, 84%, 80%, 78% and 51% of the datasheet peaks. (The table's
+earlier version, which did not reset the cache and so reads high, had the MI300X at 781.9 on ROCm 6.2 and 450 on
+ROCm 6.1: its GEMMs have moved with each ROCm.) 0 where none was measured. The cost stack scales a profiled GPU's
+fitted fractions by the ratio of two GPUs' such shares to price one that has no profile
+(:func:`oppo.sim.cost.gpu.gpu_efficiencies`).
 
 The simulator's cost stack (:mod:`oppo.sim.cost`) starts from this datasheet.
 """
@@ -48,13 +51,13 @@ class GPU:
 GPUS = {
     g.name: g
     for g in (
-        GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9),
-        GPU("h200", 4.8e12, 989e12, 141e9, 450e9, 50e9),
-        GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9, matmul_flops=792.1e12),
-        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=821.0e12),
-        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9, matmul_flops=781.9e12),
-        GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9, matmul_flops=267.9e12),
-        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9, matmul_flops=267.9e12),  # the A100 SXM's silicon
+        GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9, matmul_flops=1745.0e12),
+        GPU("h200", 4.8e12, 989e12, 141e9, 450e9, 50e9, matmul_flops=794.5e12),  # "H200 is the same"
+        GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9, matmul_flops=794.5e12),
+        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=828.6e12),
+        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9, matmul_flops=668.4e12),
+        GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9, matmul_flops=271.2e12),
+        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9, matmul_flops=271.2e12),  # the A100 SXM's silicon
         GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9),
         GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9),
         # One CPU core of this project's development machine running the executor's tiny models (float32):

@@ -30,18 +30,19 @@ def test_profile_fits_are_physical_and_accurate():
 
 def test_a_gpu_without_a_profile_takes_a_profiled_ones_fractions_scaled_by_their_measured_matmul_ceilings():
     """MI300X has no operator profile: it takes the H100's, its FLOP/s fractions (forward and training) times the
-    ratio of the two GPUs' measured matmul ceilings over their datasheets (781.9 of 1307.4 and 792.1 of 989
-    TFLOP/s); its bandwidth fraction, not a matmul's, stays. A GPU without a measured ceiling (H200) takes the
-    profile's fractions as they are."""
+    ratio of the two GPUs' measured matmul ceilings over their datasheets (668.4 of 1307.4 and 794.5 of 989
+    TFLOP/s); its bandwidth fraction, not a matmul's, stays. The H200, whose ceiling is the H100's, and the L40S,
+    whose ceiling was not measured, take their profile's fractions as they are."""
     fits = gpu_efficiencies()
     h100, mi300x = fits["h100"].efficiency, fits["mi300x"].efficiency
-    ratio = (781.9 / 1307.4) / (792.1 / 989)
+    ratio = (668.4 / 1307.4) / (794.5 / 989)
     assert GPUS["mi300x"].matmul_frac / GPUS["h100"].matmul_frac == pytest.approx(ratio, rel=1e-12)
     assert mi300x.flops_frac == pytest.approx(h100.flops_frac * ratio, rel=1e-12)
     assert mi300x.train_flops_frac == pytest.approx(h100.train_flops_frac * ratio, rel=1e-12)
     assert mi300x.bandwidth_frac == h100.bandwidth_frac
     assert mi300x.layer_overhead_s == h100.layer_overhead_s
     assert fits["h200"].efficiency == h100
+    assert fits["l40s"].efficiency == fits["a40"].efficiency
 
 
 def test_decode_is_bandwidth_bound_and_prefill_compute_bound():

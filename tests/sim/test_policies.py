@@ -77,9 +77,9 @@ def test_mfu_per_stage_is_a_fraction_of_the_datasheet_peak():
     result, _ = run("sync", steps=3)
     stages = stage_throughput(result.trace, *flops_and_peaks(load_setup("paper-7b-h200")))
     assert 0 < stages["actor/decode"]["mfu"] < 0.01  # decode is bandwidth-bound (and HF generate under ZeRO-3)
-    # TRL's micro-batches of 8, recomputation and per-pass gathers keep the update far below the fitted train
-    # FLOP/s efficiency (0.45); real frameworks log single digits (verl: 6.7% for a 7B update)
-    assert 0.02 < stages["actor/train_actor"]["mfu"] < 0.2
+    # TRL's micro-batches of 8, recomputation and per-pass gathers keep the update below the roofline's training
+    # fraction of the datasheet (0.45); real verl runs log 6.7% (a 7B PPO update) to 23-37% (the GPG run's, A100)
+    assert 0.02 < stages["actor/train_actor"]["mfu"] < 0.4
 
 
 def test_design_doc_describes_every_delta_controller():

@@ -168,9 +168,10 @@ def derived_fit(fit: ProfileFit, source: GPU, derived: GPU) -> ProfileFit:
     """The profile ``fit`` of GPU ``source`` for a GPU without a profile of its own: its fractions of the datasheet,
     the FLOP/s ones (forward and training) times ``derived.matmul_frac / source.matmul_frac`` where both were
     measured. The Vidur profiles' FLOP/s fractions of A100 and H100 (0.658 and 0.616: per-layer products of real
-    shapes, under a best-shape ceiling) stand in the ratio of their measured ceilings (86% and 80%) to 0.4%; an
-    MI300X's GEMMs reach 60% of its datasheet, so the H100's fractions would price it 1.33x too fast. The bandwidth
-    fraction and the per-layer time stay (not a matrix product's)."""
+    shapes, under a best-shape ceiling) stand in the ratio of their measured ceilings (87% and 80%) to 1.3%; an
+    MI300X's GEMMs reach 51% of its datasheet, so the H100's fractions would price them 1.57x too fast. The
+    training fraction is a prior (:class:`Efficiency`), not fitted: it is scaled alike. The bandwidth fraction and
+    the per-layer time stay (not a matrix product's)."""
     if not (source.matmul_flops and derived.matmul_flops):
         return fit
     ratio = derived.matmul_frac / source.matmul_frac
