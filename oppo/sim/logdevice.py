@@ -21,7 +21,11 @@ attention is 1-2% of F at these lengths).
 
 The peak and the framework layer's fitted ``efficiency`` of each stage are one product: the peak fixes the scale,
 the fit the rest. Bandwidth, link and network card are priors: the catalog GPU of the closest peak
-(:func:`prior_gpu`); the memory is at least the most the log reserved (``perf/max_memory_reserved_gb``).
+(:func:`prior_gpu`); the memory is at least the most the log reserved (``perf/max_memory_reserved_gb``). Where the
+peak is one verl promises a catalog GPU (within :data:`SAME_PEAK`), the device is of that GPU's family and takes its
+fitted fractions of the datasheet (``efficiency_of``: an A800 read back at the A100's 312 TFLOP/s is priced as an
+A100 is, so a layer fitted on runs of named GPUs transfers to it); else the default fractions (``cost =
+"analytic"``).
 """
 
 from __future__ import annotations
@@ -34,9 +38,14 @@ import numpy as np
 from oppo.catalog.gpus import GPU, GPUS
 from oppo.records.metrics import device_count
 from oppo.sim.cost.engine import ModelShape, model_shape
+from oppo.sim.cost.gpu import gpu_efficiencies
 from oppo.sim.logfit import step_lengths
 from oppo.sim.runlogs import LoggedStep, TrainingLog
 from oppo.sim.setups import UNKNOWN_GPU, GpuSpec, Setup
+
+# A read-back peak within this ratio of a catalog GPU's is that GPU's: verl's table promises the datasheet figure,
+# and the read-back reads 0-5% low (the logged update seconds include the batch's move to the workers)
+SAME_PEAK = 1.05
 
 
 def verl_update_flops(shape: ModelShape, tokens: float, seqlens: np.ndarray) -> float:
@@ -96,7 +105,8 @@ def prior_gpu(peak_flops: float, memory_bytes: float) -> GPU:
 def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:
     """``setup`` with its device read back from ``log`` where it has ``gpu = "unknown"`` and no ``[gpu_spec]``
     (else as it is): the peak verl assumed (:func:`read_back_peak`), the memory of the prior GPU or the most the log
-    reserved, whichever is more, the prior's bandwidth and links (:func:`prior_gpu`)."""
+    reserved, whichever is more, the prior's bandwidth and links (:func:`prior_gpu`), and the prior's fitted
+    efficiencies where its peak is the one read back (else ``cost = "analytic"``)."""
     if setup.gpu != UNKNOWN_GPU or setup.gpu_spec is not None:
         return setup
     peak, n_steps = read_back_peak(setup, log)
@@ -107,8 +117,11 @@ def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:
         f"memory_bytes the larger of the {prior.name}'s and the log's peak reserved; the other figures priors: the "
         f"catalog's {prior.name} (closest peak)"
     )
+    same = abs(math.log(peak / prior.peak_flops)) <= math.log(SAME_PEAK) and prior.name in gpu_efficiencies()
+    source += f"; the {prior.name}'s fitted efficiencies (its peak)" if same else "; the default efficiencies"
     figures = {f.name: getattr(prior, f.name) for f in dataclasses.fields(GPU)}
     name = f"{UNKNOWN_GPU}-{peak / 1e12:.0f}tflops"
     figures |= {"name": name, "peak_flops": peak, "memory_bytes": max(prior.memory_bytes, reserved)}
-    spec = GpuSpec(**figures, source=source)
-    return dataclasses.replace(setup, gpu=spec.name, gpu_spec=spec)
+    spec = GpuSpec(**figures, source=source, efficiency_of=prior.name if same else "")
+    cost = setup.cost if same or setup.cost != "fitted" else "analytic"
+    return dataclasses.replace(setup, gpu=spec.name, gpu_spec=spec, cost=cost)

@@ -178,7 +178,6 @@ def _device(out: LogSetup, config: VerlConfig, gpu: str | None) -> None:
         out.set("gpu", gpu, "--gpu", "given")
         return
     out.set("gpu", UNKNOWN_GPU, "not printed by verl: read back from the log's MFU", "derived")
-    out.set("cost", "analytic", "no operator profile of an unknown device", "derived")
 
 
 def _models(r: _Reader, model: str | None) -> None:

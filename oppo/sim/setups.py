@@ -40,15 +40,20 @@ UNKNOWN_GPU = "unknown"  # a setup's gpu when its log does not name it: read bac
 class GpuSpec(GPU):
     """A GPU the catalog (:mod:`oppo.catalog.gpus`) does not have, as a setup's ``[gpu_spec]`` table: the catalog's
     fields (bytes/s, FLOP/s, bytes) and ``source``, where its figures come from (for a ``gpu = "unknown"`` setup,
-    written by ``calibrate-log``: the peak read back from the log, the rest priors)."""
+    written by ``calibrate-log``: the peak read back from the log, the rest priors); ``efficiency_of``, the catalog
+    GPU whose fitted efficiencies (``cost = "fitted"``) the device takes ("": none; ``cost = "analytic"``)."""
 
     source: str = ""
+    efficiency_of: str = ""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(GPU)[1:]:  # the figures after the name
             value, required = getattr(self, f.name), f.default is dataclasses.MISSING  # optional ones: 0 = none known
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (required and not value):
                 raise ValueError(f"gpu_spec {f.name} must be a number {'> 0' if required else '>= 0'}, got {value!r}")
+        if self.efficiency_of and self.efficiency_of not in GPUS:
+            known = ", ".join(GPUS)
+            raise ValueError(f"gpu_spec efficiency_of: unknown GPU {self.efficiency_of!r}; choose from {known}")
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,19 @@ class Setup:
     def engine_spec(self):
         return ENGINES[self.engine]
 
+    def _efficiency(self) -> Efficiency:
+        """The achieved fractions of the datasheet: the fitted ones of the setup's GPU (a ``[gpu_spec]``'s
+        ``efficiency_of``) for ``cost = "fitted"``, the default ones for ``"analytic"``."""
+        if self.cost != "fitted":
+            return Efficiency()
+        name = self.gpu_spec.efficiency_of if self.gpu_spec is not None else self.gpu
+        if name not in gpu_efficiencies():
+            raise ValueError(
+                f"setup {self.name}: no fitted efficiency for gpu {self.gpu!r} (no operator profile); use cost = "
+                '"analytic", a calibrated .json profile, or a [gpu_spec] efficiency_of naming a profiled GPU'
+            )
+        return gpu_efficiencies()[name].efficiency
+
     def costs(self, policy: str = "sync") -> dict[str, CostModel]:
         """A cost model per role on its device group under ``policy``: roofline (fitted or analytic efficiencies),
         or a profile calibrated on an executor's records (``cost = "NAME.json"``, in oppo/data/profiles/)."""
@@ -243,12 +261,7 @@ class Setup:
             )
             return calibrated_costs(path, list(self.devices_for(policy)))
         gpu, engine = self.gpu_datasheet(), ENGINES[self.engine]
-        if self.cost == "fitted" and self.gpu not in gpu_efficiencies():
-            raise ValueError(
-                f"setup {self.name}: no fitted efficiency for gpu {self.gpu!r} (no operator profile); "
-                'use cost = "analytic" or a calibrated .json profile'
-            )
-        eff = gpu_efficiencies()[self.gpu].efficiency if self.cost == "fitted" else Efficiency()
+        eff = self._efficiency()
         devices = self.devices_for(policy)
         generating = "rollout" if "rollout" in devices else "actor"
         out = {}

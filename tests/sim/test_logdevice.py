@@ -78,9 +78,11 @@ def test_the_peak_reads_back_from_a_log_made_with_it(tmp_path, trainer_steps):
     log = load_run_log(path)
     read, n_steps = read_back_peak(setup, log)
     assert n_steps == 3 and read == pytest.approx(peak, rel=1e-9)
-    resolved = resolve_gpu(setup, log).gpu_spec
-    assert resolved.peak_flops == pytest.approx(peak, rel=1e-9)
-    assert resolved.memory_bytes >= 70.5 * 2**30  # at least what the log reserved
+    resolved = resolve_gpu(setup, log)
+    assert resolved.gpu_spec.peak_flops == pytest.approx(peak, rel=1e-9)
+    assert resolved.gpu_spec.memory_bytes >= 70.5 * 2**30  # at least what the log reserved
+    # 750 TFLOP/s is no catalog GPU's peak: the default fractions of the datasheet, not a neighbour's fitted ones
+    assert resolved.gpu_spec.efficiency_of == "" and resolved.cost == "analytic"
 
 
 def test_real_logs_read_back_verl_s_table():
@@ -91,6 +93,18 @@ def test_real_logs_read_back_verl_s_table():
     assert n_gpg == 168 and 0.95 * 312e12 <= gpg <= 1.005 * 312e12
     mi300x, _ = read_back_peak(load_setup("verl-deepseek-llm-7b-ppo-8xmi300x"), load_run_log(MI300X_CSV))
     assert 0.95 * 1336e12 <= mi300x <= 1.005 * 1336e12
+
+
+def test_a_device_read_back_at_a_catalog_gpus_peak_is_priced_with_that_gpus_fitted_efficiencies():
+    """The GPG run reads back verl's A100 / A800 peak: its device takes the A100's fitted fractions (as a run on a
+    named A100 would, so one framework layer prices both alike), on its own read-back peak and logged memory."""
+    from oppo.sim.cost.gpu import gpu_efficiencies
+
+    resolved = resolve_gpu(load_setup(GPG), load_run_log(GPG_LOG))
+    assert resolved.gpu_spec.efficiency_of == "a100" and resolved.cost == "fitted"
+    base = resolved.costs()["actor"].base
+    assert base.efficiency == gpu_efficiencies()["a100"].efficiency
+    assert base.gpu.peak_flops == resolved.gpu_spec.peak_flops < 312e12
 
 
 def test_a_log_without_mfu_or_tokens_exits_2(tmp_path):
@@ -135,7 +149,7 @@ def test_the_spec_table_round_trips_and_runs(tmp_path):
     ],
 )
 def test_a_spec_table_names_any_gpu_and_checks_its_keys(tmp_path, table, message):
-    good = 'gpu = "my-gpu"\n[gpu_spec]\nname = "my-gpu"\nhbm_bytes_per_s = 3e12\npeak_flops = 5e14\n'
+    good = 'gpu = "my-gpu"\ncost = "analytic"\n[gpu_spec]\nname = "my-gpu"\nhbm_bytes_per_s = 3e12\npeak_flops = 5e14\n'
     good += "memory_bytes = 8e10\nlink_bytes_per_s = 4e11\n"
     (tmp_path / "good.toml").write_text(f'base = "{GPG}"\n{good}')
     setup = load_setup(str(tmp_path / "good.toml"))
