@@ -93,13 +93,17 @@ def logged_memory_bytes(log: TrainingLog) -> float:
 
 
 def prior_gpu(peak_flops: float, memory_bytes: float) -> GPU:
-    """The catalog GPU whose peak is closest to ``peak_flops`` (by ratio); of equal peaks, one that holds
-    ``memory_bytes``, then the one with the most memory. The CPU stand-in of the executor is no candidate."""
+    """The catalog GPU whose peak is closest to ``peak_flops`` (by ratio); of equal peaks (H100, H200 and GH200 all
+    promise 989 TFLOP/s), the one with the least memory that holds ``memory_bytes`` (a log that reserved 70 GB is
+    priced as the H100, the family's commonest part, not with an H200's bandwidth), else the one with the most. The
+    CPU stand-in of the executor is no candidate."""
     gpus = [g for g in GPUS.values() if g.name != "cpu-core"]
-    return min(
-        gpus,
-        key=lambda g: (abs(math.log(g.peak_flops / peak_flops)), g.memory_bytes < memory_bytes, -g.memory_bytes),
-    )
+
+    def key(g: GPU) -> tuple:
+        holds = g.memory_bytes >= memory_bytes
+        return abs(math.log(g.peak_flops / peak_flops)), not holds, g.memory_bytes if holds else -g.memory_bytes
+
+    return min(gpus, key=key)
 
 
 def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from oppo.core.config import to_dict
-from oppo.sim.logdevice import read_back_peak, resolve_gpu
+from oppo.sim.logdevice import prior_gpu, read_back_peak, resolve_gpu
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setup_toml import load_setup, setup_from_dict, setup_toml
 from oppo.sim.setups import GpuSpec
@@ -105,6 +105,25 @@ def test_a_device_read_back_at_a_catalog_gpus_peak_is_priced_with_that_gpus_fitt
     base = resolved.costs()["actor"].base
     assert base.efficiency == gpu_efficiencies()["a100"].efficiency
     assert base.gpu.peak_flops == resolved.gpu_spec.peak_flops < 312e12
+
+
+@pytest.mark.parametrize(
+    "peak, reserved_gb, expected",
+    [
+        (989e12, 70, "h100"),
+        (989e12, 90, "gh200"),
+        (989e12, 130, "h200"),
+        (310.6e12, 113.6, "a100"),
+        (1336e12, 150, "mi300x"),
+    ],
+)
+def test_of_gpus_that_promise_one_peak_the_prior_is_the_smallest_that_holds_the_logged_memory(
+    peak, reserved_gb, expected
+):
+    """verl promises 989 TFLOP/s for H100, H200 and GH200 alike: a log that reserved 70 GB is priced as an H100, not
+    with an H200's bandwidth; where no GPU of the peak holds what was reserved (the GPG run's 113.6 GB at the A100's
+    peak), the largest one."""
+    assert prior_gpu(peak, reserved_gb * 1e9).name == expected
 
 
 def test_a_log_without_mfu_or_tokens_exits_2(tmp_path):
