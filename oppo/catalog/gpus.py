@@ -1,7 +1,7 @@
 """GPU datasheets: memory bandwidth, dense BF16 peak, memory, intra-node link. One table for both backends (the
 simulator's cost model, the executor's MFU). Dense figures, no sparsity, from the vendors' datasheets:
-NVIDIA A100 (40 / 80 GB SXM), H100 SXM, H200 SXM, GH200 (96 GB HBM3), HGX B200 (per GPU), A40, L40S;
-AMD Instinct MI300X.
+NVIDIA A100 (40 / 80 GB SXM), H100 SXM, H200 SXM, GH200 (96 GB HBM3), HGX B200 (per GPU), H20 (96 GB: 148
+TFLOP/s dense BF16, 4.0 TB/s, NVLink 4), A40, L40S; AMD Instinct MI300X.
 
 The link is the GPU-to-GPU bandwidth within a node, per GPU and per direction (half the bidirectional figure the
 datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
@@ -54,7 +54,9 @@ GPUS = {
         GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9, matmul_flops=1745.0e12),
         GPU("h200", 4.8e12, 989e12, 141e9, 450e9, 50e9, matmul_flops=794.5e12),  # "H200 is the same"
         GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9, matmul_flops=794.5e12),
-        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=828.6e12),
+        # its network card: HGX H20 servers are built as HGX H100 ones, a 400 Gb/s card per GPU [assumed]
+        GPU("h20", 4.0e12, 148e12, 96e9, 450e9, 50e9),
+        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=828.6e12),  # measured: the 141 GB HBM3e one
         GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9, matmul_flops=668.4e12),
         GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9, matmul_flops=271.2e12),
         GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9, matmul_flops=271.2e12),  # the A100 SXM's silicon
@@ -73,6 +75,7 @@ DEVICE_NAMES = (
     ("GH200", "gh200"),  # before H200, which its name contains
     ("H200", "h200"),
     ("H100", "h100"),
+    ("H20", "h20"),  # after H200, whose name contains it
     ("MI300X", "mi300x"),
     ("A100-SXM4-40GB", "a100-40gb"),
     ("A100", "a100"),

@@ -22,10 +22,10 @@ attention is 1-2% of F at these lengths).
 The peak and the framework layer's fitted ``efficiency`` of each stage are one product: the peak fixes the scale,
 the fit the rest. Bandwidth, link and network card are priors: the catalog GPU of the closest peak
 (:func:`prior_gpu`); the memory is at least the most the log reserved (``perf/max_memory_reserved_gb``). Where the
-peak is one verl promises a catalog GPU (within :data:`SAME_PEAK`), the device is of that GPU's family and takes its
-fitted fractions of the datasheet (``efficiency_of``: an A800 read back at the A100's 312 TFLOP/s is priced as an
-A100 is, so a layer fitted on runs of named GPUs transfers to it); else the default fractions (``cost =
-"analytic"``).
+peak is the entry of verl's table for catalog GPUs (:data:`VERL_PEAKS`) and the prior is one of them, the device is
+of that family and takes its fitted fractions of the datasheet (``efficiency_of``: an A800 read back at the A100's
+312 TFLOP/s is priced as an A100 is, so a layer fitted on runs of named GPUs transfers to it); else the default
+fractions (``cost = "analytic"``).
 """
 
 from __future__ import annotations
@@ -43,9 +43,20 @@ from oppo.sim.logfit import step_lengths
 from oppo.sim.runlogs import LoggedStep, TrainingLog
 from oppo.sim.setups import UNKNOWN_GPU, GpuSpec, Setup
 
-# A read-back peak within this ratio of a catalog GPU's is that GPU's: verl's table promises the datasheet figure,
-# and the read-back reads 0-5% low (the logged update seconds include the batch's move to the workers)
-SAME_PEAK = 1.05
+# The peaks verl's flops counter promises (verl/utils/flops_counter.py, get_device_flops, mid-2025) for the device
+# names it matches -> the catalog GPUs of those names. A peak read back within READ_BACK of one of them is that
+# table entry, so the device is one of those GPUs and takes their fitted efficiencies; other entries (L20 119.5,
+# L40 181.05, Ascend 910B 354) name devices the catalog has no profile of, and a peak near a catalog GPU's by
+# chance (H20's 148 is the A40's 149.7 to 1%) says nothing of its silicon.
+VERL_PEAKS = {
+    1336e12: ("mi300x",),
+    989e12: ("h100", "h200", "gh200"),  # H100, H800, H200
+    312e12: ("a100", "a100-40gb"),  # A100, A800
+    148e12: ("h20",),
+}
+# read-back / promised: the logged update seconds include the batch's move to the workers, which verl's own timer
+# of the update leaves out, so a peak reads back 0-5% low (0.4-0.5% on the shared runs)
+READ_BACK = (0.95, 1.005)
 
 
 def verl_update_flops(shape: ModelShape, tokens: float, seqlens: np.ndarray) -> float:
@@ -121,11 +132,21 @@ def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:
         f"memory_bytes the larger of the {prior.name}'s and the log's peak reserved; the other figures priors: the "
         f"catalog's {prior.name} (closest peak)"
     )
-    same = abs(math.log(peak / prior.peak_flops)) <= math.log(SAME_PEAK) and prior.name in gpu_efficiencies()
-    source += f"; the {prior.name}'s fitted efficiencies (its peak)" if same else "; the default efficiencies"
+    family = verl_family(peak)
+    same = prior.name in family and prior.name in gpu_efficiencies()
+    cost = setup.cost if same or setup.cost != "fitted" else "analytic"
+    if cost == "fitted":
+        source += f"; the {prior.name}'s fitted efficiencies (verl's peak for it)"
+    else:
+        source += "; the default efficiencies" + ("" if same else " (no catalog GPU of verl's peak)")
     figures = {f.name: getattr(prior, f.name) for f in dataclasses.fields(GPU)}
     name = f"{UNKNOWN_GPU}-{peak / 1e12:.0f}tflops"
     figures |= {"name": name, "peak_flops": peak, "memory_bytes": max(prior.memory_bytes, reserved)}
     spec = GpuSpec(**figures, source=source, efficiency_of=prior.name if same else "")
-    cost = setup.cost if same or setup.cost != "fitted" else "analytic"
     return dataclasses.replace(setup, gpu=spec.name, gpu_spec=spec, cost=cost)
+
+
+def verl_family(peak_flops: float) -> tuple[str, ...]:
+    """The catalog GPUs of the verl table entry a read-back peak is (:data:`VERL_PEAKS`), or () where it is none."""
+    low, high = READ_BACK
+    return next((gpus for promised, gpus in VERL_PEAKS.items() if low <= peak_flops / promised <= high), ())

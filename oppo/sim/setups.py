@@ -51,9 +51,11 @@ class GpuSpec(GPU):
             value, required = getattr(self, f.name), f.default is dataclasses.MISSING  # optional ones: 0 = none known
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (required and not value):
                 raise ValueError(f"gpu_spec {f.name} must be a number {'> 0' if required else '>= 0'}, got {value!r}")
-        if self.efficiency_of and self.efficiency_of not in GPUS:
-            known = ", ".join(GPUS)
-            raise ValueError(f"gpu_spec efficiency_of: unknown GPU {self.efficiency_of!r}; choose from {known}")
+        if self.efficiency_of and self.efficiency_of not in gpu_efficiencies():
+            known = ", ".join(gpu_efficiencies())
+            raise ValueError(
+                f"gpu_spec efficiency_of: no fitted efficiency of {self.efficiency_of!r}; choose from {known}"
+            )
 
 
 @dataclass(frozen=True)
@@ -236,11 +238,14 @@ class Setup:
         return ENGINES[self.engine]
 
     def _efficiency(self) -> Efficiency:
-        """The achieved fractions of the datasheet: the fitted ones of the setup's GPU (a ``[gpu_spec]``'s
-        ``efficiency_of``) for ``cost = "fitted"``, the default ones for ``"analytic"``."""
+        """The achieved fractions of the datasheet: for ``cost = "fitted"`` the fitted ones of a ``[gpu_spec]``'s
+        ``efficiency_of``, else of the setup's GPU, and a ``[gpu_spec]`` that names no profiled GPU the default ones
+        (as ``cost = "analytic"`` gives)."""
         if self.cost != "fitted":
             return Efficiency()
-        name = self.gpu_spec.efficiency_of if self.gpu_spec is not None else self.gpu
+        name = (self.gpu_spec.efficiency_of if self.gpu_spec is not None else "") or self.gpu
+        if name not in gpu_efficiencies() and self.gpu_spec is not None:
+            return Efficiency()
         if name not in gpu_efficiencies():
             raise ValueError(
                 f"setup {self.name}: no fitted efficiency for gpu {self.gpu!r} (no operator profile); use cost = "

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from oppo.core.config import to_dict
-from oppo.sim.logdevice import prior_gpu, read_back_peak, resolve_gpu
+from oppo.sim.cost.gpu import Efficiency
+from oppo.sim.logdevice import prior_gpu, read_back_peak, resolve_gpu, verl_family
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setup_toml import load_setup, setup_from_dict, setup_toml
 from oppo.sim.setups import GpuSpec
@@ -126,6 +127,37 @@ def test_of_gpus_that_promise_one_peak_the_prior_is_the_smallest_that_holds_the_
     assert prior_gpu(peak, reserved_gb * 1e9).name == expected
 
 
+@pytest.mark.parametrize(
+    "peak, family",
+    [
+        (148e12 * 0.99, ("h20",)),  # not the A40's 149.7, 1% away
+        (1336e12 * 0.995, ("mi300x",)),
+        (989e12 * 0.96, ("h100", "h200", "gh200")),
+        (354e12, ()),  # verl's Ascend 910B: no catalog GPU, though the L40S's 362 is 2% away
+        (119.5e12, ()),  # verl's L20
+        (989e12 * 0.94, ()),  # further below verl's figure than a read-back reads
+    ],
+)
+def test_a_read_back_peak_names_a_catalog_family_only_at_verls_entry_for_it(peak, family):
+    """A peak read back from verl's MFU is the entry of verl's flops table the device's name matched: it identifies
+    the catalog GPUs of that entry (whose fitted efficiencies the device then takes), and no other GPU whose peak
+    lies near it by chance."""
+    assert verl_family(peak) == family
+    if family:
+        assert prior_gpu(peak, 50e9).name in family
+
+
+def test_a_gpu_spec_over_a_catalog_gpu_keeps_its_fitted_efficiencies(tmp_path):
+    """A setup that names a catalog GPU and overrides its figures with a [gpu_spec] is priced with that GPU's fitted
+    fractions of them."""
+    from oppo.sim.cost.gpu import gpu_efficiencies
+
+    spec = '[gpu_spec]\nname = "h100"\nhbm_bytes_per_s = 3e12\npeak_flops = 9e14\nmemory_bytes = 8e10\n'
+    (tmp_path / "s.toml").write_text(f'base = "paper-7b-h200"\ngpu = "h100"\n{spec}link_bytes_per_s = 4e11\n')
+    base = load_setup(str(tmp_path / "s.toml")).costs()["actor"].base
+    assert base.gpu.peak_flops == 9e14 and base.efficiency == gpu_efficiencies()["h100"].efficiency
+
+
 def test_a_log_without_mfu_or_tokens_exits_2(tmp_path):
     log = tmp_path / "steps.log.gz"  # the GPG step lines without their MFU and token counts
     lines = gzip.open(GPG_LOG, "rt").read().splitlines()
@@ -168,11 +200,12 @@ def test_the_spec_table_round_trips_and_runs(tmp_path):
     ],
 )
 def test_a_spec_table_names_any_gpu_and_checks_its_keys(tmp_path, table, message):
-    good = 'gpu = "my-gpu"\ncost = "analytic"\n[gpu_spec]\nname = "my-gpu"\nhbm_bytes_per_s = 3e12\npeak_flops = 5e14\n'
+    good = 'gpu = "my-gpu"\n[gpu_spec]\nname = "my-gpu"\nhbm_bytes_per_s = 3e12\npeak_flops = 5e14\n'
     good += "memory_bytes = 8e10\nlink_bytes_per_s = 4e11\n"
     (tmp_path / "good.toml").write_text(f'base = "{GPG}"\n{good}')
     setup = load_setup(str(tmp_path / "good.toml"))
     assert isinstance(setup.gpu_spec, GpuSpec) and setup.costs()["actor"].base.gpu.peak_flops == 5e14
+    assert setup.cost == "fitted" and setup.costs()["actor"].base.efficiency == Efficiency()  # no profile named
     (tmp_path / "bad.toml").write_text(f'base = "{GPG}"\ngpu = "my-gpu"\n[gpu_spec]\nname = "my-gpu"\n{table}\n')
     with pytest.raises(ValueError, match=message):
         load_setup(str(tmp_path / "bad.toml"))
