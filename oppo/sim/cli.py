@@ -422,14 +422,19 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def cmd_fit_gpus(args: argparse.Namespace) -> None:
+    from oppo.catalog.gpus import GPUS
     from oppo.sim.cost.gpu import gpu_efficiencies
 
-    print("gpu        bw_frac  flops_frac  layer_overhead_us  rows  heldout_median_err  heldout_p90_err")
+    print("gpu        bw_frac  flops_frac  train_frac  layer_overhead_us  rows  heldout_median_err  heldout_p90_err")
     for name, fit in gpu_efficiencies().items():
-        e = fit.efficiency
+        e, gpu, source = fit.efficiency, GPUS[name], GPUS[fit.gpu]
+        # a GPU without a profile: its source's fractions, the FLOP/s ones x the ratio of their matmul ceilings
+        scaled = name != fit.gpu and gpu.matmul_flops and source.matmul_flops
+        ratio = f" x {gpu.matmul_frac / source.matmul_frac:.3f} matmul ceiling" if scaled else ""
         print(
-            f"{name:<10} {e.bandwidth_frac:7.3f}  {e.flops_frac:10.3f}  {e.layer_overhead_s * 1e6:17.1f}  "
-            f"{fit.rows:4d}  {fit.heldout_median_abs_err:18.1%}  {fit.heldout_p90_abs_err:15.1%}  (from {fit.gpu})"
+            f"{name:<10} {e.bandwidth_frac:7.3f}  {e.flops_frac:10.3f}  {e.train_flops_frac:10.3f}  "
+            f"{e.layer_overhead_s * 1e6:17.1f}  {fit.rows:4d}  {fit.heldout_median_abs_err:18.1%}  "
+            f"{fit.heldout_p90_abs_err:15.1%}  (from {fit.gpu}{ratio})"
         )
 
 

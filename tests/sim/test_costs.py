@@ -5,6 +5,7 @@ import pytest
 
 from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost
 from oppo.sim.cost.gpu import GPUS, Efficiency, fit_roofline, gpu_efficiencies
+from tests import invoke
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -233,3 +234,11 @@ def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):
     assert model.framework.reward == model.framework.ref
     path.write_text('base = "paper-7b-h200"\nreward = "rule"\n[framework.reward]\nper_unit_s = 1e-3\n')
     assert load_setup(str(path)).framework.reward.per_unit_s == 1e-3  # set by hand: kept
+
+
+def test_fit_gpus_prints_each_gpus_fractions_and_where_they_come_from():
+    res = invoke.sim("fit-gpus")
+    assert res.returncode == 0, res.stderr
+    mi300x = next(line for line in res.stdout.splitlines() if line.startswith("mi300x"))
+    assert "0.392" in mi300x and "(from h100 x 0.636 matmul ceiling)" in mi300x
+    assert next(line for line in res.stdout.splitlines() if line.startswith("h100")).endswith("(from h100)")
