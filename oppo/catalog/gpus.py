@@ -4,7 +4,7 @@ NVIDIA A100 (40 / 80 GB SXM), H100 SXM, H200 SXM, GH200 (96 GB HBM3), HGX B200 (
 TFLOP/s dense BF16, 4.0 TB/s, NVLink 4), A40, L40S; AMD Instinct MI300X.
 
 The link is the GPU-to-GPU bandwidth within a node, per GPU and per direction (half the bidirectional figure the
-datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
+datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200, H20) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
 MI300X Infinity Fabric 896 GB/s over its seven peer links; A40 and L40S talk over PCIe 4.0 x16 (64 GB/s).
 Between nodes each GPU has a network card of its own in the vendors' reference systems (``nic_bytes_per_s``, per GPU
 per direction): DGX H100 / H200 / GH200 NVL and DGX B200 one ConnectX-7 400 Gb/s NDR per GPU (50 GB/s); DGX A100 one
