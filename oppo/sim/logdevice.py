@@ -43,16 +43,24 @@ from oppo.sim.logfit import step_lengths
 from oppo.sim.runlogs import LoggedStep, TrainingLog
 from oppo.sim.setups import UNKNOWN_GPU, GpuSpec, Setup
 
-# The peaks verl's flops counter promises (verl/utils/flops_counter.py, get_device_flops, mid-2025) for the device
-# names it matches -> the catalog GPUs of those names. A peak read back within READ_BACK of one of them is that
-# table entry, so the device is one of those GPUs and takes their fitted efficiencies; other entries (L20 119.5,
-# L40 181.05, Ascend 910B 354) name devices the catalog has no profile of, and a peak near a catalog GPU's by
-# chance (H20's 148 is the A40's 149.7 to 1%) says nothing of its silicon.
+# The peaks verl's flops counter promises by device name (verl/utils/flops_counter.py: get_device_flops in mid-2025,
+# _DEVICE_FLOPS in 2026) -> the catalog GPUs of those names (none: a device the catalog does not have). A peak read
+# back within READ_BACK of exactly one entry is that entry, so the device is one of its GPUs and takes their fitted
+# efficiencies; a peak near a catalog GPU's by chance says nothing of its silicon, and one near two entries (H20's
+# 148 and A40's 149.7; Ascend 910B's 354 and L40S's 362.05) is told apart by the memory the log reserved, or not at
+# all.
 VERL_PEAKS = {
+    2500e12: (),  # GB200
+    2250e12: ("b200",),
     1336e12: ("mi300x",),
     989e12: ("h100", "h200", "gh200"),  # H100, H800, H200
+    362.05e12: ("l40s",),
+    354e12: (),  # Ascend 910B
     312e12: ("a100", "a100-40gb"),  # A100, A800
+    181.05e12: (),  # L40
+    149.7e12: ("a40",),
     148e12: ("h20",),
+    119.5e12: (),  # L20
 }
 # read-back / promised: the logged update seconds include the batch's move to the workers, which verl's own timer
 # of the update leaves out, so a peak reads back 0-5% low (0.4-0.5% on the shared runs)
@@ -132,21 +140,23 @@ def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:
         f"memory_bytes the larger of the {prior.name}'s and the log's peak reserved; the other figures priors: the "
         f"catalog's {prior.name} (closest peak)"
     )
-    family = verl_family(peak)
-    same = prior.name in family and prior.name in gpu_efficiencies()
+    same = prior.name in verl_family(peak, reserved) and prior.name in gpu_efficiencies()
     cost = setup.cost if same or setup.cost != "fitted" else "analytic"
-    if cost == "fitted":
-        source += f"; the {prior.name}'s fitted efficiencies (verl's peak for it)"
-    else:
-        source += "; the default efficiencies" + ("" if same else " (no catalog GPU of verl's peak)")
+    fitted = cost == "fitted"  # the prior's fitted efficiencies, where the setup takes fitted ones
+    source += f"; the {prior.name}'s fitted efficiencies (verl's peak for it)" if fitted else "; default efficiencies"
     figures = {f.name: getattr(prior, f.name) for f in dataclasses.fields(GPU)}
     name = f"{UNKNOWN_GPU}-{peak / 1e12:.0f}tflops"
     figures |= {"name": name, "peak_flops": peak, "memory_bytes": max(prior.memory_bytes, reserved)}
-    spec = GpuSpec(**figures, source=source, efficiency_of=prior.name if same else "")
+    spec = GpuSpec(**figures, source=source, efficiency_of=prior.name if fitted else "")
     return dataclasses.replace(setup, gpu=spec.name, gpu_spec=spec, cost=cost)
 
 
-def verl_family(peak_flops: float) -> tuple[str, ...]:
-    """The catalog GPUs of the verl table entry a read-back peak is (:data:`VERL_PEAKS`), or () where it is none."""
+def verl_family(peak_flops: float, memory_bytes: float = 0.0) -> tuple[str, ...]:
+    """The catalog GPUs of the verl table entry a read-back peak is (:data:`VERL_PEAKS`), or () where it is none of
+    them or could be several: of entries within :data:`READ_BACK`, those none of whose GPUs holds the ``memory_bytes``
+    the log reserved are dropped (a device the catalog lacks may hold anything)."""
     low, high = READ_BACK
-    return next((gpus for promised, gpus in VERL_PEAKS.items() if low <= peak_flops / promised <= high), ())
+    entries = [gpus for promised, gpus in VERL_PEAKS.items() if low <= peak_flops / promised <= high]
+    if len(entries) > 1:
+        entries = [gpus for gpus in entries if not gpus or any(GPUS[g].memory_bytes >= memory_bytes for g in gpus)]
+    return entries[0] if len(entries) == 1 else ()

@@ -106,6 +106,10 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None]) -> list
         results = [future.result() for future in futures]  # in order: the items' rows whichever finished first
     except BaseException:  # Ctrl-C, or a simulation's error: cancel what is queued, stop what runs
         workers_left = list(executor._processes.values())  # no public handle on them before 3.14; stable since 3.8
+        # the queue's feeder thread may be blocked writing calls into a pipe the workers ended below no longer read;
+        # the pool's thread, which the interpreter joins at exit, would wait on it forever (CPython 3.11 unblocks it
+        # on Windows alone, gh-107219): it is a daemon thread, let it go
+        executor._call_queue.cancel_join_thread()
         executor.shutdown(wait=False, cancel_futures=True)
         for process in workers_left:
             process.terminate()

@@ -128,23 +128,28 @@ def test_of_gpus_that_promise_one_peak_the_prior_is_the_smallest_that_holds_the_
 
 
 @pytest.mark.parametrize(
-    "peak, family",
+    "peak, reserved_gb, family",
     [
-        (148e12 * 0.99, ("h20",)),  # not the A40's 149.7, 1% away
-        (1336e12 * 0.995, ("mi300x",)),
-        (989e12 * 0.96, ("h100", "h200", "gh200")),
-        (354e12, ()),  # verl's Ascend 910B: no catalog GPU, though the L40S's 362 is 2% away
-        (119.5e12, ()),  # verl's L20
-        (989e12 * 0.94, ()),  # further below verl's figure than a read-back reads
+        (148e12 * 0.999, 70, ("h20",)),  # near the A40's 149.7 too, but an A40 cannot hold 70 GB
+        (148e12 * 0.999, 40, ()),  # an H20 or an A40: verl's table cannot say which
+        (149.7e12 * 0.985, 40, ()),
+        (149.7e12 * 0.999, 40, ("a40",)),  # above H20's 148 by more than a read-back ever reads high
+        (1336e12 * 0.995, 150, ("mi300x",)),
+        (989e12 * 0.96, 70, ("h100", "h200", "gh200")),
+        (312e12 * 0.996, 113.6, ("a100", "a100-40gb")),  # the GPG run: one entry, whatever its memory says
+        (354e12, 60, ()),  # verl's Ascend 910B: no catalog GPU, though the L40S's 362.05 is 2% away
+        (119.5e12, 40, ()),  # verl's L20
+        (989e12 * 0.94, 70, ()),  # further below verl's figure than a read-back reads
     ],
 )
-def test_a_read_back_peak_names_a_catalog_family_only_at_verls_entry_for_it(peak, family):
+def test_a_read_back_peak_names_a_catalog_family_only_at_verls_entry_for_it(peak, reserved_gb, family):
     """A peak read back from verl's MFU is the entry of verl's flops table the device's name matched: it identifies
-    the catalog GPUs of that entry (whose fitted efficiencies the device then takes), and no other GPU whose peak
-    lies near it by chance."""
-    assert verl_family(peak) == family
+    the catalog GPUs of that entry (whose fitted efficiencies the device then takes), and no GPU whose peak lies near
+    it by chance; where two entries lie within a read-back's error, the memory the log reserved tells them apart
+    or nothing does."""
+    assert verl_family(peak, reserved_gb * 1e9) == family
     if family:
-        assert prior_gpu(peak, 50e9).name in family
+        assert prior_gpu(peak, reserved_gb * 1e9).name in family
 
 
 def test_a_gpu_spec_over_a_catalog_gpu_keeps_its_fitted_efficiencies(tmp_path):
