@@ -1,10 +1,12 @@
 """GPU datasheets: memory bandwidth, dense BF16 peak, memory, intra-node link. One table for both backends (the
 simulator's cost model, the executor's MFU). Dense figures, no sparsity, from the vendors' datasheets:
 NVIDIA A100 (40 / 80 GB SXM), H100 SXM, H200 SXM, GH200 (96 GB HBM3), HGX B200 (per GPU), H20 (96 GB: 148
-TFLOP/s dense BF16, 4.0 TB/s, NVLink 4), A40, L40S; AMD Instinct MI300X.
+TFLOP/s dense BF16, 4.0 TB/s, NVLink 4), A800 and H800 (80 GB SXM: the A100's and H100's compute and memory, NVLink
+at 400 GB/s), A40, L40S; AMD Instinct MI300X.
 
 The link is the GPU-to-GPU bandwidth within a node, per GPU and per direction (half the bidirectional figure the
 datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200, H20) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
+A800 and H800 400 GB/s,
 MI300X Infinity Fabric 896 GB/s over its seven peer links; A40 and L40S talk over PCIe 4.0 x16 (64 GB/s).
 Between nodes each GPU has a network card of its own in the vendors' reference systems (``nic_bytes_per_s``, per GPU
 per direction): DGX H100 / H200 / GH200 NVL and DGX B200 one ConnectX-7 400 Gb/s NDR per GPU (50 GB/s); DGX A100 one
@@ -54,12 +56,16 @@ GPUS = {
         GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9, matmul_flops=1745.0e12),
         GPU("h200", 4.8e12, 989e12, 141e9, 450e9, 50e9, matmul_flops=794.5e12),  # "H200 is the same"
         GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9, matmul_flops=794.5e12),
+        # the H100's die with NVLink cut to 400 GB/s (export version); its network card as the H100's [assumed]
+        GPU("h800", 3.35e12, 989e12, 80e9, 200e9, 50e9),
         # its network card: HGX H20 servers are built as HGX H100 ones, a 400 Gb/s card per GPU [assumed]
         GPU("h20", 4.0e12, 148e12, 96e9, 450e9, 50e9),
         GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=828.6e12),  # measured: the 141 GB HBM3e one
         GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9, matmul_flops=668.4e12),
         GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9, matmul_flops=271.2e12),
         GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9, matmul_flops=271.2e12),  # the A100 SXM's silicon
+        # the A100's die with NVLink cut to 400 GB/s (export version); its network card as the A100's [assumed]
+        GPU("a800", 2.039e12, 312e12, 80e9, 200e9, 25e9),
         GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9),
         GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9),
         # One CPU core of this project's development machine running the executor's tiny models (float32):
@@ -75,10 +81,12 @@ DEVICE_NAMES = (
     ("GH200", "gh200"),  # before H200, which its name contains
     ("H200", "h200"),
     ("H100", "h100"),
+    ("H800", "h800"),
     ("H20", "h20"),  # after H200, whose name contains it
     ("MI300X", "mi300x"),
     ("A100-SXM4-40GB", "a100-40gb"),
     ("A100", "a100"),
+    ("A800", "a800"),
     ("L40S", "l40s"),
     ("A40", "a40"),
 )

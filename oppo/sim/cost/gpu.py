@@ -141,7 +141,8 @@ def fit_gpu_profile(gpu: GPU, rows: list[dict[str, str]], seed: int = 0) -> Prof
 def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
     """Fitted efficiencies per GPU from ``oppo/data/profiles/vidur_layer_ms.csv`` (tensor-parallel degree 1 rows).
     GPUs without a profile inherit one (the efficiency applies to their own datasheet figures): H200, GH200, H20,
-    B200, MI300X from H100 (the closest HBM datacenter part profiled), A100-40GB from A100, L40S from A40 (GDDR);
+    H800, B200, MI300X from H100 (the closest HBM datacenter part profiled), A100-40GB and A800 from A100, L40S from
+    A40 (GDDR);
     where both GPUs' matmul ceilings were measured (:attr:`oppo.catalog.gpus.GPU.matmul_frac`), the FLOP/s
     fractions scaled by their ratio (:func:`derived_fit`)."""
     path = Path(path) if path else PROFILE_DIR / "vidur_layer_ms.csv"
@@ -155,9 +156,11 @@ def gpu_efficiencies(path: str | None = None) -> dict[str, ProfileFit]:
         "h200": "h100",
         "gh200": "h100",
         "h20": "h100",
+        "h800": "h100",
         "b200": "h100",
         "mi300x": "h100",
         "a100-40gb": "a100",
+        "a800": "a100",
         "l40s": "a40",
     }
     for derived, source in derived_from.items():
