@@ -676,16 +676,3 @@ def test_a_replay_of_the_first_steps_is_the_whole_replay_cut_short(log, setup, c
         cut = slice_load(whole[stage], slice(0, 4))
         for field in LOAD_FIELDS:
             assert np.array_equal(np.broadcast_to(getattr(load, field), (4,)), getattr(cut, field)), (stage, field)
-
-
-def test_sleep_modes_weight_moves_are_a_link_share_near_its_link_not_a_sink_for_the_decodes_time():
-    """The GPG run's engine sleeps between steps (its weights to the host and back over the host link: ~0.6 s a step
-    at the nominal 25 GB/s). Fitted free, the share fell to 0.014 (43 s a step: the decode's own time, whose part
-    that grows with the responses then went unpriced, and the validated long-response steps' `gen` came out 30%
-    short); as every other link share, it is a prior the steps move only where they insist. Calibrated on the
-    first 60% of steps, `gen` on the rest is predicted to 15% and the share stays within 5x of the link."""
-    log = load_run_log(DATA / "verl_qwen2_7b_gpg.log.gz")
-    setup = resolve_gpu(load_setup("verl-qwen2-7b-gpg-8gpu"), log)
-    fitted, report = within_run(setup, log)
-    assert 0.2 < fitted.framework.gen.transfer_frac < 5
-    assert report["stages"]["gen"]["median_abs_err"] <= 0.15

@@ -192,9 +192,8 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     declare it: the reshard into the engine at its links' achieved share (``reshard_frac`` where a log times it
     apart, else the prior 1: the nominal links); a KV-cache re-initialisation (``cache_reinit_s``, seconds) where
     a run declares ``reinit``; sleep mode's weight moves where it declares ``sleep`` (their links' achieved share,
-    ``transfer_frac``, fitted, pulled to the nominal link with :data:`PRIOR_WEIGHT` as every link share is); the
-    unnamed ``fixed_s`` only on runs that declare neither, so a run that does not pay a named cost is not charged
-    another's. Where the reshard at its prior alone exceeds what a step pays once
+    ``transfer_frac``, fitted); the unnamed ``fixed_s`` only on runs that declare neither, so a run that does not
+    pay a named cost is not charged another's. Where the reshard at its prior alone exceeds what a step pays once
     (the per-step seconds left would be negative), its links' share is fitted instead: the prior is no floor."""
     shape = measured.shape
     roofline, rows = np.broadcast_to(load.roofline_s, shape), np.broadcast_to(load.row_tokens, shape)
@@ -209,16 +208,13 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
         columns = {"inverse": roofline, "per_token_s": rows, **named, **extra}
         target = base if reshard_column else base - reshard / (reshard_frac or 1.0)
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
-        # the engine's weight moves are bytes over links, their shares priors as every link's: free, sleep mode's
-        # share fell to 0.014 on the GPG run, a per-step sink for 43 s of the decode's own time
-        links = [i for i, term in enumerate(columns) if term in ("transfer", "reshard")]
-        return dict(zip(columns, roofline_lstsq(x, target / measured, anchored=links), strict=True))
+        return dict(zip(columns, roofline_lstsq(x, target / measured), strict=True))
 
     def solve_cornered() -> dict[str, float]:
         """The engine's weight moves (reshard and sleep's, one share: within a run both are constant per step, so
         no fit could split them) priced at a fitted share, the other per-step terms at 0."""
         x = np.stack([roofline, rows, reshard + transfer], axis=1) / measured[:, None]
-        inverse, per_token, moves = roofline_lstsq(x, base / measured, anchored=[2])
+        inverse, per_token, moves = roofline_lstsq(x, base / measured)
         zero = dict.fromkeys((t for t in named if t != "transfer"), 0.0)
         return {"inverse": inverse, "per_token_s": per_token, "reshard": moves, "transfer": moves, **zero}
 
