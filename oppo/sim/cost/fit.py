@@ -203,10 +203,10 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     named = {term: column for term, column in named.items() if np.any(column)}
     base = measured - load.extra_s
 
-    def solve(reshard_column: bool) -> dict[str, float]:
-        extra = {"reshard": reshard} if reshard_column else {}
-        columns = {"inverse": roofline, "per_token_s": rows, **named, **extra}
-        target = base if reshard_column else base - reshard / (reshard_frac or 1.0)
+    def solve() -> dict[str, float]:
+        """The reshard at its share (timed apart, else the prior 1), every other term fitted."""
+        columns = {"inverse": roofline, "per_token_s": rows, **named}
+        target = base - reshard / (reshard_frac or 1.0)
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
         return dict(zip(columns, roofline_lstsq(x, target / measured), strict=True))
 
@@ -218,7 +218,7 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
         zero = dict.fromkeys((t for t in named if t != "transfer"), 0.0)
         return {"inverse": inverse, "per_token_s": per_token, "reshard": moves, "transfer": moves, **zero}
 
-    terms = solve(reshard_column=False)
+    terms = solve()
     cornered = not any(terms[t] for t in named)  # every per-step term at 0: the nominal reshard left nothing
     if reshard_frac is None and np.any(reshard) and cornered:
         terms = solve_cornered()
