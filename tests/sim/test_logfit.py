@@ -489,37 +489,53 @@ def test_a_link_other_than_the_assumed_one_is_no_floor(tmp_path, assumed, link_f
         assert np.median(floor["update_actor"] / measured) > 1.5
 
 
+def host_link_run(tmp_path, link: float, achieved: float, framework: str, ref: StageCost):
+    """The MI300X run's setup with its host link assumed at ``link`` bytes/s (and the other ``[framework]`` lines
+    given), and a log of its first 40 steps synthesised where the link achieves ``achieved`` times that (the
+    reference's terms ``ref``): the assumed setup, the log and the logged steps it replays."""
+    setups = {}
+    for name, bytes_per_s in (("assumed", link), ("real", link * achieved)):
+        path = tmp_path / f"{name}.toml"
+        body = f"host_bytes_per_s = {bytes_per_s!r}\n{framework}"
+        path.write_text(f'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[framework]\n{body}')
+        setups[name] = load_setup(str(path))
+    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:40]
+    truth = {
+        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        "old_log_prob": StageCost(efficiency=0.6),
+        "ref": ref,
+        "values": StageCost(efficiency=0.55),
+        "update_actor": StageCost(efficiency=0.45),
+        "update_critic": StageCost(efficiency=0.5),
+    }
+    return setups["assumed"], synthesized_log(setups["real"], truth, real), real
+
+
+def assert_no_host_link_floor(assumed, log, real, achieved: float, free_ref: StageCost):
+    """Calibrated on its first 60% of steps, the run's `ref` and step are predicted on the rest to 5%; where the
+    link achieves over 10 times the assumed one, `ref` priced with ``free_ref`` (its passes free, its host moves at
+    the assumed link) would take over 1.5x the measured passes: the floor a fixed constant leaves."""
+    report = within_run(assumed, log)[1]
+    assert report["step"]["median_abs_err"] <= 0.05
+    assert report["stages"]["ref"]["median_abs_err"] <= 0.05
+    if achieved > 10:
+        serial = dataclasses.replace(assumed.framework, ref=free_ref)
+        floor = predict_stages(dataclasses.replace(assumed, framework=serial), replay(assumed, real), ["ref"])["ref"]
+        measured = np.array([s.stages["ref"] for s in log.steps])
+        assert np.min(floor / measured) > 1.5
+
+
 @pytest.mark.parametrize("achieved", [0.5, 2.0, 20.0])
 def test_a_reference_offloaded_at_every_micro_batch_has_no_floor_at_the_assumed_host_link(tmp_path, achieved):
     """FSDP's CPU offload copies the reference's shard in at every forward micro-batch. A run whose host link
     achieves half, twice or 20 times the 2 GB/s its setup assumes: calibrated on its first 60% of steps, the
     reference's stage and the step are predicted on the rest to 5%. At 20 times, the copies at the assumed link
     alone would take longer than the measured passes (the floor a fixed constant leaves)."""
-    setups = {}
-    for name, link in (("assumed", 2e9), ("real", 2e9 * achieved)):
-        path = tmp_path / f"{name}.toml"
-        path.write_text(f'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[framework]\nhost_bytes_per_s = {link!r}\n')
-        setups[name] = load_setup(str(path))
-    assert setups["assumed"].framework.offload_each_micro_batch == ("reference",)
-    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:40]
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "old_log_prob": StageCost(efficiency=0.6),
-        "ref": StageCost(efficiency=0.5, exposed_gather_frac=0.3),
-        "values": StageCost(efficiency=0.55),
-        "update_actor": StageCost(efficiency=0.45),
-        "update_critic": StageCost(efficiency=0.5),
-    }
-    log = synthesized_log(setups["real"], truth, real)
-    report = within_run(setups["assumed"], log)[1]
-    assert report["step"]["median_abs_err"] <= 0.05
-    assert report["stages"]["ref"]["median_abs_err"] <= 0.05
-    if achieved > 10:
-        assumed = setups["assumed"]  # its copies and gathers at the nominal links, hidden behind nothing
-        serial = dataclasses.replace(assumed.framework, ref=StageCost(efficiency=1e9, exposed_gather_frac=1.0))
-        floor = predict_stages(dataclasses.replace(assumed, framework=serial), replay(assumed, real), ["ref"])["ref"]
-        measured = np.array([s.stages["ref"] for s in log.steps])
-        assert np.min(floor / measured) > 1.5
+    ref = StageCost(efficiency=0.5, exposed_gather_frac=0.3)
+    assumed, log, real = host_link_run(tmp_path, 2e9, achieved, "", ref)
+    assert assumed.framework.offload_each_micro_batch == ("reference",)
+    # its copies and gathers at the nominal links, hidden behind nothing
+    assert_no_host_link_floor(assumed, log, real, achieved, StageCost(efficiency=1e9, exposed_gather_frac=1.0))
 
 
 @pytest.mark.parametrize("achieved", [0.5, 4.0, 20.0])
@@ -528,33 +544,11 @@ def test_a_reference_loaded_once_a_pass_has_no_floor_at_the_assumed_host_link(tm
     whose host link achieves half, 4 or 20 times the 0.25 GB/s its setup assumes: calibrated on its first 60% of
     steps, the reference's stage and the step are predicted on the rest to 5%. At 20 times, the transfer at the
     assumed link alone would take longer than the measured passes (the floor a fixed constant leaves)."""
-    setups = {}
-    for name, link in (("assumed", 2.5e8), ("real", 2.5e8 * achieved)):
-        path = tmp_path / f"{name}.toml"
-        body = f"host_bytes_per_s = {link!r}\noffload_each_micro_batch = []\n"
-        path.write_text(f'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[framework]\n{body}')
-        setups[name] = load_setup(str(path))
-    assert setups["assumed"].framework.offload == ("reference",)
-    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:40]
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "old_log_prob": StageCost(efficiency=0.6),
-        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0),
-        "values": StageCost(efficiency=0.55),
-        "update_actor": StageCost(efficiency=0.45),
-        "update_critic": StageCost(efficiency=0.5),
-    }
-    log = synthesized_log(setups["real"], truth, real)
-    report = within_run(setups["assumed"], log)[1]
-    assert report["step"]["median_abs_err"] <= 0.05
-    assert report["stages"]["ref"]["median_abs_err"] <= 0.05
-    if achieved > 10:
-        assumed = setups["assumed"]  # the transfer at the nominal link, the pass's compute and gathers free
-        free = StageCost(efficiency=1e9, gather_bandwidth_frac=1e9)
-        serial = dataclasses.replace(assumed.framework, ref=free)
-        floor = predict_stages(dataclasses.replace(assumed, framework=serial), replay(assumed, real), ["ref"])["ref"]
-        measured = np.array([s.stages["ref"] for s in log.steps])
-        assert np.min(floor / measured) > 1.5
+    ref = StageCost(efficiency=0.5, half_efficiency_tokens=2000.0)
+    assumed, log, real = host_link_run(tmp_path, 2.5e8, achieved, "offload_each_micro_batch = []\n", ref)
+    assert assumed.framework.offload == ("reference",)
+    # the transfer at the nominal link, the pass's compute and gathers free
+    assert_no_host_link_floor(assumed, log, real, achieved, StageCost(efficiency=1e9, gather_bandwidth_frac=1e9))
 
 
 UNLIKE_THE_DEFAULTS = {
