@@ -73,7 +73,7 @@ def calibration(
         nodes=span([nodes(s) for s in setups]),
         params_b=span([round(params_b(s), 3) for s in setups]),
         max_new_tokens=span([s.max_new_tokens for s in setups]),
-        gpu_names=tuple(sorted({gpu_name(s) for s in setups})),
+        gpu_names=tuple(sorted({s.priced_as for s in setups})),
         algos=tuple(sorted({s.algo for s in setups})),
         group_sizes=tuple(sorted({s.group_size for s in setups})),
         kv_cache_resets=tuple(sorted({s.framework.kv_cache_reset for s in setups})),
@@ -95,12 +95,6 @@ def offloaded(setup: Setup) -> list[str]:
     """The setup's offloaded roles, ``:each`` marking those copied in at every micro-batch (FSDP's CPU offload)."""
     fw = setup.framework
     return sorted(f"{role}:each" if role in fw.offload_each_micro_batch else role for role in fw.offload)
-
-
-def gpu_name(setup: Setup) -> str:
-    """The GPU a setup's run is priced as: a device read back from its log, as the catalog GPU whose fitted
-    efficiencies it takes (``[gpu_spec] efficiency_of``: an A800 at verl's A100 peak is an A100 here)."""
-    return (setup.gpu_spec.efficiency_of if setup.gpu_spec is not None else "") or setup.gpu
 
 
 def forward_gflop(setup: Setup) -> float:
@@ -141,7 +135,7 @@ def extrapolations(setup: Setup) -> list[str]:
         if span and not span[0] <= value <= span[1]:
             found.append(f"{what} {value} (calibrated on {span[0]}-{span[1]})")
     for what, value, seen in (
-        ("GPU", gpu_name(setup), c.gpu_names),
+        ("GPU", setup.priced_as, c.gpu_names),
         ("algorithm", setup.algo, c.algos),
         ("engine", setup.engine, c.engines),
         ("rollout kv_cache_reset", setup.framework.kv_cache_reset, c.kv_cache_resets),

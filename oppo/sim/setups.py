@@ -237,21 +237,25 @@ class Setup:
     def engine_spec(self):
         return ENGINES[self.engine]
 
+    @property
+    def priced_as(self) -> str:
+        """The GPU whose fitted efficiencies price the setup: a ``[gpu_spec]``'s ``efficiency_of`` (a device read
+        back from its log at verl's A100 peak is an A100 here), else its ``gpu``."""
+        return (self.gpu_spec.efficiency_of if self.gpu_spec is not None else "") or self.gpu
+
     def _efficiency(self) -> Efficiency:
-        """The achieved fractions of the datasheet: for ``cost = "fitted"`` the fitted ones of a ``[gpu_spec]``'s
-        ``efficiency_of``, else of the setup's GPU, and a ``[gpu_spec]`` that names no profiled GPU the default ones
-        (as ``cost = "analytic"`` gives)."""
+        """The achieved fractions of the datasheet: for ``cost = "fitted"`` the fitted ones of :attr:`priced_as`,
+        and a ``[gpu_spec]`` that names no profiled GPU the default ones (as ``cost = "analytic"`` gives)."""
         if self.cost != "fitted":
             return Efficiency()
-        name = (self.gpu_spec.efficiency_of if self.gpu_spec is not None else "") or self.gpu
-        if name not in gpu_efficiencies() and self.gpu_spec is not None:
+        if self.priced_as in gpu_efficiencies():
+            return gpu_efficiencies()[self.priced_as].efficiency
+        if self.gpu_spec is not None:
             return Efficiency()
-        if name not in gpu_efficiencies():
-            raise ValueError(
-                f"setup {self.name}: no fitted efficiency for gpu {self.gpu!r} (no operator profile); use cost = "
-                '"analytic", a calibrated .json profile, or a [gpu_spec] efficiency_of naming a profiled GPU'
-            )
-        return gpu_efficiencies()[name].efficiency
+        raise ValueError(
+            f"setup {self.name}: no fitted efficiency for gpu {self.gpu!r} (no operator profile); use cost = "
+            '"analytic", a calibrated .json profile, or a [gpu_spec] efficiency_of naming a profiled GPU'
+        )
 
     def costs(self, policy: str = "sync") -> dict[str, CostModel]:
         """A cost model per role on its device group under ``policy``: roofline (fitted or analytic efficiencies),
