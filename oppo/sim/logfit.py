@@ -35,7 +35,16 @@ import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.cost.fit import concat_loads, fit_problems, scale_load, slice_load, sum_loads, terms_fitted
+from oppo.sim.cost.fit import (
+    concat_loads,
+    fit_problems,
+    per_unit_identified,
+    scale_load,
+    shared_terms,
+    slice_load,
+    sum_loads,
+    terms_fitted,
+)
 from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
 from oppo.sim.runlogs import COMPOSITES, SUBSTAGES, LoggedStep, TrainingLog
@@ -104,7 +113,7 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     trace = replay_trace(setup, steps)
     bare = _stage_seconds(setup, BARE, trace, len(steps))
     added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
-    runs = _stages_run(setup)
+    runs = stages_run(setup)
     generating = _generating_cost(setup)
     loads = {}
     for stage in STAGE_OPS:
@@ -224,7 +233,7 @@ def predict_stages(setup: Setup, replayed: Replay, stages: list[str]) -> dict[st
     }
 
 
-def _stages_run(setup: Setup) -> set[str]:
+def stages_run(setup: Setup) -> set[str]:
     """Our stages a step of ``setup`` runs: generation, each role's, and ``reward`` also when a rule scores."""
     pushed = {"weight_sync"} if setup.placement.rollout_gpus else set()  # to the rollout engine's own GPUs
     return {"gen", "reward"} | pushed | {s for role in setup.roles(setup.algo) for s in ROLE_STAGES[role] if s}
@@ -232,7 +241,7 @@ def _stages_run(setup: Setup) -> set[str]:
 
 def _parts(setup: Setup, stage: str) -> list[str]:
     """Our stages a logged stage times, among those the setup runs."""
-    runs = _stages_run(setup)
+    runs = stages_run(setup)
     return [part for part in COMPOSITES.get(stage, (stage,)) if part in runs]
 
 
@@ -388,21 +397,39 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
     timed by several runs is one least-squares problem over all of their steps. The reward stage is one problem per
     scorer (a rule: CPU seconds per sequence; a reward model: a forward pass per micro-batch), and the layer takes
     the fit of a rule reward (``rule`` true), of a reward model (false; none: where any run has one, else the
-    rule's); it has no reward terms where no run has that scorer."""
-    problems: dict[tuple[str, tuple[str, ...]], tuple[list[StageLoad], list[np.ndarray]]] = {}
+    rule's); it has no reward terms where no run has that scorer. The stages of a family of
+    :data:`~oppo.sim.cost.fit.SHARED_TERMS` are one problem, each run's rows of them one entry."""
+    problems: dict[tuple[str, tuple[tuple[str, ...], bool]], tuple[list[StageLoad], list[np.ndarray]]] = {}
     for run in runs:
         part = slice(None) if whole else slice(0, run.n_fit)
-        steps = run.log.steps[part]
-        for stage in _fitted_stages(run.setup, run.log):
-            parts = tuple(_parts(run.setup, stage))
-            loads, measured = problems.setdefault((_scorer(run.setup, parts), parts), ([], []))
-            loads.append(slice_load(sum_loads([run.replayed.loads[p] for p in parts]), part))
-            measured.append(_timed(run.log, stage, list(steps)))
+        for key, (loads, measured) in _run_problems(run, part).items():
+            problems.setdefault(key, ([], []))
+            problems[key][0].append(concat_loads(loads))
+            problems[key][1].append(np.concatenate(measured))
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
     fracs = [f for run in runs if (f := reshard_frac(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
-    chosen = {parts: problem for (scorer, parts), problem in problems.items() if scorer in ("", wanted)}
+    chosen = {key: problem for (scorer, key), problem in problems.items() if scorer in ("", wanted)}
     return fit_problems(chosen, float(np.median(fracs)) if fracs else None)
+
+
+def _run_problems(run: LoggedRun, part: slice) -> dict[tuple[str, tuple[tuple[str, ...], bool]], tuple[list, list]]:
+    """One run's rows per problem, (scorer, (the stages its terms price, whether a row sums them)) -> each logged
+    stage's loads and measured seconds on the steps ``part``."""
+    rows: dict[tuple[str, tuple[tuple[str, ...], bool]], tuple[list, list]] = defaultdict(lambda: ([], []))
+    steps = list(run.log.steps[part])
+    for stage in _fitted_stages(run.setup, run.log):
+        parts = tuple(_parts(run.setup, stage))
+        loads, measured = rows[_scorer(run.setup, parts), _priced(parts)]
+        loads.append(slice_load(sum_loads([run.replayed.loads[p] for p in parts]), part))
+        measured.append(_timed(run.log, stage, steps))
+    return rows
+
+
+def _priced(parts: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+    """The problem a logged stage timing our stages ``parts`` is a row of: the stages its terms price (its family's,
+    :func:`~oppo.sim.cost.fit.shared_terms`) and whether its load is their sum (a composite stage)."""
+    return shared_terms(parts), len(parts) > 1
 
 
 def _scorer(setup: Setup, parts: tuple[str, ...]) -> str:
@@ -475,14 +502,21 @@ def step_errors(measured: dict, predicted: dict, first: int) -> dict[str, np.nda
 def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
     """Per logged stage, the terms the shared fit moves (the rest keep their priors): few, so that a stage's
     within-run accuracy is not a free multiplier's."""
-    loads: dict[str, list[StageLoad]] = defaultdict(list)
     timed = any(reshard_frac(run.setup, list(run.log.steps)) for run in runs)
+    problems: dict[tuple, list[StageLoad]] = defaultdict(list)  # (the stages priced, summed) -> a load per run
+    stages: dict[str, tuple] = {}
     for run in runs:
-        for stage in _fitted_stages(run.setup, run.log):
-            loads[stage].append(sum_loads([run.replayed.loads[p] for p in _parts(run.setup, stage)]))
+        for (_, key), (loads, _) in _run_problems(run, slice(None)).items():
+            problems[key].append(concat_loads(loads))
+        stages |= {stage: _priced(tuple(_parts(run.setup, stage))) for stage in _fitted_stages(run.setup, run.log)}
     return {
-        stage: terms_fitted(concat_loads(ls), gen=stage == "gen", per_unit=len(ls) > 1, reshard_timed=timed)
-        for stage, ls in loads.items()
+        stage: terms_fitted(
+            concat_loads(problems[key]),
+            gen=stage == "gen",
+            per_unit=per_unit_identified(len(problems[key]), *key),
+            reshard_timed=timed,
+        )
+        for stage, key in stages.items()
     }
 
 

@@ -364,7 +364,8 @@ def _framework(r: _Reader, seq_tokens: float) -> None:
 
 
 def _micro_batches(r: _Reader, seq_tokens: float) -> None:
-    """Sequences per GPU per micro-batch: the update's, the critic's where it differs, the scoring passes'."""
+    """Sequences per GPU per micro-batch: the update's, the critic's where it differs, the scoring passes', the
+    critic's values pass where it differs from theirs."""
     fw = r.out.tables["framework"]
     gpus = r.out.tables["placement"]["actor_gpus"]
     # a global micro-batch is split over the data-parallel ranks: every GPU under FSDP (over the sequence-parallel
@@ -379,22 +380,27 @@ def _micro_batches(r: _Reader, seq_tokens: float) -> None:
         if critic[0] != train[0]:
             r.out.set("framework.critic_train_micro_batch", *critic)
     forward = _micro(r, f"{ARA}.rollout", "log_prob", ranks, seq_tokens)
-    r.out.set(
-        "framework.forward_micro_batch",
-        *(forward if forward[0] else _micro(r, f"{ARA}.ref", "log_prob", ranks, seq_tokens)),
-    )
+    forward = forward if forward[0] else _micro(r, f"{ARA}.ref", "log_prob", ranks, seq_tokens)
+    r.out.set("framework.forward_micro_batch", *forward)
+    if r.out.tables[""]["critic"]:
+        # the values pass: critic.forward_micro_batch_size, by default the critic's update micro-batch (the only
+        # one before verl 2025-01-02, whose compute_values read ppo_micro_batch_size)
+        values = _micro(r, "critic", "forward", ranks, seq_tokens)
+        values = values if values[0] else critic
+        if values[0] != forward[0]:
+            r.out.set("framework.critic_forward_micro_batch", *values)
 
 
 def _micro(r: _Reader, role: str, kind: str, ranks: int, seq_tokens: float) -> tuple[int, str, str]:
     """Sequences per GPU per micro-batch of ``role``'s ``kind`` pass (``ppo``: the update; ``log_prob``: a scoring
-    forward), with the verl key and its origin. With dynamic batches (``use_dynamic_bsz``), as many mean sequences
-    as the token budget per GPU holds; else ``..._per_gpu`` where set, else the older ``..._micro_batch_size``, a
-    global size verl divides by the data-parallel ``ranks`` (``fsdp_workers.py``: ``//= device_mesh.shape[0]`` in
-    December 2024 already; ``megatron_workers.py``: by the data-parallel world size); 0 where none is set (the
-    whole share in one pass)."""
-    dynamic_key = f"{role}.use_dynamic_bsz" if kind == "ppo" else f"{role}.log_prob_use_dynamic_bsz"
+    forward; ``forward``: the critic's values pass), with the verl key and its origin. With dynamic batches
+    (``use_dynamic_bsz``), as many mean sequences as the token budget per GPU holds; else ``..._per_gpu`` where
+    set, else the older ``..._micro_batch_size``, a global size verl divides by the data-parallel ``ranks``
+    (``fsdp_workers.py``: ``//= device_mesh.shape[0]`` in December 2024 already; ``megatron_workers.py``: by the
+    data-parallel world size); 0 where none is set (the whole share in one pass)."""
+    dynamic_key = f"{role}.use_dynamic_bsz" if kind in ("ppo", "forward") else f"{role}.log_prob_use_dynamic_bsz"
     if r.get(dynamic_key, False)[0]:
-        budget_key = f"{role}.{'ppo' if kind == 'ppo' else 'log_prob'}_max_token_len_per_gpu"
+        budget_key = f"{role}.{kind}_max_token_len_per_gpu"
         budget, origin = r.number(budget_key, 16384)
         return max(1, int(budget // max(seq_tokens, 1.0))), f"{budget_key} / a mean sequence (dynamic batches)", origin
     key = f"{role}.{kind}_micro_batch_size_per_gpu"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from oppo.catalog.gpus import GPU
+from oppo.catalog.shapes import SCORE_HEAD_ROLES
 from oppo.core.config import ScheduleConfig, schedule_from
 from oppo.records.metrics import device_count
 from oppo.sim.cost.engine import ENGINES, CostModel, RooflineCost, model_shape
@@ -275,7 +276,7 @@ class Setup:
         generating = "rollout" if "rollout" in devices else "actor"
         out = {}
         for role, device in devices.items():
-            model = model_shape(self.shape(role))
+            model = dataclasses.replace(model_shape(self.shape(role)), score_head=role in SCORE_HEAD_ROLES)
             first, n = _first_gpu(device), device_count(device)
             engine_terms = self._rollout_engine(model, gpu, first, n) if role == generating else {}
             roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)

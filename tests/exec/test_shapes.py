@@ -164,9 +164,21 @@ def test_both_backends_count_the_same_flops_per_role(tmp_path):
     setup = dataclasses.replace(load_setup("tiny-cpu"), actor=str(tmp_path / "actor"), reward=str(tmp_path / "reward"))
     assert flops_and_peaks(setup)[0] == pytest.approx(executor, rel=1e-12)
     shape = model_shape(str(tmp_path / "actor"))
-    assert executor["actor"] == executor["reference"] == shape.forward_flops(1, 0)  # the LM head as if untied
-    assert (
-        executor["critic"]
-        == executor["reward"]
-        == shape.forward_flops(1, 0) - 2 * shape.vocab * shape.hidden + 2 * shape.hidden
-    )
+    assert executor["actor"] == executor["reference"] == shape.flops_per_token  # the LM head as if untied
+    critic = dataclasses.replace(shape, score_head=True)
+    assert executor["critic"] == executor["reward"] == critic.flops_per_token
+    assert critic.flops_per_token == shape.flops_per_token - 2 * shape.vocab * shape.hidden + 2 * shape.hidden
+
+
+def test_the_roofline_prices_the_matmuls_a_gpu_runs():
+    """MFU counts the token embedding as 2 FLOPs a weight (verl's convention, both backends'); the simulator's
+    roofline does not (a lookup is a gather of one row), and a critic's or reward model's head is its H x 1 score
+    head, not the V x H LM head: every such role of a setup is costed with it."""
+    shape = MODELS["qwen2.5-0.5b"]
+    embedding = 2 * shape.vocab * shape.hidden
+    assert shape.forward_flops(1, 0) == pytest.approx(shape.flops_per_token - embedding, rel=1e-12)
+    critic = dataclasses.replace(shape, score_head=True)
+    assert critic.forward_flops(1, 0) == pytest.approx(shape.forward_flops(1, 0) - embedding + 2 * shape.hidden)
+    costs = load_setup("verl-qwen2.5-0.5b-gsm8k").costs()
+    assert costs["critic"].base.model.score_head and not costs["actor"].base.model.score_head
+    assert costs["critic"].base.model.params == shape.params + shape.hidden  # the actor's head is its embedding (tied)

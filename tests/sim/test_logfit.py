@@ -13,7 +13,7 @@ import pytest
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
-from oppo.sim.cost.fit import LOAD_FIELDS, slice_load
+from oppo.sim.cost.fit import LOAD_FIELDS, SHARED_TERMS, slice_load
 from oppo.sim.cost.framework import ROLE_STAGES, TRL, StageCost, shared_layer
 from oppo.sim.logdevice import resolve_gpu
 from oppo.sim.logfit import (
@@ -26,6 +26,7 @@ from oppo.sim.logfit import (
     replay,
     replay_errors,
     shared_fidelity,
+    stages_run,
     step_lengths,
     with_layer,
 )
@@ -190,16 +191,24 @@ def test_within_run_errors_on_real_logs_hold_the_documented_figures(label, log, 
     assert abs(errors["step"] - float(documented["step"].rstrip("%")) / 100) <= MARGIN
 
 
+def families(gen: StageCost, forward: StageCost, training: StageCost) -> dict[str, StageCost]:
+    """Stage terms as a layer holds them: generation's, one set for every forward pass and one for every training
+    pass (:data:`~oppo.sim.cost.fit.SHARED_TERMS`)."""
+    forwards, trainings = SHARED_TERMS
+    return {"gen": gen} | dict.fromkeys(forwards, forward) | dict.fromkeys(trainings, training)
+
+
 def synthesized_log(setup, truth: dict[str, StageCost], steps) -> TrainingLog:
     """The log ``setup`` with the stage terms ``truth`` would write for the lengths of ``steps``: each stage's
     simulated seconds per step (its per-step term included) and the step's total tokens."""
     framework = dataclasses.replace(setup.framework, **truth)
     true_setup = dataclasses.replace(setup, framework=framework)
     simulated, _ = simulated_stage_seconds(true_setup, steps)
+    run = stages_run(setup)
     n = setup.batch * setup.group_size
     logged = []
     for i, s in enumerate(steps):
-        stages = {stage: simulated[stage][i] + per_step_seconds(true_setup, stage) for stage in truth}
+        stages = {stage: simulated[stage][i] + per_step_seconds(true_setup, stage) for stage in truth if stage in run}
         tokens = n * (s.prompt_mean + s.response_mean)
         logged.append(dataclasses.replace(s, stages=stages, total_tokens=tokens))
     return TrainingLog("synthesized", tuple(logged))
@@ -215,17 +224,11 @@ def test_the_fit_recovers_known_terms_of_group_sampled_and_tensor_parallel_runs(
     setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
     if algo == "grpo":
         setup = dataclasses.replace(setup, algo="grpo", group_size=5, critic=False, batch=64)
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "old_log_prob": StageCost(efficiency=0.6, half_efficiency_tokens=3000.0),
-        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0),
-        "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
-    }
-    if algo == "ppo":
-        truth |= {
-            "values": StageCost(efficiency=0.55, half_efficiency_tokens=2500.0),
-            "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=3500.0),
-        }
+    truth = families(
+        StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        StageCost(efficiency=0.55, half_efficiency_tokens=2500.0),
+        StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
+    )
     log = synthesized_log(setup, truth, real)
     fitted, _ = calibrate(setup, log, fit_frac=0.6)
     for stage, cost in truth.items():
@@ -338,13 +341,11 @@ def test_runs_of_two_model_sizes_separate_a_per_micro_batch_cost_from_the_propor
     """One run cannot tell a per-micro-batch constant from the model-proportional term; a 2B and a 7B run
     synthesised from one known layer can: the shared fit recovers all three terms of each scoring and update
     stage to 5%."""
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, per_unit_s=0.04),
-        "values": StageCost(efficiency=0.6, half_efficiency_tokens=1500.0, per_unit_s=0.03),
-        "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=3000.0, per_unit_s=0.08),
-        "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=2500.0, per_unit_s=0.06),
-    }
+    truth = families(
+        StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, per_unit_s=0.04),
+        StageCost(efficiency=0.45, half_efficiency_tokens=3000.0, per_unit_s=0.08),
+    )
     runs = []
     for setup_name, log_name in (
         ("verl-gemma-2-2b-gsm8k", "verl_gemma_2_2b.log.gz"),
@@ -371,13 +372,11 @@ def test_the_hosts_time_per_micro_batch_hides_behind_a_large_models_compute():
     exposed: the layer fitted across them predicts every stage of each run to 5% and recovers the host time and
     the efficiency to 10%, the share to 0.05 (a fit that sums the host time misses the 0.5B and 2B runs' values
     by 8-11%)."""
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, per_unit_s=0.08, **HOST),
-        "values": StageCost(efficiency=0.6, half_efficiency_tokens=1500.0, per_unit_s=0.08, **HOST),
-        "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=3000.0, per_unit_s=0.15, **HOST),
-        "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=2500.0, per_unit_s=0.15, **HOST),
-    }
+    truth = families(
+        StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, per_unit_s=0.08, **HOST),
+        StageCost(efficiency=0.45, half_efficiency_tokens=3000.0, per_unit_s=0.15, **HOST),
+    )
     runs = []
     for log_name, setup_name in (SHARED_RUNS[0], SHARED_RUNS[2], SHARED_RUNS[3]):
         setup = resolve_gpu(load_setup(setup_name), load_run_log(DATA / log_name))
@@ -469,14 +468,11 @@ def test_a_link_other_than_the_assumed_one_is_no_floor(tmp_path, assumed, link_f
     real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:40]
     setup = two_node_setup(tmp_path, assumed)
     link = dict(gather_bandwidth_frac=link_frac, exposed_gather_frac=0.3)
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "old_log_prob": StageCost(efficiency=0.6, half_efficiency_tokens=3000.0, **link),
-        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, **link),
-        "values": StageCost(efficiency=0.55, half_efficiency_tokens=2500.0, **link),
-        "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=4000.0, **link),
-        "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=3500.0, **link),
-    }
+    truth = families(
+        StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
+        StageCost(efficiency=0.55, half_efficiency_tokens=2500.0, **link),
+        StageCost(efficiency=0.45, half_efficiency_tokens=4000.0, **link),
+    )
     log = synthesized_log(setup, truth, real)
     report = within_run(setup, log)[1]
     assert report["step"]["median_abs_err"] <= 0.05
@@ -500,14 +496,7 @@ def host_link_run(tmp_path, link: float, achieved: float, framework: str, ref: S
         path.write_text(f'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[framework]\n{body}')
         setups[name] = load_setup(str(path))
     real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:40]
-    truth = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0),
-        "old_log_prob": StageCost(efficiency=0.6),
-        "ref": ref,
-        "values": StageCost(efficiency=0.55),
-        "update_actor": StageCost(efficiency=0.45),
-        "update_critic": StageCost(efficiency=0.5),
-    }
+    truth = families(StageCost(efficiency=0.4, per_token_s=2e-5, fixed_s=3.0), ref, StageCost(efficiency=0.45))
     return setups["assumed"], synthesized_log(setups["real"], truth, real), real
 
 
@@ -555,33 +544,29 @@ UNLIKE_THE_DEFAULTS = {
     # a GPU faster than its datasheet times the default fractions: efficiencies above 1
     "faster GPU": (
         {},
-        {
-            "gen": StageCost(efficiency=1.3, per_token_s=1e-5, cache_reinit_s=2.0),
-            "ref": StageCost(efficiency=1.4, half_efficiency_tokens=500.0),
-            "values": StageCost(efficiency=1.2, half_efficiency_tokens=800.0),
-            "update_actor": StageCost(efficiency=1.5, half_efficiency_tokens=1000.0),
-            "update_critic": StageCost(efficiency=1.3, half_efficiency_tokens=900.0),
-        },
+        families(
+            StageCost(efficiency=1.3, per_token_s=1e-5, cache_reinit_s=2.0),
+            StageCost(efficiency=1.4, half_efficiency_tokens=500.0),
+            StageCost(efficiency=1.5, half_efficiency_tokens=1000.0),
+        ),
     ),
     # an engine that neither reshards nor resets its cache each step (vLLM V1 on its own weights)
     "no per-step costs": (
         {"framework": {"weight_reshard": False, "kv_cache_reset": "none"}},
-        {
-            "gen": StageCost(efficiency=0.5, per_token_s=2e-5),
-            "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0),
-            "values": StageCost(efficiency=0.55, half_efficiency_tokens=2500.0),
-            "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
-            "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=3500.0),
-        },
+        families(
+            StageCost(efficiency=0.5, per_token_s=2e-5),
+            StageCost(efficiency=0.55, half_efficiency_tokens=2500.0),
+            StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
+        ),
     ),
     # groups of 8 samples sharing their prompt's prefill (GRPO: no critic), sleep mode's weight moves
     "groups of 8": (
         {"algo": "grpo", "group_size": 8, "critic": False, "batch": 128, "framework": {"kv_cache_reset": "sleep"}},
-        {
-            "gen": StageCost(efficiency=0.4, per_token_s=2e-5, transfer_frac=0.05),
-            "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0),
-            "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
-        },
+        families(
+            StageCost(efficiency=0.4, per_token_s=2e-5, transfer_frac=0.05),
+            StageCost(efficiency=0.5, half_efficiency_tokens=2000.0),
+            StageCost(efficiency=0.45, half_efficiency_tokens=4000.0),
+        ),
     ),
 }
 

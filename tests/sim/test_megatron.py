@@ -13,7 +13,7 @@ from oppo.sim.logfit import fit_layer, logged_run
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setup_toml import load_setup
 from tests import invoke
-from tests.sim.test_logfit import assert_predicts_its_own_steps, synthesized_log
+from tests.sim.test_logfit import assert_predicts_its_own_steps, families, synthesized_log
 
 DATA = Path(__file__).with_name("data")
 
@@ -83,14 +83,12 @@ def test_a_megatron_layout_that_does_not_divide_is_one_line_and_exit_2(tmp_path,
     assert message in res.stderr
 
 
-TRUTH = {  # what a Megatron layer could be: a link at a third of its datasheet, efficiencies off the defaults
-    "gen": StageCost(efficiency=0.4, per_token_s=2e-5, cache_reinit_s=3.0),
-    "old_log_prob": StageCost(efficiency=0.6, half_efficiency_tokens=3000.0, gather_bandwidth_frac=0.3),
-    "ref": StageCost(efficiency=0.5, half_efficiency_tokens=2000.0, gather_bandwidth_frac=0.3),
-    "values": StageCost(efficiency=0.55, half_efficiency_tokens=2500.0, gather_bandwidth_frac=0.3),
-    "update_actor": StageCost(efficiency=0.45, half_efficiency_tokens=4000.0, gather_bandwidth_frac=0.3),
-    "update_critic": StageCost(efficiency=0.5, half_efficiency_tokens=3500.0, gather_bandwidth_frac=0.3),
-}
+# what a Megatron layer could be: a link at a third of its datasheet, efficiencies off the defaults
+TRUTH = families(
+    StageCost(efficiency=0.4, per_token_s=2e-5, cache_reinit_s=3.0),
+    StageCost(efficiency=0.55, half_efficiency_tokens=2500.0, gather_bandwidth_frac=0.3),
+    StageCost(efficiency=0.45, half_efficiency_tokens=4000.0, gather_bandwidth_frac=0.3),
+)
 
 
 def test_the_megatron_terms_are_recovered_from_runs_of_three_layouts():

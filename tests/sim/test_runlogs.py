@@ -14,7 +14,7 @@ from oppo.sim.logfit import predict_stages, replay
 from oppo.sim.runlogs import LoggedStep, load_run_log
 from oppo.sim.setup_toml import load_setup
 from tests import invoke
-from tests.sim.test_logfit import within_run
+from tests.sim.test_logfit import families, within_run
 
 DATA = Path(__file__).with_name("data")
 
@@ -116,8 +116,9 @@ def fit_back(setup, path, known: dict) -> dict:
     fitted, report = within_run(setup, load_run_log(path))
     for stage, cost in known.items():
         got = fitted.framework.stage(stage)
-        for term in ("efficiency", "half_efficiency_tokens", "per_token_s"):
-            assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=1e-9), (stage, term)
+        for term, zero in (("efficiency", 1e-9), ("half_efficiency_tokens", 0.01), ("per_token_s", 1e-9)):
+            # zero: what counts as none (a hundredth of a token per micro-batch is the solver's round-off)
+            assert getattr(got, term) == pytest.approx(getattr(cost, term), rel=1e-3, abs=zero), (stage, term)
         # one per-step intercept, named after what the setup declares (its KV-cache reset, else unnamed)
         per_step = got.fixed_s + got.cache_reinit_s
         assert per_step == pytest.approx(cost.fixed_s + cost.cache_reinit_s, rel=1e-3, abs=1e-9), stage
@@ -128,13 +129,11 @@ def test_fit_recovers_known_parameters_from_a_synthesised_log(tmp_path):
     """Stage times predicted by a setup with known framework terms, written as a log, fitted back."""
     real = load_run_log(DATA / "verl_2024_gemma_excerpt.log")
     setup = load_setup("verl-gemma-2-2b-gsm8k")
-    known = {
-        "gen": StageCost(efficiency=0.4, per_token_s=2e-4, fixed_s=6.0),
-        "ref": StageCost(efficiency=0.5, half_efficiency_tokens=4000.0),
-        "values": StageCost(efficiency=0.8, half_efficiency_tokens=9000.0),
-        "update_actor": StageCost(efficiency=0.3, half_efficiency_tokens=2500.0),
-        "update_critic": StageCost(efficiency=0.6, half_efficiency_tokens=500.0),
-    }
+    known = families(
+        StageCost(efficiency=0.4, per_token_s=2e-4, fixed_s=6.0),
+        StageCost(efficiency=0.5, half_efficiency_tokens=4000.0),
+        StageCost(efficiency=0.3, half_efficiency_tokens=2500.0),
+    )
     truth = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **known))
     steps = list(real.steps) * 3  # 30 steps of real lengths
     stages = predict_stages(truth, replay(truth, steps), list(known))

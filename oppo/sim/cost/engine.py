@@ -26,6 +26,7 @@ from oppo.catalog.shapes import (
     forward_flops_per_token,
     head_dim,
     load_hf_config,
+    matmul_flops_per_token,
     parameter_count,
 )
 from oppo.sim.cost.gpu import GPU, Efficiency
@@ -33,8 +34,9 @@ from oppo.sim.cost.gpu import GPU, Efficiency
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder-only transformer (Llama/Qwen family: gated MLP, grouped-query attention) with an LM head; every
-    role is costed as one. Parameters and FLOPs are counted by :mod:`oppo.catalog.shapes`."""
+    """A decoder-only transformer (Llama/Qwen family: gated MLP, grouped-query attention) with an LM head, or with
+    ``score_head`` a one-label score head (a critic or reward model). Parameters and FLOPs are counted by
+    :mod:`oppo.catalog.shapes`."""
 
     name: str
     layers: int
@@ -46,6 +48,7 @@ class ModelShape:
     bytes_per_param: int = 2  # bf16
     tied: bool = False  # the LM head is the token embedding: V x H weights (and bytes) fewer, the same FLOPs
     head_dim: int = 0  # width of an attention head; 0: hidden / heads (Gemma 2 and Qwen3 set their own)
+    score_head: bool = False  # a critic or reward model: an H x 1 score head in place of the V x H LM head
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -84,12 +87,17 @@ class ModelShape:
     @cached_property
     def params(self) -> int:
         """Weights held (a tied head counted once), RMSNorm weights and attention biases aside."""
-        return parameter_count(self.hf_fields)
+        return parameter_count(self.hf_fields, self.score_head)
 
     @cached_property
     def flops_per_token(self) -> float:
-        """Forward FLOPs per token, attention aside (a tied head's matmul runs as an untied one's)."""
-        return forward_flops_per_token(self.hf_fields)
+        """Forward FLOPs per token as MFU counts them (verl's convention: the embedding too), attention aside."""
+        return forward_flops_per_token(self.hf_fields, self.score_head)
+
+    @cached_property
+    def matmul_flops_per_token(self) -> float:
+        """Forward FLOPs per token a GPU computes (the layers and the head), attention aside."""
+        return matmul_flops_per_token(self.hf_fields, self.score_head)
 
     @property
     def weight_bytes(self) -> float:
@@ -103,7 +111,7 @@ class ModelShape:
     def forward_flops(self, tokens: float, attended: float) -> float:
         """FLOPs of a forward pass over ``tokens`` new tokens that attend to ``attended`` (query, key) pairs."""
         # QK^T and the attention-weighted V: 2 FLOPs each per (query, key) pair per unit of the heads' width
-        return self.flops_per_token * tokens + 4 * self.layers * self.heads * self.head_dim * attended
+        return self.matmul_flops_per_token * tokens + 4 * self.layers * self.heads * self.head_dim * attended
 
 
 MODELS = {name: ModelShape.from_hf(name, config) for name, config in HF_SHAPES.items()}

@@ -28,6 +28,11 @@ MIN_INVERSE = 1e-3  # 1 / efficiency at least: a stage at most 1000 times faster
 # overlap and the default efficiency fractions are priors, never bounds); a log that cannot tell it from the
 # compute terms (gathers far smaller than compute) leaves it where the prior is.
 PRIOR_WEIGHT = 0.1
+# Weight of the links' priors in the overlapped fit (the gathers' log share and exposed overlap, the host link's
+# share), per step: a tenth of PRIOR_WEIGHT. At PRIOR_WEIGHT a link at a quarter of its nominal figure cost the
+# prior as much as a 14% error on every step did, so a family of passes sharing one set of terms (SHARED_TERMS)
+# settled 3-7% off its own steps near the nominal link (synthesised runs, tests/sim/test_logfit.py)
+LINK_PRIOR_WEIGHT = 0.01
 # Collectives whose seconds per step are, to within this share (relative residual of their column regressed on the
 # others'), a combination of the other terms' columns cannot be told from them: one run's tensor-parallel
 # all-reduces grow with its tokens as its compute does and its gradients' all-reduce is as constant as its
@@ -40,6 +45,19 @@ HOST_PRIOR_WEIGHT = 1e-3
 # achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
 GATHER_SCALE_BOUNDS = (1 / 50, 50)
 PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads that tell which terms a run pays
+# Stages that share one set of terms: the training framework's forward passes, and its training passes, run the same
+# kernels through the same loop (micro-batching, hooks, gathers) for every role; what differs between the roles is
+# the load (the model, its head: an LM head's V x H or a critic's H x 1), which the roofline prices. Per-stage terms
+# were free multipliers: without the two Qwen2.5-0.5B runs, Gemma-2-2B's updates alone could not tell the host's time
+# per micro-batch from compute, and the layer put 297 ms a micro-batch on update_actor (the 0.5B updates predicted
+# 83-87% too slow) and 60 ms on update_critic
+SHARED_TERMS = (("ref", "values", "old_log_prob"), ("update_actor", "update_critic"))
+
+
+def shared_terms(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The stages whose terms a logged stage's fit sets: its family of :data:`SHARED_TERMS` where it times one
+    stage of one, else its own stages."""
+    return next((family for family in SHARED_TERMS if len(parts) == 1 and parts[0] in family), parts)
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -95,6 +113,12 @@ def fit_stage(
     if gen:
         return _fit_generation(load, measured, reshard_frac)
     collectives = has_collectives(load, measured.shape)  # Megatron's: their link's share, a column of its own
+    # the micro-batch column where the rows tell it from the proportional ones (a family's stages of one run may
+    # not: their micro-batch counts alike and constant, their rooflines in proportion)
+    per_unit = per_unit and _identified(
+        np.stack([np.broadcast_to(c, measured.shape) for c in (load.roofline_s, load.small_s, load.units)], axis=1)
+        / measured[:, None]
+    )
     loaded = bool(np.any(load.host_s))  # an offloaded role's parameters loaded once a pass: the host link's share
     columns = (
         [load.roofline_s, load.small_s]
@@ -293,8 +317,9 @@ def _fit_overlapped(
         fitted = cost(theta)
         errors = (fitted.seconds(load) - measured) / measured
         weight = PRIOR_WEIGHT * np.sqrt(n)  # per step, so the prior weighs the same against any number of steps
-        priors = [weight * (fitted.exposed_gather_frac - prior.exposed_gather_frac), weight * theta[4]]
-        priors.append(weight * (theta[6] - 1.0))  # the host link at its nominal share unless the steps insist
+        links = LINK_PRIOR_WEIGHT * np.sqrt(n)
+        priors = [links * (fitted.exposed_gather_frac - prior.exposed_gather_frac), links * theta[4]]
+        priors.append(links * (theta[6] - 1.0))  # the host link at its nominal share unless the steps insist
         priors.append(weight * max(0.0, 1.0 - theta[0]))  # faster than the roofline: as in roofline_lstsq
         # the host's time summed with compute unless the steps say it hides: where no run waits on the host, the
         # share and the host time are one product (any share fits), and this tie-breaker picks the sum; where one
@@ -329,22 +354,31 @@ def _fit_overlapped(
     return cost(best.x)
 
 
+def per_unit_identified(runs: int, parts: tuple[str, ...], summed: bool) -> bool:
+    """Whether a problem's rows can tell the host's time per micro-batch from the model-proportional terms: rows of
+    runs of different shapes can, and so can a family's stages (their models or heads differ, their micro-batch
+    counts alike); one run's one stage cannot (its micro-batch count is constant)."""
+    return runs > 1 or (len(parts) > 1 and not summed)
+
+
 def fit_problems(
-    problems: dict[tuple[str, ...], tuple[list[StageLoad], list[np.ndarray]]], reshard_frac: float | None = None
+    problems: dict[tuple[tuple[str, ...], bool], tuple[list[StageLoad], list[np.ndarray]]],
+    reshard_frac: float | None = None,
 ) -> dict[str, StageCost]:
-    """One set of terms per problem: its stages (a logged stage timing several of ours shares one set) -> the loads
-    and measured seconds per step of every run that times it, fitted at once (``reshard_frac``: generation's, where
-    logs time the reshard into the engine apart)."""
+    """One set of terms per problem: (its stages, whether a row's load is their sum) -> the loads and measured
+    seconds per step of every run that times it, one entry per run, fitted at once. A problem's stages are a logged
+    stage's (one of ours, or several timed as one, their loads summed: OpenRLHF's) or a family of
+    :data:`SHARED_TERMS` (a row per stage). ``reshard_frac``: generation's, where logs time the reshard into the
+    engine apart."""
     layer: dict[str, StageCost] = {}
-    for parts, (loads, measured) in problems.items():
-        several = len(loads) > 1  # runs of different shapes separate a per-micro-batch cost from the proportional
+    for (parts, summed), (loads, measured) in problems.items():
+        several = per_unit_identified(len(loads), parts, summed)
         gen = parts == ("gen",)
         frac = reshard_frac if gen else None
         # a logged stage timing several of ours (OpenRLHF's): the simulator overlaps each part's host time with its
         # own compute, a fit of their summed loads could not say how: their host time is summed
-        single = len(parts) == 1
         load, seconds = concat_loads(loads), np.concatenate(measured)
-        cost = fit_stage(load, seconds, gen=gen, per_unit=several, reshard_frac=frac, host_overlap=single)
+        cost = fit_stage(load, seconds, gen=gen, per_unit=several, reshard_frac=frac, host_overlap=not summed)
         layer |= dict.fromkeys(parts, cost)
     return layer
 

@@ -230,6 +230,9 @@ class Framework:
     train_micro_batch: int = 0  # sequences per GPU per forward+backward micro-batch (0: the whole minibatch)
     critic_train_micro_batch: int = 0  # the critic's, where it differs (0: train_micro_batch)
     forward_micro_batch: int = 0  # sequences per GPU per scoring forward micro-batch (0: the whole batch)
+    # the critic's values pass, where it differs (0: forward_micro_batch): verl's critic.forward_micro_batch_size,
+    # which defaults to the critic's ppo_micro_batch_size (before 2025-01-02 the values pass used that one)
+    critic_forward_micro_batch: int = 0
     gradient_checkpointing: bool = False  # the backward recomputes the forward: 4 instead of 3 forward FLOPs
     # FSDP / ZeRO-3: each GPU holds 1/n of the parameters and all-gathers them for every micro-batch's forward
     # (and again for its backward, then reduce-scatters the gradients): bytes over the interconnect (False: the
@@ -281,7 +284,12 @@ class Framework:
     weight_sync: StageCost = StageCost()
 
     def __post_init__(self) -> None:
-        micro = (self.train_micro_batch, self.critic_train_micro_batch, self.forward_micro_batch)
+        micro = (
+            self.train_micro_batch,
+            self.critic_train_micro_batch,
+            self.forward_micro_batch,
+            self.critic_forward_micro_batch,
+        )
         if min(*micro, self.pad_to_tokens) < 0 or self.host_bytes_per_s <= 0:
             raise ValueError("framework needs micro-batch sizes >= 0 and host_bytes_per_s > 0")
         if self.rollout_tensor_parallel < 1 or not 0 <= self.rollout_memory_fraction <= 1:
@@ -317,6 +325,11 @@ class Framework:
         if role == "critic" and self.critic_train_micro_batch:
             return self.critic_train_micro_batch
         return self.train_micro_batch
+
+    def forward_micro_batch_of(self, role: str) -> int:
+        if role == "critic" and self.critic_forward_micro_batch:
+            return self.critic_forward_micro_batch
+        return self.forward_micro_batch
 
     def with_reward(self, rule: bool) -> Framework:
         """This layer with the reward terms of a rule (CPU time per sequence scored: the term fitted across the
@@ -383,7 +396,7 @@ class FrameworkCost:
             return 0.0
         stage = self.framework.stage(ROLE_STAGES[self.role][0])
         roofline = self.base.score_s(tokens, attended)
-        micro_batch = self.framework.forward_micro_batch
+        micro_batch = self.framework.forward_micro_batch_of(self.role)
         if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
             load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
             return stage.seconds(dataclasses.replace(load, host_s=self._offload_s()))  # loaded once a pass
