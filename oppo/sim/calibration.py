@@ -100,7 +100,8 @@ def offloaded(setup: Setup) -> list[str]:
 def forward_gflop(setup: Setup) -> float:
     """The work of one scoring forward micro-batch on one GPU, 2 x parameters x its rows x (prompt + response cap)
     tokens (over the training tensor-parallel degree), in GFLOP: small, a pass waits on the host's time per
-    micro-batch (a 0.5B model's); large, that time hides behind compute (a 7B model's)."""
+    micro-batch (a 0.5B model's); large, that time hides behind compute (a 7B model's). A measure of scale for the
+    calibration span, not the roofline's count (the parameters as held, a tied embedding once)."""
     fw = setup.framework
     rows = fw.forward_micro_batch or math.ceil(setup.batch * setup.group_size / setup.total_gpus)
     tokens = max(setup.lengths.prompt_tokens + setup.max_new_tokens, 0 if fw.packed else fw.pad_to_tokens)

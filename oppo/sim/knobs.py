@@ -61,8 +61,9 @@ def with_framework_knobs(setup: Setup, tp: int | None, fraction: float | None, m
         scale = micro / fw.train_micro_batch
         changes["train_micro_batch"] = micro
         changes["forward_micro_batch"] = max(1, round(fw.forward_micro_batch * scale)) if fw.forward_micro_batch else 0
-        critic = fw.critic_train_micro_batch
-        changes["critic_train_micro_batch"] = max(1, round(critic * scale)) if critic else 0
+        for key in ("critic_train_micro_batch", "critic_forward_micro_batch"):
+            size = getattr(fw, key)
+            changes[key] = max(1, round(size * scale)) if size else 0
     return dataclasses.replace(setup, framework=dataclasses.replace(fw, **changes)) if changes else setup
 
 
@@ -134,6 +135,8 @@ def verl_overrides(setup: Setup, chosen: Setup, policy: str) -> list[str]:
             sizes |= {f"{ARA}.{role}.log_prob": after.forward_micro_batch for role in roles}
         if setup.critic:
             sizes["critic.ppo"] = after.critic_train_micro_batch or after.train_micro_batch
+            # the values pass: verl's default is the critic's update micro-batch, which this does not always keep
+            sizes["critic.forward"] = after.forward_micro_batch_of("critic") or sizes["critic.ppo"]
         for key, size in sizes.items():  # verl refuses a global and a per-GPU size set together
             lines += [f"{key}_micro_batch_size=null", f"{key}_micro_batch_size_per_gpu={size}"]
     if policy == "async":

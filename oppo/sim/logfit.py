@@ -399,13 +399,7 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
     the fit of a rule reward (``rule`` true), of a reward model (false; none: where any run has one, else the
     rule's); it has no reward terms where no run has that scorer. The stages of a family of
     :data:`~oppo.sim.cost.fit.SHARED_TERMS` are one problem, each run's rows of them one entry."""
-    problems: dict[tuple[str, tuple[tuple[str, ...], bool]], tuple[list[StageLoad], list[np.ndarray]]] = {}
-    for run in runs:
-        part = slice(None) if whole else slice(0, run.n_fit)
-        for key, (loads, measured) in _run_problems(run, part).items():
-            problems.setdefault(key, ([], []))
-            problems[key][0].append(concat_loads(loads))
-            problems[key][1].append(np.concatenate(measured))
+    problems = _problems(runs, whole)
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
     fracs = [f for run in runs if (f := reshard_frac(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
@@ -413,14 +407,28 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
     return fit_problems(chosen, float(np.median(fracs)) if fracs else None)
 
 
-def _run_problems(run: LoggedRun, part: slice) -> dict[tuple[str, tuple[tuple[str, ...], bool]], tuple[list, list]]:
-    """One run's rows per problem, (scorer, (the stages its terms price, whether a row sums them)) -> each logged
-    stage's loads and measured seconds on the steps ``part``."""
-    rows: dict[tuple[str, tuple[tuple[str, ...], bool]], tuple[list, list]] = defaultdict(lambda: ([], []))
+def _problems(runs: list[LoggedRun], whole: bool) -> dict[tuple, tuple[list[StageLoad], list[np.ndarray], set]]:
+    """Every run's rows per problem, (scorer, (the stages its terms price, whether a row sums them)) -> a load and
+    the measured seconds per run (its fitted steps; ``whole``: all), and the logged stages they time."""
+    problems: dict[tuple, tuple[list[StageLoad], list[np.ndarray], set]] = defaultdict(lambda: ([], [], set()))
+    for run in runs:
+        part = slice(None) if whole else slice(0, run.n_fit)
+        for key, (stages, loads, measured) in _run_problems(run, part).items():
+            problems[key][0].append(concat_loads(loads))
+            problems[key][1].append(np.concatenate(measured))
+            problems[key][2].update(stages)
+    return dict(problems)
+
+
+def _run_problems(run: LoggedRun, part: slice) -> dict[tuple, tuple[list[str], list, list]]:
+    """One run's rows per problem, (scorer, (the stages its terms price, whether a row sums them)) -> the logged
+    stages, their loads and their measured seconds on the steps ``part``."""
+    rows: dict[tuple, tuple[list[str], list, list]] = defaultdict(lambda: ([], [], []))
     steps = list(run.log.steps[part])
     for stage in _fitted_stages(run.setup, run.log):
         parts = tuple(_parts(run.setup, stage))
-        loads, measured = rows[_scorer(run.setup, parts), _priced(parts)]
+        stages, loads, measured = rows[_scorer(run.setup, parts), _priced(parts)]
+        stages.append(stage)
         loads.append(slice_load(sum_loads([run.replayed.loads[p] for p in parts]), part))
         measured.append(_timed(run.log, stage, steps))
     return rows
@@ -501,23 +509,16 @@ def step_errors(measured: dict, predicted: dict, first: int) -> dict[str, np.nda
 
 def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
     """Per logged stage, the terms the shared fit moves (the rest keep their priors): few, so that a stage's
-    within-run accuracy is not a free multiplier's."""
+    within-run accuracy is not a free multiplier's. Decided as :func:`fit_layer` decides them, on its rows (the fitted
+    steps)."""
     timed = any(reshard_frac(run.setup, list(run.log.steps)) for run in runs)
-    problems: dict[tuple, list[StageLoad]] = defaultdict(list)  # (the stages priced, summed) -> a load per run
-    stages: dict[str, tuple] = {}
-    for run in runs:
-        for (_, key), (loads, _) in _run_problems(run, slice(None)).items():
-            problems[key].append(concat_loads(loads))
-        stages |= {stage: _priced(tuple(_parts(run.setup, stage))) for stage in _fitted_stages(run.setup, run.log)}
-    return {
-        stage: terms_fitted(
-            concat_loads(problems[key]),
-            gen=stage == "gen",
-            per_unit=per_unit_identified(len(problems[key]), *key),
-            reshard_timed=timed,
-        )
-        for stage, key in stages.items()
-    }
+    out = {}
+    for (_, (priced, summed)), (loads, measured, stages) in _problems(runs, whole=False).items():
+        per_unit = per_unit_identified(len(loads), len(stages), summed)
+        load, seconds = concat_loads(loads), np.concatenate(measured)
+        terms = terms_fitted(load, seconds, gen=priced == ("gen",), per_unit=per_unit, reshard_timed=timed)
+        out |= dict.fromkeys(stages, terms)
+    return out
 
 
 def summary(report: dict) -> dict:

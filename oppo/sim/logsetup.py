@@ -387,7 +387,7 @@ def _micro_batches(r: _Reader, seq_tokens: float) -> None:
         # one before verl 2025-01-02, whose compute_values read ppo_micro_batch_size)
         values = _micro(r, "critic", "forward", ranks, seq_tokens)
         values = values if values[0] else critic
-        if values[0] != forward[0]:
+        if values[0] and values[0] != forward[0]:  # (0, the whole share, is not a size the layer can say apart)
             r.out.set("framework.critic_forward_micro_batch", *values)
 
 

@@ -109,6 +109,26 @@ def test_padding_and_the_critics_own_micro_batch():
     fw = Framework(train_micro_batch=16, critic_train_micro_batch=32)
     assert (fw.train_micro_batch_of("actor"), fw.train_micro_batch_of("critic")) == (16, 32)
     assert Framework(train_micro_batch=16).train_micro_batch_of("critic") == 16
+    fw = Framework(forward_micro_batch=4, critic_forward_micro_batch=2)
+    assert (fw.forward_micro_batch_of("reference"), fw.forward_micro_batch_of("critic")) == (4, 2)
+    assert Framework(forward_micro_batch=4).forward_micro_batch_of("critic") == 4
+
+
+def test_the_critics_values_pass_pays_its_own_micro_batches():
+    """verl's critic scores in micro-batches of its own (critic.forward_micro_batch_size): with a host time per
+    micro-batch, halving them adds exactly that time once per micro-batch more (8 sequences on one GPU: 4 -> 2 a
+    micro-batch, 2 -> 4 micro-batches)."""
+    from oppo.sim.cost.framework import Framework, FrameworkCost, StageCost
+
+    base = RooflineCost(MODELS["qwen2.5-0.5b"], GPUS["h100"], 1, ENGINES["vllm"])
+    terms = StageCost(per_unit_s=0.05)
+    seconds = {
+        size: FrameworkCost(
+            base, "critic", Framework(forward_micro_batch=4, critic_forward_micro_batch=size, values=terms)
+        ).score_s(8 * 500.0, 8 * 500.0**2 / 2, 8)
+        for size in (4, 2)
+    }
+    assert seconds[2] - seconds[4] == pytest.approx(2 * 0.05, rel=1e-9)
 
 
 def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_batch():

@@ -33,6 +33,11 @@ def test_a_micro_batch_knob_scales_the_scoring_and_critic_micro_batches_alike():
     assert (fw.rollout_tensor_parallel, fw.rollout_memory_fraction) == (2, 0.6)
     assert (fw.train_micro_batch, fw.critic_train_micro_batch, fw.forward_micro_batch) == (8, 16, 16)
     assert with_framework_knobs(setup, None, None, None) is setup
+    qwen = load_setup("verl-qwen2.5-0.5b-gsm8k")  # update 2, forward 4, the critic's values pass 2
+    fw = with_framework_knobs(qwen, None, None, 8).framework
+    assert (fw.train_micro_batch, fw.forward_micro_batch, fw.critic_forward_micro_batch) == (8, 16, 8)
+    chosen = with_framework_knobs(qwen, None, None, 8)
+    assert "critic.forward_micro_batch_size_per_gpu=8" in verl_overrides(qwen, chosen, "sync")
 
 
 def test_the_hybrid_engine_memory_is_the_training_states_beside_vllms_share():
@@ -96,6 +101,8 @@ def test_overrides_name_each_changed_knob_in_verls_keys():
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64",
         "critic.ppo_micro_batch_size=null",
         "critic.ppo_micro_batch_size_per_gpu=64",
+        "critic.forward_micro_batch_size=null",  # the values pass, as the simulator prices it
+        "critic.forward_micro_batch_size_per_gpu=64",
     ]
     assert verl_overrides(setup, setup, "sync") == []  # the run's own knobs: nothing to change
     split = dataclasses.replace(chosen, placement=dataclasses.replace(chosen.placement, rollout_gpus=2))

@@ -21,6 +21,7 @@ from oppo.sim.logfit import (
     calibrate,
     calibrated,
     fit_layer,
+    fitted_terms,
     logged_run,
     predict_stages,
     replay,
@@ -189,6 +190,18 @@ def test_within_run_errors_on_real_logs_hold_the_documented_figures(label, log, 
         claim = float(cell.rstrip("%")) / 100
         assert errors[name] <= claim + MARGIN, (name, errors[name], cell)
     assert abs(errors["step"] - float(documented["step"].rstrip("%")) / 100) <= MARGIN
+
+
+def test_the_reported_terms_are_the_fitted_ones():
+    """fidelity.json's ``fitted_terms`` names the host's time per micro-batch exactly where the fit sets it. One
+    Qwen 0.5B run: its training passes tell it from compute (the actor's LM head against the critic's score head,
+    alike micro-batches), its forward passes do not (the reference's 64 micro-batches of 4 and the critic's 128 of
+    2 against their rooflines)."""
+    run = logged_run(load_setup(SHARED_RUNS[0][1]), load_run_log(DATA / SHARED_RUNS[0][0]), 0.6)
+    layer, terms = fit_layer([run]), fitted_terms([run])
+    assert "per_unit_s" in terms["update_actor"] and layer["update_actor"].per_unit_s > 0
+    assert "per_unit_s" not in terms["ref"] and layer["ref"].per_unit_s == 0.0
+    assert terms["ref"] == terms["values"] and terms["update_actor"] == terms["update_critic"]  # one set per family
 
 
 def families(gen: StageCost, forward: StageCost, training: StageCost) -> dict[str, StageCost]:

@@ -113,12 +113,7 @@ def fit_stage(
     if gen:
         return _fit_generation(load, measured, reshard_frac)
     collectives = has_collectives(load, measured.shape)  # Megatron's: their link's share, a column of its own
-    # the micro-batch column where the rows tell it from the proportional ones (a family's stages of one run may
-    # not: their micro-batch counts alike and constant, their rooflines in proportion)
-    per_unit = per_unit and _identified(
-        np.stack([np.broadcast_to(c, measured.shape) for c in (load.roofline_s, load.small_s, load.units)], axis=1)
-        / measured[:, None]
-    )
+    per_unit = per_unit and units_identified(load, measured)
     loaded = bool(np.any(load.host_s))  # an offloaded role's parameters loaded once a pass: the host link's share
     columns = (
         [load.roofline_s, load.small_s]
@@ -144,6 +139,16 @@ def fit_stage(
     # host time adds to compute there
     hidden = per_unit and host_overlap and not collectives  # the host's time may hide behind compute
     return _fit_overlapped(linear, load, measured, per_unit, hidden) if np.any(load.gather_s) or hidden else linear
+
+
+def units_identified(load: StageLoad, measured: np.ndarray) -> bool:
+    """Whether the timed steps tell the host's time per micro-batch from the proportional terms: its column (the
+    micro-batches of each row) is no combination of the roofline's and the half-efficiency term's, relative to the
+    measured seconds as the fit weighs them (a family's stages of one run may not tell it: their micro-batch counts
+    alike and constant, their rooflines in proportion)."""
+    timed = measured > 0
+    columns = [np.broadcast_to(c, measured.shape)[timed] for c in (load.roofline_s, load.small_s, load.units)]
+    return bool(timed.any()) and _identified(np.stack(columns, axis=1) / measured[timed, None])
 
 
 def _share(coefficient: float) -> float:
@@ -257,8 +262,11 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     return StageCost(efficiency=float(1 / inverse), **{t: float(v) for t, v in (terms | share).items()})
 
 
-def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_timed: bool = False) -> list[str]:
-    """The terms :func:`fit_stage` fits for a stage with this load (the others keep their priors or defaults)."""
+def terms_fitted(
+    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, reshard_timed: bool = False
+) -> list[str]:
+    """The terms :func:`fit_stage` fits for a stage with this load and these measured seconds (the others keep
+    their priors or defaults)."""
     if not gen and is_push(load):
         return ["gather_bandwidth_frac"]
     if not gen and not np.any(load.roofline_s):
@@ -273,7 +281,7 @@ def terms_fitted(load: StageLoad, gen: bool, per_unit: bool = False, reshard_tim
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
     shape = np.shape(load.roofline_s)
-    host = ["per_unit_s", "exposed_host_frac"] if per_unit else []
+    host = ["per_unit_s", "exposed_host_frac"] if per_unit and units_identified(load, measured) else []
     if has_collectives(load, shape) and not np.any(load.gather_s):
         host = host[:1]  # Megatron's: added to compute (the linear fit)
         loaded = [load.host_s] if np.any(load.host_s) else []
@@ -354,25 +362,26 @@ def _fit_overlapped(
     return cost(best.x)
 
 
-def per_unit_identified(runs: int, parts: tuple[str, ...], summed: bool) -> bool:
-    """Whether a problem's rows can tell the host's time per micro-batch from the model-proportional terms: rows of
-    runs of different shapes can, and so can a family's stages (their models or heads differ, their micro-batch
-    counts alike); one run's one stage cannot (its micro-batch count is constant)."""
-    return runs > 1 or (len(parts) > 1 and not summed)
+def per_unit_identified(runs: int, stages: int, summed: bool) -> bool:
+    """Whether a problem's rows may tell the host's time per micro-batch from the model-proportional terms (where
+    the columns do: :func:`units_identified`): rows of runs of different shapes may, and so may a family's stages
+    (their models or heads differ, their micro-batch counts alike); one run's one stage cannot (its micro-batch
+    count is constant), nor a logged stage timing several of ours as one (``summed``)."""
+    return runs > 1 or (stages > 1 and not summed)
 
 
 def fit_problems(
-    problems: dict[tuple[tuple[str, ...], bool], tuple[list[StageLoad], list[np.ndarray]]],
+    problems: dict[tuple[tuple[str, ...], bool], tuple[list[StageLoad], list[np.ndarray], set[str]]],
     reshard_frac: float | None = None,
 ) -> dict[str, StageCost]:
     """One set of terms per problem: (its stages, whether a row's load is their sum) -> the loads and measured
-    seconds per step of every run that times it, one entry per run, fitted at once. A problem's stages are a logged
-    stage's (one of ours, or several timed as one, their loads summed: OpenRLHF's) or a family of
-    :data:`SHARED_TERMS` (a row per stage). ``reshard_frac``: generation's, where logs time the reshard into the
-    engine apart."""
+    seconds per step of every run that times it (one entry per run) and the logged stages they time, fitted at
+    once. A problem's stages are a logged stage's (one of ours, or several timed as one, their loads summed:
+    OpenRLHF's) or a family of :data:`SHARED_TERMS` (a row per stage). ``reshard_frac``: generation's, where logs
+    time the reshard into the engine apart."""
     layer: dict[str, StageCost] = {}
-    for (parts, summed), (loads, measured) in problems.items():
-        several = per_unit_identified(len(loads), parts, summed)
+    for (parts, summed), (loads, measured, timed) in problems.items():
+        several = per_unit_identified(len(loads), len(timed), summed)
         gen = parts == ("gen",)
         frac = reshard_frac if gen else None
         # a logged stage timing several of ours (OpenRLHF's): the simulator overlaps each part's host time with its
