@@ -108,7 +108,8 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
     from oppo.records import plots
     from oppo.sim.logdevice import resolve_gpu
-    from oppo.sim.logfit import fitted_terms, logged_run, shared_fidelity, summary
+    from oppo.sim.logfit import fitted_terms, logged_run
+    from oppo.sim.logshared import shared_fidelity, summary
     from oppo.sim.setup_toml import framework_toml
 
     logs = [load_run_log(log) for log in args.log]

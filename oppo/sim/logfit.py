@@ -15,10 +15,11 @@ term adds is its load. :func:`predict_stages` prices the loads with a setup's te
 :func:`~oppo.sim.cost.fit.fit_stage`) on the first ``fit_frac`` of the steps:
 - ``gen``: ``efficiency``, ``per_token_s`` and its per-step terms. No per-iteration term: a run's longest
   response sits at the cap in most steps, so iterations would be a second constant.
-- forward and update stages: ``efficiency`` and ``half_efficiency_tokens`` (and the gather terms where sharded).
-  Within one run the micro-batch count is constant, so for these stages a per-micro-batch overhead and a per-step
+- forward and update stages: ``efficiency`` and ``half_efficiency_tokens`` (and the gather terms where sharded),
+  one set for the forward passes and one for the training passes (:data:`~oppo.sim.cost.fit.SHARED_TERMS`).
+  Within one stage of one run the micro-batch count is constant, so a per-micro-batch overhead and a per-step
   constant cannot be told apart: the constant is attributed to the micro-batches, in proportion to their roofline
-  (``fixed_s`` 0), which is what transfers to a run with another batch size.
+  (``fixed_s`` 0), which is what transfers to a run with another batch size; a family's stages may tell it.
 A fitted stage's terms are replaced whole (a term not fitted becomes 0); stages the log does not time keep the
 setup's. A logged stage that times several of ours at once (OpenRLHF's ``make_experience``, ``ppo_train``) is
 fitted as one: the same terms for each of its parts, against the sum of their loads.
@@ -228,7 +229,7 @@ def _stage_seconds(setup: Setup, cost: StageCost, trace: LengthTrace, n_steps: i
 def predict_stages(setup: Setup, replayed: Replay, stages: list[str]) -> dict[str, np.ndarray]:
     """Seconds of each logged stage per step under the setup's framework layer (a composite: its parts' sum)."""
     return {
-        stage: sum(setup.framework.stage(part).seconds(replayed.loads[part]) for part in _parts(setup, stage))
+        stage: sum(setup.framework.stage(part).seconds(replayed.loads[part]) for part in parts_timed(setup, stage))
         for stage in stages
     }
 
@@ -239,7 +240,7 @@ def stages_run(setup: Setup) -> set[str]:
     return {"gen", "reward"} | pushed | {s for role in setup.roles(setup.algo) for s in ROLE_STAGES[role] if s}
 
 
-def _parts(setup: Setup, stage: str) -> list[str]:
+def parts_timed(setup: Setup, stage: str) -> list[str]:
     """Our stages a logged stage times, among those the setup runs."""
     runs = stages_run(setup)
     return [part for part in COMPOSITES.get(stage, (stage,)) if part in runs]
@@ -302,12 +303,12 @@ def _fitted_stages(setup: Setup, log: TrainingLog) -> list[str]:
     """Stages the log times and the setup runs (a logged stage the setup lacks is an error: wrong setup); a stage
     timed inside another (:data:`oppo.sim.runlogs.SUBSTAGES`) is fitted apart."""
     stages = [s for s in log.stages if s != "step" and s not in SUBSTAGES]
-    missing = [s for s in stages if not _parts(setup, s)]
+    missing = [s for s in stages if not parts_timed(setup, s)]
     if missing:
         raise ValueError(f"{log.source}: the log times {', '.join(missing)} but the setup runs no such stage")
     owner: dict[str, str] = {}
     for stage in stages:  # one of our stages timed twice (alone and inside a composite) would be fitted twice
-        for part in _parts(setup, stage):
+        for part in parts_timed(setup, stage):
             if part in owner:
                 raise ValueError(f"{log.source}: the log times {part} in both {owner[part]} and {stage}: drop one")
             owner[part] = stage
@@ -426,7 +427,7 @@ def _run_problems(run: LoggedRun, part: slice) -> dict[tuple, tuple[list[str], l
     rows: dict[tuple, tuple[list[str], list, list]] = defaultdict(lambda: ([], [], []))
     steps = list(run.log.steps[part])
     for stage in _fitted_stages(run.setup, run.log):
-        parts = tuple(_parts(run.setup, stage))
+        parts = tuple(parts_timed(run.setup, stage))
         stages, loads, measured = rows[_scorer(run.setup, parts), _priced(parts)]
         stages.append(stage)
         loads.append(slice_load(sum_loads([run.replayed.loads[p] for p in parts]), part))
@@ -451,54 +452,6 @@ def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
     return dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **layer))
 
 
-def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, dict[str, list[np.ndarray]], str]:
-    """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer, with the reward terms of
-    the run's scorer, on the run's validated steps), ``leave_one_out`` (the layer fitted on all steps of the other
-    runs, on every step of this one; a stage no other run times, or a reward no other run scores alike, keeps the
-    run's setup's own terms: marked ``not_fitted``) and ``leave_one_group_out`` (the same without the run's
-    siblings too: :func:`run_group`); and the per-step errors of the predictions the interval is made of, per stage,
-    one array per run, and which they are: leave-one-group-out where every run has a run outside its group, else
-    leave-one-out."""
-    if len({run.name for run in runs}) < len(runs):
-        raise ValueError("each --log needs a setup of its own name (two runs share one)")
-    layer = fit_layer(runs)
-    by_scorer = {rule: fit_layer(runs, rule=rule) for rule in {run.setup.reward is None for run in runs}}
-    report, errors = {}, {"leave_one_out": defaultdict(list), "leave_one_group_out": defaultdict(list)}
-    for run in runs:
-        rule = run.setup.reward is None  # the reward terms of its own scorer
-        within = replay_errors(with_layer(run.setup, by_scorer[rule]), run.log, run.n_fit, run.replayed)[0]
-        entry = {"within": within}
-        others = [r for r in runs if r is not run]
-        strangers = [r for r in others if run_group(r.setup) != run_group(run.setup)]
-        for key, rest in (("leave_one_out", others), ("leave_one_group_out", strangers)):
-            if rest:
-                entry[key], run_errors = _transferred(run, rest, rule)
-                for stage, values in run_errors.items():
-                    errors[key][stage].append(values)
-        report[run.name] = entry
-    every = all("leave_one_group_out" in entry for entry in report.values())
-    basis = "leave_one_group_out" if every else "leave_one_out"
-    return layer, report, dict(errors[basis]), basis
-
-
-def run_group(setup: Setup) -> tuple:
-    """Runs that are siblings (one model on one GPU under one framework version, e.g. two response caps of one
-    recipe): the model, the GPU, and the rollout engine's declared per-step costs (the framework version's mark)."""
-    fw = setup.framework
-    return setup.actor, setup.gpu, fw.kv_cache_reset, fw.weight_reshard
-
-
-def _transferred(run: LoggedRun, others: list[LoggedRun], rule: bool) -> tuple[dict, dict[str, np.ndarray]]:
-    """The run's every step predicted with the layer fitted on all steps of ``others``: the report and each
-    stage's (and the step's) absolute relative error per step."""
-    transferred = fit_layer(others, whole=True, rule=rule)
-    report, measured, predicted = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)
-    parts = {stage: _parts(run.setup, stage) for stage in report["stages"]}
-    report["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
-    report["runs"] = [r.name for r in others]
-    return report, step_errors(measured, predicted, 0)
-
-
 def step_errors(measured: dict, predicted: dict, first: int) -> dict[str, np.ndarray]:
     """Each stage's (and the step's) absolute relative error on every step from ``first``."""
     return {
@@ -518,20 +471,4 @@ def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
         load, seconds = concat_loads(loads), np.concatenate(measured)
         terms = terms_fitted(load, seconds, gen=priced == ("gen",), per_unit=per_unit, reshard_timed=timed)
         out |= dict.fromkeys(stages, terms)
-    return out
-
-
-def summary(report: dict) -> dict:
-    """Median and worst over runs of the step's and the stage-weighted errors, per kind of prediction."""
-    out = {}
-    for kind in ("within", "leave_one_out", "leave_one_group_out"):
-        entries = [entry[kind] for entry in report.values() if kind in entry]
-        if entries:
-            out[kind] = {
-                measure: {"median": float(np.median(values)), "worst": float(np.max(values))}
-                for measure, values in (
-                    ("step", [e["step"]["median_abs_err"] for e in entries]),
-                    ("stage_weighted", [e["step"]["stage_weighted_err"] for e in entries]),
-                )
-            }
     return out

@@ -26,11 +26,11 @@ from oppo.sim.logfit import (
     predict_stages,
     replay,
     replay_errors,
-    shared_fidelity,
     stages_run,
     step_lengths,
     with_layer,
 )
+from oppo.sim.logshared import shared_fidelity
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setup_toml import load_setup
 from tests import invoke
