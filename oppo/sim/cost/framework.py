@@ -17,8 +17,8 @@ its best at ``half_efficiency_tokens`` (a model-size-proportional cost per micro
 models, a fixed time per micro-batch would not); generation has no micro-batch term. The unit is a decode
 iteration for ``gen`` and a micro-batch for the others; ``per_unit_s`` is the host's time per unit (Python,
 the framework's hooks, kernel launches), which CUDA runs ahead of the GPU: a pass costs the larger of its compute
-and its host time, plus the share ``exposed_host_frac`` of the smaller (1, the default: their sum; the shared
-fit finds 0-0.4, and 1 where no run's passes wait on the host). A small model's short micro-batches wait on the
+and its host time, plus the share ``exposed_host_frac`` of the smaller (1, the default: their sum; the layer
+fitted across the five shared runs keeps 1). A small model's short micro-batches wait on the
 host, a large model's hide it.
 ``gather_s`` are the parameter gathers of a sharded pass
 (FSDP / ZeRO-3) at the nominal link: FSDP prefetches the next layer's parameters while the current one computes,
@@ -41,10 +41,11 @@ two differ where its parts fall on both sides of the kink.
 
 ``python -m oppo.sim calibrate-log`` fits, on a run's own log, ``efficiency``, ``per_token_s`` and ``fixed_s``
 of ``gen`` and ``efficiency`` and ``half_efficiency_tokens`` of the other stages, and where a stage gathers
-sharded parameters its two gather terms; across several logs also ``per_unit_s`` and ``exposed_host_frac`` (a
-prior of 1, the sum, where no run's passes wait on the host); any term can be set by hand in a setup's
-``[framework.STAGE]`` tables; the structural settings (micro-batch sizes, gradient checkpointing, offload) are the
-run's configuration.
+sharded parameters its two gather terms; across several logs (or a family's stages of one, where they tell it)
+also ``per_unit_s`` and ``exposed_host_frac`` (a prior of 1, the sum, where no run's passes wait on the host); the
+forward passes share one set of terms and the training passes another (:data:`oppo.sim.cost.fit.SHARED_TERMS`);
+any term can be set by hand in a setup's ``[framework.STAGE]`` tables; the structural settings (micro-batch
+sizes, gradient checkpointing, offload) are the run's configuration.
 
 The cost stack (:mod:`oppo.sim.cost`): GPU -> engine -> this layer -> its fitted terms (:mod:`oppo.sim.cost.fit`,
 fed by :mod:`oppo.sim.logfit`'s replays of logs; ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
