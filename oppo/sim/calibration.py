@@ -20,7 +20,8 @@ import math
 import numpy as np
 
 from oppo.sim.cost.engine import model_shape
-from oppo.sim.cost.framework import Calibration
+from oppo.sim.cost.fit import SHARED_TERMS
+from oppo.sim.cost.framework import ROLE_STAGES, Calibration
 from oppo.sim.setups import Setup
 
 COVERAGE = 0.8  # share of predicted steps an interval holds
@@ -108,6 +109,21 @@ def forward_gflop(setup: Setup) -> float:
     return 2 * model_shape(setup.actor).params * rows * tokens / fw.train_tensor_parallel / 1e9
 
 
+def _family_extrapolations(setup: Setup, c: Calibration) -> list[str]:
+    """The setup's stages that no calibration run timed, priced by the terms their family (``SHARED_TERMS``) was
+    fitted on through its other stages: a critic's passes predicted from runs without one, say."""
+    runs = {stage for role in setup.roles(setup.algo) for stage in ROLE_STAGES[role] if stage}
+    found = []
+    for family in SHARED_TERMS:
+        timed = [stage for stage in family if stage in c.stages]
+        untimed = [stage for stage in family if stage in runs and stage not in c.stages]
+        if timed and untimed:
+            found.append(
+                f"{', '.join(untimed)} priced by the terms fitted on {', '.join(timed)} (no calibration run timed it)"
+            )
+    return found
+
+
 def extrapolations(setup: Setup) -> list[str]:
     """The terms of ``setup`` outside the span of its calibration runs, each a phrase (none: inside, or not
     calibrated)."""
@@ -161,6 +177,7 @@ def extrapolations(setup: Setup) -> list[str]:
             f"forward micro-batches of {work:.3g} GFLOP a GPU (calibrated on {lo:.3g}-{hi:.3g}: where the host's time "
             "per micro-batch shows or hides)"
         )
+    found += _family_extrapolations(setup, c)
     if setup.group_size > max(c.group_sizes):
         if max(c.group_sizes) == 1:
             found.append(f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")

@@ -69,6 +69,22 @@ def test_an_offload_a_weight_push_and_a_micro_batch_far_from_the_runs_are_each_n
         assert phrase in found, (phrase, found)
 
 
+def test_a_stage_no_calibration_run_timed_is_named_with_the_family_that_prices_it():
+    """The forward passes share their terms, and the training passes theirs: a PPO setup calibrated on a GRPO run
+    (no reference, no critic) takes its reference's and critic's terms from the actor's passes, and says so; the
+    GRPO run itself does not."""
+    grpo = load_setup("verl-qwen2-7b-gpg-8gpu")
+    stages = ("gen", "old_log_prob", "update_actor", "reward")
+    record = calibration([grpo], {s: [np.full(10, 0.1)] for s in ("step", *stages)}, basis="within")
+    itself = dataclasses.replace(grpo, framework=dataclasses.replace(grpo.framework, calibration=record))
+    assert not any("priced by" in phrase for phrase in extrapolations(itself))
+    ppo = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    ppo = dataclasses.replace(ppo, framework=dataclasses.replace(ppo.framework, calibration=record))
+    found = " | ".join(extrapolations(ppo))
+    assert "ref, values priced by the terms fitted on old_log_prob" in found, found
+    assert "update_critic priced by the terms fitted on update_actor" in found, found
+
+
 def test_an_uncalibrated_setup_says_nothing():
     assert trust_note(load_setup("paper-7b-h200")) is None
     assert extrapolations(load_setup("paper-7b-h200")) == []
