@@ -39,7 +39,7 @@ from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.cost.fit import (
     concat_loads,
     fit_problems,
-    per_unit_identified,
+    problem_rows,
     scale_load,
     shared_terms,
     slice_load,
@@ -466,9 +466,8 @@ def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
     steps)."""
     timed = any(reshard_frac(run.setup, list(run.log.steps)) for run in runs)
     out = {}
-    for (_, (priced, summed)), (loads, measured, stages) in _problems(runs, whole=False).items():
-        per_unit = per_unit_identified(len(loads), len(stages), summed)
-        load, seconds = concat_loads(loads), np.concatenate(measured)
+    for (_, (priced, summed)), problem in _problems(runs, whole=False).items():
+        load, seconds, per_unit = problem_rows(summed, problem)
         terms = terms_fitted(load, seconds, gen=priced == ("gen",), per_unit=per_unit, reshard_timed=timed)
-        out |= dict.fromkeys(stages, terms)
+        out |= dict.fromkeys(problem[2], terms)
     return out

@@ -370,6 +370,13 @@ def per_unit_identified(runs: int, stages: int, summed: bool) -> bool:
     return runs > 1 or (stages > 1 and not summed)
 
 
+def problem_rows(summed: bool, problem: tuple) -> tuple[StageLoad, np.ndarray, bool]:
+    """A problem's rows as one load and its measured seconds, and whether they may fit the host's time per
+    micro-batch (:func:`per_unit_identified`)."""
+    loads, measured, timed = problem
+    return concat_loads(loads), np.concatenate(measured), per_unit_identified(len(loads), len(timed), summed)
+
+
 def fit_problems(
     problems: dict[tuple[tuple[str, ...], bool], tuple[list[StageLoad], list[np.ndarray], set[str]]],
     reshard_frac: float | None = None,
@@ -380,13 +387,12 @@ def fit_problems(
     OpenRLHF's) or a family of :data:`SHARED_TERMS` (a row per stage). ``reshard_frac``: generation's, where logs
     time the reshard into the engine apart."""
     layer: dict[str, StageCost] = {}
-    for (parts, summed), (loads, measured, timed) in problems.items():
-        several = per_unit_identified(len(loads), len(timed), summed)
+    for (parts, summed), problem in problems.items():
+        load, seconds, several = problem_rows(summed, problem)
         gen = parts == ("gen",)
         frac = reshard_frac if gen else None
         # a logged stage timing several of ours (OpenRLHF's): the simulator overlaps each part's host time with its
         # own compute, a fit of their summed loads could not say how: their host time is summed
-        load, seconds = concat_loads(loads), np.concatenate(measured)
         cost = fit_stage(load, seconds, gen=gen, per_unit=several, reshard_frac=frac, host_overlap=not summed)
         layer |= dict.fromkeys(parts, cost)
     return layer
