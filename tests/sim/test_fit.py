@@ -62,3 +62,21 @@ def test_the_push_links_nominal_figure_is_no_floor(share):
 def test_a_stage_timed_at_zero_in_every_step_fits_no_cost():
     load = StageLoad(units=np.full(3, 512.0), steps=np.ones(3))
     assert fit_stage(load, np.zeros(3), gen=False) == StageCost()
+
+
+def test_a_sleep_mode_runs_unexplained_decode_seconds_are_not_priced_as_a_slower_host_link():
+    """Sleep mode's weight moves (0.6 s a step at the nominal host link here) are the one per-step term a sleep-mode
+    run pays, so fitted free they took whatever its decode terms left: 30 s a step of it priced the moves at 2% of
+    the link, and every sleep-mode run predicted with the layer paid 50 times its moves. Their share is a link's
+    prior: the steps' excess stays with the decode's terms, where it scales with the run."""
+    rng = np.random.default_rng(0)
+    roofline = rng.uniform(20.0, 40.0, 60)  # s of decode at the roofline per step
+    rows = roofline * 2e4  # decode rows: the per-row term grows with the decode
+    load = StageLoad(roofline_s=roofline, row_tokens=rows, steps=np.ones(60), transfer_s=np.full(60, 0.6))
+    measured = roofline / 0.5 + 30.0  # 30 s a step no term of the engine names
+    cost = fit_stage(load, measured, gen=True)
+    assert cost.transfer_frac > 0.5  # fitted free: 0.02
+    truth = StageCost(efficiency=0.5, transfer_frac=1.0)
+    assert cost.seconds(StageLoad(roofline_s=30.0, transfer_s=1.2)) < 2 * truth.seconds(
+        StageLoad(roofline_s=30.0, transfer_s=1.2)
+    )

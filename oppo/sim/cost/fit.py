@@ -44,6 +44,12 @@ IDENTIFIED_RESIDUAL = 0.01
 HOST_PRIOR_WEIGHT = 1e-3
 # achieved / nominal link bandwidth: a numerical box for the search, 50x either side of the prior (no real link is)
 GATHER_SCALE_BOUNDS = (1 / 50, 50)
+# Sleep mode's weight moves (2 x the engine's weights over the host link, 0.5-2% of a step) are priced at their link
+# with a link's prior, LINK_PRIOR_WEIGHT (roofline_lstsq's anchored columns): fitted free, the share was the one
+# per-step term only the sleep-mode run paid, and it took that run's unexplained decode seconds (0.03 of the link
+# across the five shared runs: 43 s a step for moving 7.6 GB a GPU, then charged to every sleep-mode run the layer
+# predicts)
+SLEEP_PRIOR = "transfer"
 PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads that tell which terms a run pays
 # Stages that share one set of terms: the training framework's forward passes, and its training passes, run the same
 # kernels through the same loop (micro-batching, hooks, gathers) for every role; what differs between the roles is
@@ -189,23 +195,25 @@ def _identified(x: np.ndarray) -> bool:
     return bool(np.linalg.norm(last - others @ coefficients) > IDENTIFIED_RESIDUAL * np.linalg.norm(last))
 
 
-def roofline_lstsq(x: np.ndarray, target: np.ndarray, anchored: list[int] | tuple = ()) -> np.ndarray:
+def roofline_lstsq(
+    x: np.ndarray, target: np.ndarray, anchored: list[int] | tuple = (), anchor_weight: float = PRIOR_WEIGHT
+) -> np.ndarray:
     """Non-negative least squares of ``x · c ≈ target`` whose first column is the roofline's, its coefficient the
     inverse efficiency: at least the roofline (an inverse of 1) costs nothing, faster than it (a GPU above its
     datasheet times the default fractions) pays a prior of ``PRIOR_WEIGHT`` per step per unit below 1, so the data
     move it there when they insist and a near-collinear fit cannot wander there. inverse = 1 + up - down, both
-    >= 0, the prior on ``down``. ``anchored``: columns of ``x`` whose coefficients are pulled to 1 with the same
-    weight (seconds at a nominal link: 1 / its achieved share, where the steps cannot tell it from the
-    efficiency or the micro-batch term)."""
+    >= 0, the prior on ``down``. ``anchored``: columns of ``x`` whose coefficients are pulled to 1 with
+    ``anchor_weight`` per step (seconds at a nominal link: 1 / its achieved share, where the steps cannot tell it
+    from the efficiency or the micro-batch term)."""
     n, others = len(target), x[:, 1:]
     roofline = x[:, :1]
     augmented = np.hstack([roofline, -roofline, others])
-    weight = PRIOR_WEIGHT * np.sqrt(n)
+    weight, anchor = PRIOR_WEIGHT * np.sqrt(n), anchor_weight * np.sqrt(n)
     priors = np.zeros((1 + len(anchored), augmented.shape[1]))
     priors[0, 1] = weight
     for row, column in enumerate(anchored, start=1):
-        priors[row, column + 1] = weight  # x's column c is the augmented one's c + 1
-    rhs = np.append(target - roofline[:, 0], [0.0] + [weight] * len(anchored))
+        priors[row, column + 1] = anchor  # x's column c is the augmented one's c + 1
+    rhs = np.append(target - roofline[:, 0], [0.0] + [anchor] * len(anchored))
     up, down, *rest = nonnegative_lstsq(np.vstack([augmented, priors]), rhs)
     return np.array([max(1.0 + up - down, MIN_INVERSE), *rest])
 
@@ -233,22 +241,26 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     base = measured - load.extra_s
 
     def solve() -> dict[str, float]:
-        """The reshard at its share (timed apart, else the prior 1), every other term fitted."""
+        """The reshard at its share (timed apart, else the prior 1), every other term fitted, sleep mode's moves
+        pulled to their nominal link (:data:`SLEEP_PRIOR`)."""
         columns = {"inverse": roofline, "per_token_s": rows, **named}
         target = base - reshard / (reshard_frac or 1.0)
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
-        return dict(zip(columns, roofline_lstsq(x, target / measured), strict=True))
+        anchored = [list(columns).index(SLEEP_PRIOR)] if SLEEP_PRIOR in columns else []
+        terms = roofline_lstsq(x, target / measured, anchored, anchor_weight=LINK_PRIOR_WEIGHT)
+        return dict(zip(columns, terms, strict=True))
 
     def solve_cornered() -> dict[str, float]:
         """The engine's weight moves (reshard and sleep's, one share: within a run both are constant per step, so
         no fit could split them) priced at a fitted share, the other per-step terms at 0."""
         x = np.stack([roofline, rows, reshard + transfer], axis=1) / measured[:, None]
         inverse, per_token, moves = roofline_lstsq(x, base / measured)
-        zero = dict.fromkeys((t for t in named if t != "transfer"), 0.0)
+        zero = dict.fromkeys((t for t in named if t != SLEEP_PRIOR), 0.0)
         return {"inverse": inverse, "per_token_s": per_token, "reshard": moves, "transfer": moves, **zero}
 
     terms = solve()
-    cornered = not any(terms[t] for t in named)  # every per-step term at 0: the nominal reshard left nothing
+    # every free per-step term at 0 (sleep's moves held at their prior): the nominal reshard left nothing
+    cornered = not any(terms[t] for t in named if t != SLEEP_PRIOR)
     if reshard_frac is None and np.any(reshard) and cornered:
         terms = solve_cornered()
     # a coefficient on seconds at the nominal links is 1 / the achieved share; 0 (the moves cost nothing the
