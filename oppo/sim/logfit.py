@@ -37,6 +37,7 @@ import numpy as np
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.cost.fit import (
+    TimedReshard,
     concat_loads,
     fit_problems,
     problem_rows,
@@ -164,7 +165,8 @@ def async_step_seconds(
     return np.diff(ends, prepend=0.0)
 
 
-PER_STEP = ("steps", "reinit_steps", "reshard_s", "transfer_s")  # the load fields a stage pays once per step
+# the load fields a stage pays once per step
+PER_STEP = ("steps", "reinit_steps", "reshard_s", "reshard_layers", "transfer_s")
 
 
 def _step_load(cost, stage: str) -> StageLoad:
@@ -267,24 +269,33 @@ def _generating_cost(setup: Setup):
     return costs.get("rollout", costs["actor"])
 
 
-def _reshard_s(setup: Setup) -> float:
-    """Seconds of one reshard into the setup's rollout engine at the nominal links (0: none declared)."""
+def reshard_load(setup: Setup) -> StageLoad:
+    """One reshard into the setup's rollout engine: its seconds at the nominal links and the layers it reshards
+    (none declared: nothing)."""
     generating = _generating_cost(setup)
-    return generating.reshard_s() if hasattr(generating, "reshard_s") else 0.0
+    if not hasattr(generating, "step_load"):
+        return StageLoad()
+    load = generating.step_load("gen")
+    return StageLoad(reshard_s=load.reshard_s, reshard_layers=load.reshard_layers)
 
 
-def reshard_frac(setup: Setup, steps: list[LoggedStep]) -> float | None:
-    """Where the log times the reshard into the rollout engine apart (verl's ``timing_s/reshard``): its achieved
-    share of the links, the nominal seconds over the measured (median over steps); None where it does not."""
+def timed_reshard(setup: Setup, steps: list[LoggedStep]) -> TimedReshard | None:
+    """Where the log times the reshard into the rollout engine apart (verl's ``timing_s/reshard``), its terms from
+    the median over steps: its bytes at the nominal links (a prior: the datasheets) and the rest its software, per
+    layer; a reshard faster than its bytes at the nominal links is all bytes, at the share that makes it (the
+    datasheets are no floor). None where the log does not time it."""
     timed = [s.stages["reshard"] for s in steps if s.stages.get("reshard", 0) > 0]
     if not timed:
         return None
-    nominal = _reshard_s(setup)
-    if nominal <= 0:
+    load = reshard_load(setup)
+    if load.reshard_s <= 0:
         raise ValueError(
             f"the log times reshard but setup {setup.name} declares no resharding: set [framework] weight_reshard"
         )
-    return nominal / float(np.median(timed))
+    measured = float(np.median(timed))
+    if measured <= load.reshard_s:
+        return TimedReshard(frac=load.reshard_s / measured, layer_s=0.0)
+    return TimedReshard(frac=1.0, layer_s=(measured - load.reshard_s) / load.reshard_layers)
 
 
 def _timed(log: TrainingLog, stage: str, steps: list[LoggedStep]) -> np.ndarray:
@@ -332,7 +343,7 @@ def replay_errors(
     summed = list(stages)
     if "reshard" in log.stages:  # inside gen: reported, not added to the step
         measured["reshard"] = np.array([s.stages["reshard"] for s in steps])
-        predicted["reshard"] = np.full(len(steps), _reshard_s(setup) / setup.framework.gen.reshard_frac)
+        predicted["reshard"] = np.full(len(steps), setup.framework.gen.moves_s(reshard_load(setup)))
         stages = [*stages, "reshard"]
     step_errors = _errors(measured["step"][first:], predicted["step"][first:])
     step_errors["stage_weighted_err"] = stage_weighted_err(measured, predicted, summed, first)
@@ -403,9 +414,10 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
     problems = _problems(runs, whole)
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
-    fracs = [f for run in runs if (f := reshard_frac(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
+    timed = [t for run in runs if (t := timed_reshard(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
+    reshard = TimedReshard(*np.median(np.array(timed), axis=0)) if timed else None
     chosen = {key: problem for (scorer, key), problem in problems.items() if scorer in ("", wanted)}
-    return fit_problems(chosen, float(np.median(fracs)) if fracs else None)
+    return fit_problems(chosen, reshard)
 
 
 def _problems(runs: list[LoggedRun], whole: bool) -> dict[tuple, tuple[list[StageLoad], list[np.ndarray], set]]:
@@ -464,7 +476,7 @@ def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
     """Per logged stage, the terms the shared fit moves (the rest keep their priors): few, so that a stage's
     within-run accuracy is not a free multiplier's. Decided as :func:`fit_layer` decides them, on its rows (the fitted
     steps)."""
-    timed = any(reshard_frac(run.setup, list(run.log.steps)) for run in runs)
+    timed = any(timed_reshard(run.setup, list(run.log.steps)) for run in runs)
     out = {}
     for (_, (priced, summed)), problem in _problems(runs, whole=False).items():
         load, seconds, per_unit = problem_rows(summed, problem)

@@ -618,9 +618,9 @@ def test_within_run_calibration_recovers_a_run_unlike_the_defaults(case):
 
 
 def test_a_reshard_the_log_times_apart_is_fitted_apart():
-    """verl 2025 times the reshard into vLLM (``timing_s/reshard``, inside ``gen``): its links' achieved share is
-    the nominal seconds over the timed ones, generation's other terms are fitted on the rest, and the reshard is
-    reported as a stage of its own but not added to the step."""
+    """verl 2025 times the reshard into vLLM (``timing_s/reshard``, inside ``gen``): its bytes at the nominal links,
+    the rest its software per layer (100 times the bytes' seconds here), generation's other terms fitted on the
+    rest of ``gen``; the reshard is reported as a stage of its own but not added to the step."""
     real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:30]
     setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
     truth = {"gen": StageCost(efficiency=0.4, per_token_s=2e-5, cache_reinit_s=3.0, reshard_frac=0.01)}
@@ -631,7 +631,9 @@ def test_a_reshard_the_log_times_apart_is_fitted_apart():
         log.source, tuple(dataclasses.replace(s, stages=s.stages | {"reshard": reshard_s}) for s in log.steps)
     )
     fitted, report = within_run(setup, log)
-    assert fitted.framework.gen.reshard_frac == pytest.approx(0.01, rel=1e-9)
+    layers = costs["actor"].step_load("gen").reshard_layers
+    assert fitted.framework.gen.reshard_frac == 1.0
+    assert fitted.framework.gen.reshard_layer_s == pytest.approx(0.99 * reshard_s / layers, rel=1e-9)
     assert fitted.framework.gen.cache_reinit_s == pytest.approx(3.0, rel=0.05)
     assert report["stages"]["reshard"]["median_abs_err"] < 1e-9
     assert report["step"]["median_abs_err"] < 0.01  # the step counts gen once, the reshard inside it

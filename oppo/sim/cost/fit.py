@@ -14,6 +14,7 @@ overlap is fitted.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -76,12 +77,20 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return nnls(a / norms, np.asarray(b, dtype=float))[0] / norms
 
 
+class TimedReshard(NamedTuple):
+    """A reshard into the rollout engine that a log times apart (verl's ``timing_s/reshard``): the achieved share
+    of its bytes' links and its software's seconds per layer (:meth:`StageCost.moves_s`)."""
+
+    frac: float
+    layer_s: float
+
+
 def fit_stage(
     load: StageLoad,
     measured: np.ndarray,
     gen: bool,
     per_unit: bool = False,
-    reshard_frac: float | None = None,
+    reshard: TimedReshard | None = None,
     host_overlap: bool = True,
 ) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
@@ -96,7 +105,7 @@ def fit_stage(
       waiting on the host, a large one's hiding it (:func:`_fit_overlapped`); where the stage gathers sharded
       parameters, also the achieved share of the link and the share of the overlap left exposed;
     - ``gen``: measured - extra ≈ i·roofline + per_token·row_tokens + the per-step terms
-      (:func:`_fit_generation`; ``reshard_frac``: the reshard's share of its links, where a log times it apart).
+      (:func:`_fit_generation`; ``reshard``: the reshard's terms, where a log times it apart).
     A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
     sequences, unbiased by that rounding, where dropping the zeros would keep only the steps rounded up. A step of
     a GPU stage timed at 0 s has no relative error to weigh: left out."""
@@ -117,7 +126,7 @@ def fit_stage(
         load = StageLoad(**{f: np.broadcast_to(getattr(load, f), shape)[timed] for f in LOAD_FIELDS})
         measured = measured[timed]
     if gen:
-        return _fit_generation(load, measured, reshard_frac)
+        return _fit_generation(load, measured, reshard)
     collectives = has_collectives(load, measured.shape)  # Megatron's: their link's share, a column of its own
     per_unit = per_unit and units_identified(load, measured)
     loaded = bool(np.any(load.host_s))  # an offloaded role's parameters loaded once a pass: the host link's share
@@ -224,10 +233,10 @@ def unnamed_steps(load: StageLoad, shape: tuple = ()) -> np.ndarray:
     return steps * (reinit == 0) * (transfer == 0)
 
 
-def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float | None) -> StageCost:
+def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard | None) -> StageCost:
     """Generation's terms: efficiency, per-token seconds and the per-step costs, each charged to the runs that
-    declare it: the reshard into the engine at its links' achieved share (``reshard_frac`` where a log times it
-    apart, else the prior 1: the nominal links); a KV-cache re-initialisation (``cache_reinit_s``, seconds) where
+    declare it: the reshard into the engine at its terms (``reshard`` where a log times it apart, else its bytes at
+    the nominal links and no software time); a KV-cache re-initialisation (``cache_reinit_s``, seconds) where
     a run declares ``reinit``; sleep mode's weight moves where it declares ``sleep`` (their links' achieved share,
     ``transfer_frac``, fitted); the unnamed ``fixed_s`` only on runs that declare neither, so a run that does not
     pay a named cost is not charged another's. Where the reshard at its prior alone exceeds what a step pays once
@@ -235,7 +244,9 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     shape = measured.shape
     roofline, rows = np.broadcast_to(load.roofline_s, shape), np.broadcast_to(load.row_tokens, shape)
     reinit = np.broadcast_to(load.reinit_steps, shape)
-    reshard, transfer = np.broadcast_to(load.reshard_s, shape), np.broadcast_to(load.transfer_s, shape)
+    resharded, transfer = np.broadcast_to(load.reshard_s, shape), np.broadcast_to(load.transfer_s, shape)
+    layers = np.broadcast_to(load.reshard_layers, shape)
+    timed = reshard or TimedReshard(frac=1.0, layer_s=0.0)
     named = {"cache_reinit_s": reinit, "transfer": transfer, "fixed_s": unnamed_steps(load, shape)}
     named = {term: column for term, column in named.items() if np.any(column)}
     base = measured - load.extra_s
@@ -244,7 +255,7 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
         """The reshard at its share (timed apart, else the prior 1), every other term fitted, sleep mode's moves
         pulled to their nominal link (:data:`SLEEP_PRIOR`)."""
         columns = {"inverse": roofline, "per_token_s": rows, **named}
-        target = base - reshard / (reshard_frac or 1.0)
+        target = base - resharded / timed.frac - layers * timed.layer_s
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
         anchored = [list(columns).index(SLEEP_PRIOR)] if SLEEP_PRIOR in columns else []
         terms = roofline_lstsq(x, target / measured, anchored, anchor_weight=LINK_PRIOR_WEIGHT)
@@ -253,7 +264,7 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     def solve_cornered() -> dict[str, float]:
         """The engine's weight moves (reshard and sleep's, one share: within a run both are constant per step, so
         no fit could split them) priced at a fitted share, the other per-step terms at 0."""
-        x = np.stack([roofline, rows, reshard + transfer], axis=1) / measured[:, None]
+        x = np.stack([roofline, rows, resharded + transfer], axis=1) / measured[:, None]
         inverse, per_token, moves = roofline_lstsq(x, base / measured)
         zero = dict.fromkeys((t for t in named if t != SLEEP_PRIOR), 0.0)
         return {"inverse": inverse, "per_token_s": per_token, "reshard": moves, "transfer": moves, **zero}
@@ -261,13 +272,14 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard_frac: float |
     terms = solve()
     # every free per-step term at 0 (sleep's moves held at their prior): the nominal reshard left nothing
     cornered = not any(terms[t] for t in named if t != SLEEP_PRIOR)
-    if reshard_frac is None and np.any(reshard) and cornered:
+    if reshard is None and np.any(resharded) and cornered:
         terms = solve_cornered()
     # a coefficient on seconds at the nominal links is 1 / the achieved share; 0 (the moves cost nothing the
     # steps show) gives the largest share, 1000
     moves = {term: 1 / max(terms.pop(term, 1.0), 1e-3) for term in ("reshard", "transfer")}
     share = {
-        "reshard_frac": reshard_frac or moves["reshard"],
+        "reshard_frac": reshard.frac if reshard else moves["reshard"],
+        "reshard_layer_s": timed.layer_s,
         "transfer_frac": moves["transfer"] if np.any(transfer) else 1.0,
     }
     inverse = terms.pop("inverse")
@@ -289,6 +301,7 @@ def terms_fitted(
             "transfer_frac": np.any(load.transfer_s),
             "fixed_s": np.any(unnamed_steps(load)),
             "reshard_frac": reshard_timed,
+            "reshard_layer_s": reshard_timed,
         }
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
@@ -391,21 +404,21 @@ def problem_rows(summed: bool, problem: tuple) -> tuple[StageLoad, np.ndarray, b
 
 def fit_problems(
     problems: dict[tuple[tuple[str, ...], bool], tuple[list[StageLoad], list[np.ndarray], set[str]]],
-    reshard_frac: float | None = None,
+    reshard: TimedReshard | None = None,
 ) -> dict[str, StageCost]:
     """One set of terms per problem: (its stages, whether a row's load is their sum) -> the loads and measured
     seconds per step of every run that times it (one entry per run) and the logged stages they time, fitted at
     once. A problem's stages are a logged stage's (one of ours, or several timed as one, their loads summed:
-    OpenRLHF's) or a family of :data:`SHARED_TERMS` (a row per stage). ``reshard_frac``: generation's, where logs
-    time the reshard into the engine apart."""
+    OpenRLHF's) or a family of :data:`SHARED_TERMS` (a row per stage). ``reshard``: generation's, where logs time
+    the reshard into the engine apart."""
     layer: dict[str, StageCost] = {}
     for (parts, summed), problem in problems.items():
         load, seconds, several = problem_rows(summed, problem)
         gen = parts == ("gen",)
-        frac = reshard_frac if gen else None
         # a logged stage timing several of ours (OpenRLHF's): the simulator overlaps each part's host time with its
         # own compute, a fit of their summed loads could not say how: their host time is summed
-        cost = fit_stage(load, seconds, gen=gen, per_unit=several, reshard_frac=frac, host_overlap=not summed)
+        timed = reshard if gen else None
+        cost = fit_stage(load, seconds, gen=gen, per_unit=several, reshard=timed, host_overlap=not summed)
         layer |= dict.fromkeys(parts, cost)
     return layer
 

@@ -88,9 +88,10 @@ class StageLoad:
     collectives on a pass's critical path at the nominal link (Megatron's tensor-parallel all-reduces between a
     layer's matrix products, its gradients' all-reduce: nothing to overlap them with); the rollout engine's per-step
     costs (:meth:`FrameworkCost.step_load`): ``reinit_steps`` re-initialisations of its KV cache, ``reshard_s``
-    seconds of the weights' reshard into it and ``transfer_s`` of its sleep mode's weight moves, at the nominal
-    links; ``host_s`` seconds of an offloaded role's parameters loaded onto its GPUs once a pass, at the nominal
-    host link (serial: the pass waits for them)."""
+    seconds of the weights' reshard into it at the nominal links and ``reshard_layers`` the layers it reshards (its
+    software: each tensor gathered whole and loaded into the engine, a call apiece), ``transfer_s`` seconds of its
+    sleep mode's weight moves at the nominal links; ``host_s`` seconds of an offloaded role's parameters loaded onto
+    its GPUs once a pass, at the nominal host link (serial: the pass waits for them)."""
 
     roofline_s: float | np.ndarray = 0.0
     small_s: float | np.ndarray = 0.0
@@ -102,6 +103,7 @@ class StageLoad:
     serial_s: float | np.ndarray = 0.0
     reinit_steps: float | np.ndarray = 0.0
     reshard_s: float | np.ndarray = 0.0
+    reshard_layers: float | np.ndarray = 0.0
     transfer_s: float | np.ndarray = 0.0
     host_s: float | np.ndarray = 0.0
 
@@ -121,7 +123,7 @@ class StageCost:
     pass, > 0); ``gen`` only:
     ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache), ``reshard_frac`` and ``transfer_frac``
     (achieved shares of the nominal links by the reshard into the engine and by its sleep mode's weight moves,
-    > 0)."""
+    > 0), ``reshard_layer_s`` (the reshard's software, seconds per layer resharded)."""
 
     efficiency: float = 1.0
     half_efficiency_tokens: float = 0.0
@@ -137,11 +139,13 @@ class StageCost:
     exposed_host_frac: float = 1.0
     cache_reinit_s: float = 0.0
     reshard_frac: float = 1.0
+    reshard_layer_s: float = 0.0
     transfer_frac: float = 1.0
     host_link_frac: float = 1.0
 
     def __post_init__(self) -> None:
         terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s, self.cache_reinit_s)
+        terms = (*terms, self.reshard_layer_s)
         links = (self.reshard_frac, self.transfer_frac, self.host_link_frac)
         if self.efficiency <= 0 or min(terms) < 0 or min(links) <= 0:
             raise ValueError("a stage needs efficiency > 0, link shares > 0 and its other terms >= 0")
@@ -167,9 +171,15 @@ class StageCost:
         if _any(load.host_s):  # the offloaded parameters, loaded before the pass starts
             seconds = seconds + load.host_s / self.host_link_frac
         if _any(load.reinit_steps) or _any(load.reshard_s) or _any(load.transfer_s):  # the engine's per-step
-            moves = load.reshard_s / self.reshard_frac + load.transfer_s / self.transfer_frac
-            seconds = seconds + load.reinit_steps * self.cache_reinit_s + moves
+            # (reshard_layers goes with reshard_s: a setup that reshards has both)
+            seconds = seconds + load.reinit_steps * self.cache_reinit_s + self.moves_s(load)
         return seconds
+
+    def moves_s(self, load: StageLoad):
+        """Seconds of the rollout engine's weight moves of ``load``: the reshard's bytes at its links' achieved
+        share and its software per layer, and sleep mode's moves at theirs."""
+        reshard = load.reshard_s / self.reshard_frac + load.reshard_layers * self.reshard_layer_s
+        return reshard + load.transfer_s / self.transfer_frac
 
 
 def _any(x) -> bool:
@@ -474,8 +484,9 @@ class FrameworkCost:
         """What a stage pays once per step: ``steps`` (its ``fixed_s``) and, for generation, the rollout engine's
         declared per-step costs: a KV-cache re-initialisation, and its weight moves in seconds at the nominal links
         (a reshard gathers the (n - 1) / n of the weights each GPU lacks over the collective's link and writes its
-        1 / t of them into the engine, read and written over HBM; sleep mode moves its 1 / t to the host and back
-        over the host link). A rollout engine on GPUs of its own pays neither: the trainer pushes it the weights
+        1 / t of them into the engine, read and written over HBM, and its software takes a time per layer: each
+        tensor gathered whole and loaded by a call of its own; sleep mode moves its 1 / t to the host and back over
+        the host link). A rollout engine on GPUs of its own pays neither: the trainer pushes it the weights
         (:meth:`transfer_s`) and it keeps its KV cache."""
         if stage != "gen" or self.role == "rollout":  # an engine on its own GPUs: the weight push, no reshard
             return StageLoad(steps=1.0)
@@ -485,6 +496,7 @@ class FrameworkCost:
             steps=1.0,
             reinit_steps=float(fw.kv_cache_reset == "reinit"),
             reshard_s=self.reshard_s(),
+            reshard_layers=float(self.base.model.layers) if fw.weight_reshard else 0.0,
             transfer_s=sleep_s if fw.kv_cache_reset == "sleep" else 0.0,
         )
 
