@@ -19,9 +19,10 @@ import torch
 
 from oppo.exec.config import ExecConfig
 from oppo.exec.models import load_roles, resolve_device, token_ids
+from oppo.exec.parts import local_parts, scorer_roles
 from oppo.exec.placement import _get, _one_device, _start_ray
 from oppo.exec.rollout_worker import RolloutWorker, TokenLag, shareable, token_lag
-from oppo.exec.runner import Executor, RunAborted, local_parts, scorer_roles
+from oppo.exec.runner import Executor, RunAborted
 from oppo.exec.timing import Recorder
 
 
@@ -75,7 +76,7 @@ class AsyncPipeline(Executor):
     def _place(self, config: ExecConfig, recorder: Recorder, lengths, device: torch.device, on_gpu: bool) -> None:
         """Load the trainer's models and start the rollout workers (the rest of ``__init__``)."""
         from oppo.exec.models import load_role
-        from oppo.exec.runner import run_roles
+        from oppo.exec.parts import run_roles
 
         cores = _cores(config, on_gpu) if self._owns_ray else None  # trainer's core, then each worker's
         if cores:  # one core for the trainer: its own device, beside the workers' (restored by close)

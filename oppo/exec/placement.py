@@ -24,17 +24,9 @@ import torch
 
 from oppo.exec.config import ExecConfig
 from oppo.exec.models import load_roles, resolve_device, token_ids
+from oppo.exec.parts import device_name, driver_roles, driver_scorers, local_parts, rank_roles, scorer_roles
 from oppo.exec.rank import ActorRank, join_group, trained_roles
-from oppo.exec.runner import (
-    Executor,
-    RunAborted,
-    device_name,
-    driver_roles,
-    driver_scorers,
-    local_parts,
-    rank_roles,
-    scorer_roles,
-)
+from oppo.exec.runner import Executor, RunAborted
 from oppo.exec.scoring import LocalScorer
 from oppo.exec.timing import Recorder
 from oppo.records.schema import TraceRow

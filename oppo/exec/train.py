@@ -119,7 +119,8 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
 
     from oppo.exec import snapshot
     from oppo.exec.models import load_roles
-    from oppo.exec.runner import Executor, RunAborted, run_roles
+    from oppo.exec.parts import run_roles
+    from oppo.exec.runner import Executor, RunAborted
     from oppo.exec.timing import Recorder
 
     hf_logging.disable_progress_bar()

@@ -24,8 +24,9 @@ from oppo.core.config import POLICIES  # noqa: E402
 from oppo.core.scheduler import Scheduler  # noqa: E402
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule  # noqa: E402
 from oppo.exec.models import load_roles  # noqa: E402
+from oppo.exec.parts import run_roles  # noqa: E402
 from oppo.exec.rank import trained_roles  # noqa: E402
-from oppo.exec.runner import Executor, RunAborted, SeqData, run_roles  # noqa: E402
+from oppo.exec.runner import Executor, RunAborted, SeqData  # noqa: E402
 from oppo.exec.timing import Recorder  # noqa: E402
 from oppo.exec.update import deal, longest_first, minibatches, weights_digest  # noqa: E402
 from tests.drive import run_step  # noqa: E402

@@ -17,8 +17,9 @@ ray = pytest.importorskip("ray")
 
 from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule  # noqa: E402
 from oppo.exec.models import load_roles  # noqa: E402
+from oppo.exec.parts import run_roles  # noqa: E402
 from oppo.exec.rank import trained_roles  # noqa: E402
-from oppo.exec.runner import Executor, run_roles  # noqa: E402
+from oppo.exec.runner import Executor  # noqa: E402
 from oppo.exec.timing import Recorder  # noqa: E402
 from tests import invoke  # noqa: E402
 from tests.exec.test_data_parallel import flat  # noqa: E402
