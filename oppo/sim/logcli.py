@@ -228,7 +228,7 @@ def run_setup(log: str, setup: str | None, args: argparse.Namespace) -> tuple[Se
     """The setup of the run ``log`` records, and the :class:`LogSetup` it was read as (None for a ``--setup``):
     ``setup`` checked against the log's own configuration where it has one (a setup that contradicts it is
     refused), else the setup read from the log (``args.gpu``, ``args.model_config``)."""
-    from oppo.sim.logsetup import contradictions
+    from oppo.sim.verl_config import contradictions
 
     if setup is None:
         found = _log_setup(log, args.gpu, args.model_config)

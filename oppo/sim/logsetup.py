@@ -26,9 +26,8 @@ from oppo.sim.cost.engine import MODELS
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setup_toml import setup_from_dict, toml_value
 from oppo.sim.setups import UNKNOWN_GPU, Setup
-from oppo.sim.verl_config import VerlConfig, read_verl_config
+from oppo.sim.verl_config import ARA, REQUIRE_BATCHES, VerlConfig, fully_async, read_verl_config
 
-ARA = "actor_rollout_ref"
 # verl's advantage estimators (verl/trainer/ppo/core_algos.py) -> how a step runs: GAE needs a critic; the others
 # compare the samples of a prompt's group (critic-free)
 CRITIC_ESTIMATORS = ("gae",)
@@ -261,18 +260,6 @@ def _batch(r: _Reader) -> None:
     r.out.set("minibatches", batch // mini, split, origin)
 
 
-def fully_async(config: VerlConfig) -> bool:
-    """Whether the log is verl's fully async trainer's: its launch command, or where the log prints only the
-    configuration, a batch of 0 with the trainer's sync period set."""
-    if "fully_async" in (config.entry or ""):
-        return True
-    return config.get("data.train_batch_size", None) == 0 and config.get(SYNC_PERIOD, None) is not None
-
-
-SYNC_PERIOD = "async_training.trigger_parameter_sync_step"
-REQUIRE_BATCHES = "async_training.require_batches"
-
-
 def _fully_async_batch(r: _Reader) -> int:
     """verl's fully async trainer (``data.train_batch_size`` 0) trains a step on ``require_batches`` mini-batches of
     prompts as they come off the rollouter's queue: the setup's batch, a trainer step's."""
@@ -495,32 +482,3 @@ def _ignored(out: LogSetup, config: VerlConfig, read: set[str]) -> None:
             out.ignored.append((key, value, why))
         elif key not in read:
             out.ignored.append((key, value, "no cost in the model"))
-
-
-# setup fields a log's own configuration fixes: a --setup that disagrees describes another run
-CHECKED = (
-    ("group_size", f"{ARA}.rollout.n", lambda s: s.group_size),
-    ("batch", "data.train_batch_size", lambda s: s.batch),
-    ("max_new_tokens", "data.max_response_length", lambda s: s.max_new_tokens),
-    (
-        "rollout_tensor_parallel",
-        f"{ARA}.rollout.tensor_model_parallel_size",
-        lambda s: s.framework.rollout_tensor_parallel,
-    ),
-)
-
-
-def contradictions(setup: Setup, path: str | Path) -> str:
-    """How ``setup`` contradicts the configuration the log at ``path`` shows ("" where it does not, or the log
-    shows none)."""
-    config = read_verl_config(path)
-    if config is None:
-        return ""
-    for name, key, value_of in CHECKED:
-        logged = config.get(key, None)
-        if key == "data.train_batch_size" and fully_async(config):  # 0: a trainer step's batch is its mini-batches
-            key = "actor.ppo_mini_batch_size x async_training.require_batches"
-            logged = config.get(f"{ARA}.actor.ppo_mini_batch_size", 256) * config.get(REQUIRE_BATCHES, 1)
-        if logged is not None and value_of(setup) != logged:
-            return f"its {name} is {value_of(setup)}, the log's {key} is {logged}"
-    return ""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from oppo.sim.runlogs import read_log_text
+from oppo.sim.setups import Setup
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RAY_PREFIX = re.compile(r"^\s*(\([^()]*pid=\d+[^()]*\))\s?")  # "(main_task pid=54569) ", "(TaskRunner pid=1) "
@@ -29,6 +30,7 @@ OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w.]*)=(.*)$", re.S)  # Hydra: key=va
 CONFIG_NAME = re.compile(r"^(?:--config-name|-cn)=(\S+)$")
 VLLM_VERSION = re.compile(r"\bvllm(?:==|-| version |: )v?(\d+\.\d+)", re.I)  # "vllm==0.8.3", "vLLM version 0.6.3"
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)[ T][0-2]\d:[0-5]\d")
+ARA = "actor_rollout_ref"  # the actor, rollout and reference worker's configuration
 TOP_LEVEL = ("actor_rollout_ref", "algorithm", "data", "trainer", "critic", "reward_model")
 _MISSING = object()
 
@@ -225,3 +227,44 @@ def _flatten(tree: dict, prefix: str = ""):
             yield from _flatten(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
+
+
+def fully_async(config: VerlConfig) -> bool:
+    """Whether the log is verl's fully async trainer's: its launch command, or where the log prints only the
+    configuration, a batch of 0 with the trainer's sync period set."""
+    if "fully_async" in (config.entry or ""):
+        return True
+    return config.get("data.train_batch_size", None) == 0 and config.get(SYNC_PERIOD, None) is not None
+
+
+SYNC_PERIOD = "async_training.trigger_parameter_sync_step"
+REQUIRE_BATCHES = "async_training.require_batches"
+
+
+# setup fields a log's own configuration fixes: a --setup that disagrees describes another run
+CHECKED = (
+    ("group_size", f"{ARA}.rollout.n", lambda s: s.group_size),
+    ("batch", "data.train_batch_size", lambda s: s.batch),
+    ("max_new_tokens", "data.max_response_length", lambda s: s.max_new_tokens),
+    (
+        "rollout_tensor_parallel",
+        f"{ARA}.rollout.tensor_model_parallel_size",
+        lambda s: s.framework.rollout_tensor_parallel,
+    ),
+)
+
+
+def contradictions(setup: Setup, path: str | Path) -> str:
+    """How ``setup`` contradicts the configuration the log at ``path`` shows ("" where it does not, or the log
+    shows none)."""
+    config = read_verl_config(path)
+    if config is None:
+        return ""
+    for name, key, value_of in CHECKED:
+        logged = config.get(key, None)
+        if key == "data.train_batch_size" and fully_async(config):  # 0: a trainer step's batch is its mini-batches
+            key = "actor.ppo_mini_batch_size x async_training.require_batches"
+            logged = config.get(f"{ARA}.actor.ppo_mini_batch_size", 256) * config.get(REQUIRE_BATCHES, 1)
+        if logged is not None and value_of(setup) != logged:
+            return f"its {name} is {value_of(setup)}, the log's {key} is {logged}"
+    return ""
