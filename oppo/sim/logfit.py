@@ -414,10 +414,15 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
     problems = _problems(runs, whole)
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
-    timed = [t for run in runs if (t := timed_reshard(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
-    reshard = TimedReshard(*np.median(np.array(timed), axis=0)) if timed else None
     chosen = {key: problem for (scorer, key), problem in problems.items() if scorer in ("", wanted)}
-    return fit_problems(chosen, reshard)
+    return fit_problems(chosen, _timed_reshards(runs, whole))
+
+
+def _timed_reshards(runs: list[LoggedRun], whole: bool) -> TimedReshard | None:
+    """The reshard's terms of the runs whose logs time it (median of each over the runs; their fitted steps, or
+    ``whole``: all), None where none does."""
+    timed = [t for run in runs if (t := timed_reshard(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
+    return TimedReshard(*np.median(np.array(timed), axis=0)) if timed else None
 
 
 def _problems(runs: list[LoggedRun], whole: bool) -> dict[tuple, tuple[list[StageLoad], list[np.ndarray], set]]:
@@ -476,10 +481,10 @@ def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
     """Per logged stage, the terms the shared fit moves (the rest keep their priors): few, so that a stage's
     within-run accuracy is not a free multiplier's. Decided as :func:`fit_layer` decides them, on its rows (the fitted
     steps)."""
-    timed = any(timed_reshard(run.setup, list(run.log.steps)) for run in runs)
+    timed = _timed_reshards(runs, whole=False)
     out = {}
     for (_, (priced, summed)), problem in _problems(runs, whole=False).items():
         load, seconds, per_unit = problem_rows(summed, problem)
-        terms = terms_fitted(load, seconds, gen=priced == ("gen",), per_unit=per_unit, reshard_timed=timed)
+        terms = terms_fitted(load, seconds, gen=priced == ("gen",), per_unit=per_unit, reshard=timed)
         out |= dict.fromkeys(problem[2], terms)
     return out

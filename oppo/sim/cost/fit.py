@@ -287,10 +287,10 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
 
 
 def terms_fitted(
-    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, reshard_timed: bool = False
+    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, reshard: TimedReshard | None = None
 ) -> list[str]:
     """The terms :func:`fit_stage` fits for a stage with this load and these measured seconds (the others keep
-    their priors or defaults)."""
+    their priors or defaults; ``reshard``: a timed reshard's terms, which name what it moved off its prior)."""
     if not gen and is_push(load):
         return ["gather_bandwidth_frac"]
     if not gen and not np.any(load.roofline_s):
@@ -300,8 +300,8 @@ def terms_fitted(
             "cache_reinit_s": np.any(load.reinit_steps),
             "transfer_frac": np.any(load.transfer_s),
             "fixed_s": np.any(unnamed_steps(load)),
-            "reshard_frac": reshard_timed,
-            "reshard_layer_s": reshard_timed,
+            "reshard_frac": bool(reshard and reshard.frac != 1.0),
+            "reshard_layer_s": bool(reshard and reshard.layer_s > 0),
         }
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
     gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
