@@ -47,7 +47,8 @@ from oppo.sim.cost.fit import (
     sum_loads,
     terms_fitted,
 )
-from oppo.sim.cost.framework import ROLE_STAGES, StageCost, StageLoad
+from oppo.sim.cost.framework import ROLE_STAGES
+from oppo.sim.cost.stage import StageCost, StageLoad
 from oppo.sim.model import SimConfig, simulate
 from oppo.sim.runlogs import COMPOSITES, SUBSTAGES, LoggedStep, TrainingLog
 from oppo.sim.setups import Setup

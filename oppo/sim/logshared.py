@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from oppo.sim.cost.framework import StageCost
+from oppo.sim.cost.stage import StageCost
 from oppo.sim.logfit import LoggedRun, fit_layer, parts_timed, replay_errors, step_errors, with_layer
 from oppo.sim.setups import Setup
 

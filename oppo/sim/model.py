@@ -24,7 +24,8 @@ from oppo.records.optrace import OpTrace, cycle_collector_paused
 from oppo.records.schema import StepRecord, TrainedColumns
 from oppo.sim.async_pipeline import FROZEN, AsyncConfig, start_pipeline
 from oppo.sim.cost.engine import CostModel, pass_attended
-from oppo.sim.cost.framework import ROLE_STAGES, StageLoad
+from oppo.sim.cost.framework import ROLE_STAGES
+from oppo.sim.cost.stage import StageLoad
 from oppo.sim.decode import Generation, new_chunk
 from oppo.sim.setups import Setup
 from oppo.sim.workload import LengthSampler, RewardProgress, SeqLengths

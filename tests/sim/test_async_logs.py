@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.sim.cost.framework import StageCost
+from oppo.sim.cost.stage import StageCost
 from oppo.sim.logfit import async_step_seconds
 from oppo.sim.logsetup import setup_from_log
 from oppo.sim.runlogs import load_run_log

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from oppo.sim.calibration import calibration, extrapolations, trust_note, weighted_quantile
-from oppo.sim.cost.framework import Framework, StageCost
+from oppo.sim.cost.framework import Framework
+from oppo.sim.cost.stage import StageCost
 from oppo.sim.setup_toml import load_setup
 from tests import invoke
 

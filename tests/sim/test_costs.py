@@ -118,7 +118,8 @@ def test_the_critics_values_pass_pays_its_own_micro_batches():
     """verl's critic scores in micro-batches of its own (critic.forward_micro_batch_size): with a host time per
     micro-batch, halving them adds exactly that time once per micro-batch more (8 sequences on one GPU: 4 -> 2 a
     micro-batch, 2 -> 4 micro-batches)."""
-    from oppo.sim.cost.framework import Framework, FrameworkCost, StageCost
+    from oppo.sim.cost.framework import Framework, FrameworkCost
+    from oppo.sim.cost.stage import StageCost
 
     base = RooflineCost(MODELS["qwen2.5-0.5b"], GPUS["h100"], 1, ENGINES["vllm"])
     terms = StageCost(per_unit_s=0.05)
@@ -137,7 +138,8 @@ def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_bat
     link. Serial (exposed_gather_frac 1) the difference to the unsharded pass is exactly those bytes over that link
     (to 1e-9); with prefetch the pass costs the larger of compute and gathers plus the exposed share of the
     smaller; a slower achieved link (gather_bandwidth_frac) stretches the gathers by its inverse."""
-    from oppo.sim.cost.framework import Framework, FrameworkCost, StageCost
+    from oppo.sim.cost.framework import Framework, FrameworkCost
+    from oppo.sim.cost.stage import StageCost
 
     model, gpu = MODELS["deepseek-llm-7b"], GPUS["mi300x"]
     base = RooflineCost(model, gpu, 8, ENGINES["vllm"])
@@ -236,7 +238,8 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
 def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):
     """A rule reward is CPU time per sequence; a reward model a forward pass (the reference's terms). A TOML that
     turns a preset's reward model into a rule must not charge the model's per-micro-batch terms per sequence."""
-    from oppo.sim.cost.framework import StageLoad, trl_layer
+    from oppo.sim.cost.framework import trl_layer
+    from oppo.sim.cost.stage import StageLoad
     from oppo.sim.setup_toml import load_setup
 
     path = tmp_path / "rule.toml"

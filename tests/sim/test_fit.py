@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from oppo.sim.cost.fit import fit_stage
-from oppo.sim.cost.framework import StageCost, StageLoad
+from oppo.sim.cost.stage import StageCost, StageLoad
 
 
 def test_a_rule_reward_rounded_to_zero_on_some_steps_is_fitted_on_totals():

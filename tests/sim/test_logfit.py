@@ -14,7 +14,8 @@ import pytest
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
 from oppo.sim.cost.fit import LOAD_FIELDS, SHARED_TERMS, slice_load
-from oppo.sim.cost.framework import ROLE_STAGES, TRL, StageCost, shared_layer
+from oppo.sim.cost.framework import ROLE_STAGES, TRL, shared_layer
+from oppo.sim.cost.stage import StageCost
 from oppo.sim.logdevice import resolve_gpu
 from oppo.sim.logfit import (
     STAGE_OPS,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from oppo.sim.cost.framework import StageCost
+from oppo.sim.cost.stage import StageCost
 from oppo.sim.logfit import fit_layer, logged_run
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setup_toml import load_setup

@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from oppo.sim.cost.framework import StageCost
 from oppo.sim.cost.gpu import Cluster
+from oppo.sim.cost.stage import StageCost
 from oppo.sim.logfit import reshard_load, timed_reshard
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setup_toml import load_setup

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.sim.cost.framework import StageCost
+from oppo.sim.cost.stage import StageCost
 from oppo.sim.logfit import predict_stages, replay
 from oppo.sim.runlogs import LoggedStep, load_run_log
 from oppo.sim.setup_toml import load_setup

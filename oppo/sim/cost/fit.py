@@ -5,8 +5,8 @@ fitted to measured stage seconds (a whole cost model fitted to the executor's ow
 (:func:`_fit_overlapped`).
 
 From real logs (:func:`fit_stage`, :func:`fit_problems`): a stage's seconds are linear in its terms but for two
-overlaps with compute, the gathers' and the host's (:meth:`~oppo.sim.cost.framework.StageCost.seconds` of a
-:class:`~oppo.sim.cost.framework.StageLoad`), so given each step's load (:mod:`oppo.sim.logfit` measures it by
+overlaps with compute, the gathers' and the host's (:meth:`~oppo.sim.cost.stage.StageCost.seconds` of a
+:class:`~oppo.sim.cost.stage.StageLoad`), so given each step's load (:mod:`oppo.sim.logfit` measures it by
 replaying the log on the simulator) the terms are a linear fit, refined by a bounded nonlinear one where an
 overlap is fitted.
 """
@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from oppo.sim.cost.framework import StageCost, StageLoad
+from oppo.sim.cost.stage import StageCost, StageLoad
 
 LOAD_FIELDS = tuple(f.name for f in dataclasses.fields(StageLoad))
 
