@@ -166,6 +166,7 @@ def async_step_seconds(
     return np.diff(ends, prepend=0.0)
 
 
+MAX_SHARE = 1e3  # achieved / nominal link: the largest share a fit gives (a move the steps show costing nothing)
 # the load fields a stage pays once per step
 PER_STEP = ("steps", "reinit_steps", "reshard_s", "reshard_layers", "transfer_s")
 
@@ -271,20 +272,21 @@ def _generating_cost(setup: Setup):
 
 
 def reshard_load(setup: Setup) -> StageLoad:
-    """One reshard into the setup's rollout engine: its seconds at the nominal links and the layers it reshards
-    (none declared: nothing)."""
+    """One reshard into the setup's rollout engine as verl times it: its seconds at the nominal links, the layers it
+    reshards, and under sleep mode the weights' wake-up (their copy back from the host, half of sleep's moves:
+    verl's reshard timer holds ``wake_up``, the ``sleep`` after generation is outside it); none declared: nothing."""
     generating = _generating_cost(setup)
     if not hasattr(generating, "step_load"):
         return StageLoad()
     load = generating.step_load("gen")
-    return StageLoad(reshard_s=load.reshard_s, reshard_layers=load.reshard_layers)
+    return StageLoad(reshard_s=load.reshard_s, reshard_layers=load.reshard_layers, transfer_s=load.transfer_s / 2)
 
 
 def timed_reshard(setup: Setup, steps: list[LoggedStep]) -> TimedReshard | None:
     """Where the log times the reshard into the rollout engine apart (verl's ``timing_s/reshard``), its terms from
-    the median over steps: its bytes at the nominal links (a prior: the datasheets) and the rest its software, per
-    layer; a reshard faster than its bytes at the nominal links is all bytes, at the share that makes it (the
-    datasheets are no floor). None where the log does not time it."""
+    the median over steps: its bytes at the nominal links (a prior: the datasheets), sleep mode's wake-up at its
+    own (``transfer_frac``'s prior), and the rest its software, per layer; a reshard faster than that is all bytes,
+    at the share that makes it (the datasheets are no floor). None where the log does not time it."""
     timed = [s.stages["reshard"] for s in steps if s.stages.get("reshard", 0) > 0]
     if not timed:
         return None
@@ -293,10 +295,10 @@ def timed_reshard(setup: Setup, steps: list[LoggedStep]) -> TimedReshard | None:
         raise ValueError(
             f"the log times reshard but setup {setup.name} declares no resharding: set [framework] weight_reshard"
         )
-    measured = float(np.median(timed))
-    if measured <= load.reshard_s:
-        return TimedReshard(frac=load.reshard_s / measured, layer_s=0.0)
-    return TimedReshard(frac=1.0, layer_s=(measured - load.reshard_s) / load.reshard_layers)
+    rest = float(np.median(timed)) - load.transfer_s  # the wake-up's copy at the nominal host link
+    if rest <= load.reshard_s:
+        return TimedReshard(frac=min(load.reshard_s / rest, MAX_SHARE) if rest > 0 else MAX_SHARE, layer_s=0.0)
+    return TimedReshard(frac=1.0, layer_s=(rest - load.reshard_s) / load.reshard_layers)
 
 
 def _timed(log: TrainingLog, stage: str, steps: list[LoggedStep]) -> np.ndarray:
@@ -420,10 +422,13 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
 
 
 def _timed_reshards(runs: list[LoggedRun], whole: bool) -> TimedReshard | None:
-    """The reshard's terms of the runs whose logs time it (median of each over the runs; their fitted steps, or
-    ``whole``: all), None where none does."""
+    """The reshard's terms of the runs whose logs time it (their fitted steps, or ``whole``: all), None where none
+    does: one split for all, the median run's software per layer, or where that is none, the median share."""
     timed = [t for run in runs if (t := timed_reshard(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
-    return TimedReshard(*np.median(np.array(timed), axis=0)) if timed else None
+    if not timed:
+        return None
+    layer_s = float(np.median([t.layer_s for t in timed]))
+    return TimedReshard(frac=1.0 if layer_s > 0 else float(np.median([t.frac for t in timed])), layer_s=layer_s)
 
 
 def _problems(runs: list[LoggedRun], whole: bool) -> dict[tuple, tuple[list[StageLoad], list[np.ndarray], set]]:

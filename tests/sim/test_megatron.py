@@ -13,7 +13,8 @@ from oppo.sim.logfit import fit_layer, logged_run
 from oppo.sim.runlogs import load_run_log
 from oppo.sim.setup_toml import load_setup
 from tests import invoke
-from tests.sim.test_logfit import assert_predicts_its_own_steps, families, synthesized_log
+from tests.sim.test_floors import assert_predicts_its_own_steps
+from tests.sim.test_logfit import families, synthesized_log
 
 DATA = Path(__file__).with_name("data")
 

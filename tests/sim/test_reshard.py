@@ -8,9 +8,9 @@ import pytest
 from oppo.sim.cost.gpu import Cluster
 from oppo.sim.cost.stage import StageCost
 from oppo.sim.logfit import reshard_load, timed_reshard
-from oppo.sim.runlogs import load_run_log
+from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setup_toml import load_setup
-from tests.sim.test_logfit import DATA
+from tests.sim.test_logfit import DATA, synthesized_log, within_run
 
 
 def timed_at(seconds: float, steps: int = 5):
@@ -45,12 +45,62 @@ def test_a_reshard_faster_than_its_bytes_at_the_datasheets_links_has_no_floor_th
 
 
 def test_a_reshard_timed_on_one_node_prices_two_by_their_bytes_not_by_its_software():
-    """Timed at 4 s on one node of 8 GPUs, where its bytes at the links take 0.03 s: on two nodes of 8 the gather
+    """Timed at 4 s on one node of 8 GPUs, where its bytes at the links take 0.05 s: on two nodes of 8 the gather
     crosses the network cards (50 GB/s a GPU, 9x slower than the node's links), which adds the bytes' seconds over
-    them, not 9x the software's (the reshard priced as bytes at a fitted share of the links predicted 37 s)."""
+    them (0.5 s), not 9x the software's: the reshard priced as bytes at the share its timing gives would take 37 s."""
     setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    one_node, two_nodes = reshard_load(setup), reshard_load(on_nodes(setup, gpus=16, per_node=8))
+    assert two_nodes.reshard_s > 5 * one_node.reshard_s  # the network card's bytes
     timed = timed_reshard(setup, timed_at(4.0))
     fitted = StageCost(reshard_frac=timed.frac, reshard_layer_s=timed.layer_s)
-    two_nodes = reshard_load(on_nodes(setup, gpus=16, per_node=8))
-    assert two_nodes.reshard_s > 5 * reshard_load(setup).reshard_s  # the network card's bytes
-    assert fitted.moves_s(two_nodes) == pytest.approx(4.0 - reshard_load(setup).reshard_s + two_nodes.reshard_s)
+    assert fitted.moves_s(two_nodes) < 4.0 + 0.6
+    assert StageCost(reshard_frac=one_node.reshard_s / 4.0).moves_s(two_nodes) > 30.0  # a share of the links
+
+
+def test_an_fsdp_trainers_reshard_gathers_its_float32_parameters():
+    """verl loads an FSDP actor in float32 (mixed precision casts it for compute) and gathers those shards whole
+    for the engine: 4 bytes a parameter over the links, then the engine's bf16 weights written over HBM."""
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    actor = setup.costs("sync")["actor"]
+    model, n, tp = actor.base.model, actor.base.n_gpus, actor.base.tensor_parallel
+    gather_s = 4 * model.params * (n - 1) / n / actor.collective_bytes_per_s
+    write_s = 2 * model.weight_bytes / tp / actor.base.gpu.hbm_bytes_per_s
+    assert actor.reshard_s() == pytest.approx(gather_s + write_s, rel=1e-12)
+
+
+def test_sleep_modes_wake_up_is_timed_in_the_reshard_and_priced_once():
+    """verl's reshard timer holds sleep mode's wake-up (the weights' copy back from the host, half its moves; the
+    sleep after generation is outside it): a timed reshard's software per layer is what is left after the bytes
+    and the wake-up at their links, so the reshard is predicted as timed and ``gen`` pays the wake-up once, with
+    sleep's moves."""
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    setup = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, kv_cache_reset="sleep"))
+    load, moves = reshard_load(setup), setup.costs("sync")["actor"].step_load("gen")
+    assert load.transfer_s == pytest.approx(moves.transfer_s / 2) and load.transfer_s > 0.1
+    timed = timed_reshard(setup, timed_at(4.0))
+    assert timed.layer_s == pytest.approx((4.0 - load.transfer_s - load.reshard_s) / 30, rel=1e-12)
+    fitted = StageCost(reshard_frac=timed.frac, reshard_layer_s=timed.layer_s)
+    assert fitted.moves_s(load) == pytest.approx(4.0, rel=1e-12)  # the reshard as timed
+    assert fitted.moves_s(moves) == pytest.approx(4.0 + moves.transfer_s / 2, rel=1e-12)  # + the sleep's half
+
+
+def test_a_reshard_the_log_times_apart_is_fitted_apart():
+    """verl 2025 times the reshard into vLLM (``timing_s/reshard``, inside ``gen``): its bytes at the nominal links,
+    the rest its software per layer (100 times the bytes' seconds here), generation's other terms fitted on the
+    rest of ``gen``; the reshard is reported as a stage of its own but not added to the step."""
+    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:30]
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    truth = {"gen": StageCost(efficiency=0.4, per_token_s=2e-5, cache_reinit_s=3.0, reshard_frac=0.01)}
+    log = synthesized_log(setup, truth, real)
+    costs = setup.costs("sync")
+    reshard_s = costs["actor"].reshard_s() / 0.01
+    log = TrainingLog(
+        log.source, tuple(dataclasses.replace(s, stages=s.stages | {"reshard": reshard_s}) for s in log.steps)
+    )
+    fitted, report = within_run(setup, log)
+    layers = costs["actor"].step_load("gen").reshard_layers
+    assert fitted.framework.gen.reshard_frac == 1.0
+    assert fitted.framework.gen.reshard_layer_s == pytest.approx(0.99 * reshard_s / layers, rel=1e-9)
+    assert fitted.framework.gen.cache_reinit_s == pytest.approx(3.0, rel=0.05)
+    assert report["stages"]["reshard"]["median_abs_err"] < 1e-9
+    assert report["step"]["median_abs_err"] < 0.01  # the step counts gen once, the reshard inside it

@@ -47,9 +47,9 @@ HOST_PRIOR_WEIGHT = 1e-3
 GATHER_SCALE_BOUNDS = (1 / 50, 50)
 # Sleep mode's weight moves (2 x the engine's weights over the host link, 0.5-2% of a step) are priced at their link
 # with a link's prior, LINK_PRIOR_WEIGHT (roofline_lstsq's anchored columns): fitted free, the share was the one
-# per-step term only the sleep-mode run paid, and it took that run's unexplained decode seconds (0.03 of the link
-# across the five shared runs: 43 s a step for moving 7.6 GB a GPU, then charged to every sleep-mode run the layer
-# predicts)
+# per-step term only the sleep-mode run paid, and it took that run's unexplained decode seconds (0.029 of the link
+# across the five shared runs: 21 s a step for the GPG run's 0.6 s of moves; 0.014, 43 s, on its own log), then
+# charged to every sleep-mode run the layer predicted
 SLEEP_PRIOR = "transfer"
 PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads that tell which terms a run pays
 # Stages that share one set of terms: the training framework's forward passes, and its training passes, run the same
@@ -238,9 +238,11 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
     declare it: the reshard into the engine at its terms (``reshard`` where a log times it apart, else its bytes at
     the nominal links and no software time); a KV-cache re-initialisation (``cache_reinit_s``, seconds) where
     a run declares ``reinit``; sleep mode's weight moves where it declares ``sleep`` (their links' achieved share,
-    ``transfer_frac``, fitted); the unnamed ``fixed_s`` only on runs that declare neither, so a run that does not
-    pay a named cost is not charged another's. Where the reshard at its prior alone exceeds what a step pays once
-    (the per-step seconds left would be negative), its links' share is fitted instead: the prior is no floor."""
+    ``transfer_frac``, fitted behind a link's prior: :data:`SLEEP_PRIOR`); the unnamed ``fixed_s`` only on runs that
+    declare neither, so a run that does not pay a named cost is not charged another's. Where the reshard at its
+    prior alone exceeds what a step pays once (the free per-step terms all fitted at 0), its links' share is fitted
+    instead: the prior is no floor. (A run that sleeps has no free per-step term: there the untimed reshard's bytes
+    at the nominal links, 0.05-0.3 s for a 7B model, stay a floor.)"""
     shape = measured.shape
     roofline, rows = np.broadcast_to(load.roofline_s, shape), np.broadcast_to(load.row_tokens, shape)
     reinit = np.broadcast_to(load.reinit_steps, shape)
@@ -261,17 +263,20 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
         terms = roofline_lstsq(x, target / measured, anchored, anchor_weight=LINK_PRIOR_WEIGHT)
         return dict(zip(columns, terms, strict=True))
 
+    free = [term for term in named if term != SLEEP_PRIOR]  # the per-step terms fitted without a prior
+
     def solve_cornered() -> dict[str, float]:
-        """The engine's weight moves (reshard and sleep's, one share: within a run both are constant per step, so
-        no fit could split them) priced at a fitted share, the other per-step terms at 0."""
-        x = np.stack([roofline, rows, resharded + transfer], axis=1) / measured[:, None]
-        inverse, per_token, moves = roofline_lstsq(x, base / measured)
-        zero = dict.fromkeys((t for t in named if t != SLEEP_PRIOR), 0.0)
-        return {"inverse": inverse, "per_token_s": per_token, "reshard": moves, "transfer": moves, **zero}
+        """The reshard's links at a fitted share, sleep mode's moves still behind their prior, the free per-step
+        terms at 0."""
+        columns = {"inverse": roofline, "per_token_s": rows, "reshard": resharded}
+        columns |= {SLEEP_PRIOR: transfer} if SLEEP_PRIOR in named else {}
+        x = np.stack(list(columns.values()), axis=1) / measured[:, None]
+        anchored = [list(columns).index(SLEEP_PRIOR)] if SLEEP_PRIOR in columns else []
+        terms = roofline_lstsq(x, base / measured, anchored, anchor_weight=LINK_PRIOR_WEIGHT)
+        return dict(zip(columns, terms, strict=True)) | dict.fromkeys(free, 0.0)
 
     terms = solve()
-    # every free per-step term at 0 (sleep's moves held at their prior): the nominal reshard left nothing
-    cornered = not any(terms[t] for t in named if t != SLEEP_PRIOR)
+    cornered = bool(free) and not any(terms[t] for t in free)  # each at 0: the nominal reshard left nothing
     if reshard is None and np.any(resharded) and cornered:
         terms = solve_cornered()
     # a coefficient on seconds at the nominal links is 1 / the achieved share; 0 (the moves cost nothing the

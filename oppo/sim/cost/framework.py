@@ -35,6 +35,10 @@ import numpy as np
 from oppo.data import data_dir, read_toml
 from oppo.sim.cost.stage import IDENTITY, StageCost, StageLoad
 
+# verl's FSDP workers load the actor in float32 (fsdp_config.model_dtype, default fp32 for the actor; mixed precision
+# casts it for compute), and the reshard gathers those parameters whole (DTensor.full_tensor() of the state dict's
+# shards) before vLLM casts them (verl/workers/fsdp_workers.py and sharding_manager/fsdp_vllm.py, June 2025)
+FSDP_ACTOR_BYTES_PER_PARAM = 4
 # role of the simulator -> (its scoring stage, its update stage)
 ROLE_STAGES = {
     "actor": ("old_log_prob", "update_actor"),
@@ -361,11 +365,15 @@ class FrameworkCost:
         return getattr(self.base, "tensor_parallel", 1)
 
     def reshard_s(self) -> float:
-        """Seconds of one reshard into the rollout engine at the nominal links (0 where the setup declares none)."""
+        """Seconds of one reshard into the rollout engine at the nominal links (0 where the setup declares none):
+        the trainer's parameters gathered whole (FSDP's in float32, :data:`FSDP_ACTOR_BYTES_PER_PARAM`) and the
+        engine's 1 / t of the weights written, read and written over HBM."""
         if not self.framework.weight_reshard:
             return 0.0
-        weights = self.base.model.weight_bytes
-        return self._gather_bytes_s(weights) + 2 * weights / self._engine_tp / self.base.gpu.hbm_bytes_per_s
+        model = self.base.model
+        fsdp = self.framework.train_backend == "fsdp"
+        gathered = model.params * FSDP_ACTOR_BYTES_PER_PARAM if fsdp else model.weight_bytes
+        return self._gather_bytes_s(gathered) + 2 * model.weight_bytes / self._engine_tp / self.base.gpu.hbm_bytes_per_s
 
     def _gather_bytes_s(self, weights: float) -> float:
         """Seconds to all-gather ``weights`` bytes sharded over the role's GPUs at the collective's link."""

@@ -140,12 +140,12 @@ class StageCost:
             seconds = seconds + load.serial_s / self.gather_bandwidth_frac
         if _any(load.host_s):  # the offloaded parameters, loaded before the pass starts
             seconds = seconds + load.host_s / self.host_link_frac
-        if _any(load.reinit_steps) or _any(load.reshard_s) or _any(load.transfer_s):  # the engine's per-step
-            # (reshard_layers goes with reshard_s: a setup that reshards has both)
+        moved = _any(load.reshard_s) or _any(load.reshard_layers) or _any(load.transfer_s)
+        if moved or _any(load.reinit_steps):  # the rollout engine's per-step costs
             seconds = seconds + load.reinit_steps * self.cache_reinit_s + self.moves_s(load)
         return seconds
 
-    def moves_s(self, load: StageLoad):
+    def moves_s(self, load: StageLoad) -> float | np.ndarray:
         """Seconds of the rollout engine's weight moves of ``load``: the reshard's bytes at its links' achieved
         share and its software per layer, and sleep mode's moves at theirs."""
         reshard = load.reshard_s / self.reshard_frac + load.reshard_layers * self.reshard_layer_s
