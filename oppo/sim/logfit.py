@@ -118,6 +118,7 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
     added = {term: _stage_seconds(setup, probe, trace, len(steps)) for term, probe in PROBES.items()}
     runs = stages_run(setup)
     generating = _generating_cost(setup)
+    copied = _copied_stages(setup)
     loads = {}
     for stage in STAGE_OPS:
         terms = {term: _rounded_off(added[term][stage] - bare[stage], added[term][stage]) for term in PROBES}
@@ -125,6 +126,9 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
         terms["serial_s"] = np.zeros_like(terms["gather_s"])
         if setup.framework.train_backend == "megatron":  # its collectives (one link probe) are serial, no gathers
             terms["serial_s"], terms["gather_s"] = terms["gather_s"], terms["serial_s"]
+        terms["host_copy_s"] = np.zeros_like(terms["host_s"])
+        if stage in copied:  # the host link's seconds (one probe) are the shards' copies before each gather
+            terms["host_copy_s"], terms["host_s"] = terms["host_s"], terms["host_copy_s"]
         # per-step terms: charged once per step by a stage that runs (generation's named ones by its engine)
         per_step = StageLoad() if stage not in runs else _step_load(generating, stage)
         once = {f: np.full(len(steps), float(getattr(per_step, f))) for f in PER_STEP}
@@ -133,6 +137,15 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
         # its lengths, and the weight push once
         loads[stage] = load if stage == "weight_sync" else scale_load(load, trainer_steps)
     return Replay(loads)
+
+
+def _copied_stages(setup: Setup) -> set[str]:
+    """The stages whose roles FSDP offloads to the host with their shards copied in before each gather
+    (``offload_each_micro_batch``; Megatron's workers load theirs once a pass)."""
+    fw = setup.framework
+    if fw.train_backend == "megatron":
+        return set()
+    return {stage for stage, ops in STAGE_OPS.items() if any(role in fw.offload_each_micro_batch for role, _ in ops)}
 
 
 def _rounded_off(difference: np.ndarray, total: np.ndarray) -> np.ndarray:

@@ -139,7 +139,7 @@ def fit_stage(
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     # the gathers at the priors, compute larger: their exposed share (the nonlinear fit below moves both terms)
-    serial = load.extra_s + prior.exposed_gather_frac * np.asarray(load.gather_s)
+    serial = load.extra_s + prior.exposed_gather_frac * (np.asarray(load.gather_s) + load.host_copy_s)
     # the host link's share: constant per step as the micro-batch count, so within a run it cannot be told from
     # the micro-batch term: held at its prior unless the steps insist (a load faster than the nominal link)
     anchored = [2 + per_unit] if loaded else []
@@ -153,7 +153,8 @@ def fit_stage(
     # Megatron's collectives keep the linear fit (their link's share anchored where the steps cannot tell it): its
     # host time adds to compute there
     hidden = per_unit and host_overlap and not collectives  # the host's time may hide behind compute
-    return _fit_overlapped(linear, load, measured, per_unit, hidden) if np.any(load.gather_s) or hidden else linear
+    prefetched = np.any(load.gather_s) or np.any(load.host_copy_s)  # gathers (and copies) overlapping compute
+    return _fit_overlapped(linear, load, measured, per_unit, hidden) if prefetched or hidden else linear
 
 
 def units_identified(load: StageLoad, measured: np.ndarray) -> bool:
@@ -309,7 +310,8 @@ def terms_fitted(
             "reshard_layer_s": bool(reshard and reshard.layer_s > 0),
         }
         return ["efficiency", "per_token_s", *(term for term, used in named.items() if used)]
-    gathers = ["gather_bandwidth_frac", "exposed_gather_frac"] if np.any(load.gather_s) else []
+    gathered, copied = bool(np.any(load.gather_s)), bool(np.any(load.host_copy_s))
+    gathers = ["gather_bandwidth_frac"] * gathered + ["exposed_gather_frac"] * (gathered or copied)
     shape = np.shape(load.roofline_s)
     host = ["per_unit_s", "exposed_host_frac"] if per_unit and units_identified(load, measured) else []
     if has_collectives(load, shape) and not np.any(load.gather_s):
@@ -318,7 +320,7 @@ def terms_fitted(
         columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), *loaded, load.serial_s]
         if _identified(np.stack([np.broadcast_to(c, shape) for c in columns], axis=1)):
             gathers = ["gather_bandwidth_frac"]  # Megatron's collectives, where the steps tell them apart
-    host_link = ["host_link_frac"] if np.any(load.host_s) else []
+    host_link = ["host_link_frac"] if np.any(load.host_s) or copied else []
     return ["efficiency", "half_efficiency_tokens", *host, *gathers, *host_link]
 
 
@@ -367,7 +369,7 @@ def _fit_overlapped(
 
     i0 = 1 / start.efficiency
     low, high = np.log(GATHER_SCALE_BOUNDS)
-    loaded = bool(np.any(load.host_s))  # an offloaded role loaded once a pass: its host link to fit
+    loaded = bool(np.any(load.host_s) or np.any(load.host_copy_s))  # an offloaded role: its host link to fit
     host_link0 = 1 / start.host_link_frac if loaded else 1.0
     theta0 = np.array(
         [i0, start.half_efficiency_tokens * i0, start.per_unit_s, prior.exposed_gather_frac, 0.0, 1.0, host_link0]

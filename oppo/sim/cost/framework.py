@@ -272,7 +272,7 @@ class FrameworkCost:
             load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
             return stage.seconds(dataclasses.replace(load, host_s=self._offload_s()))  # loaded once a pass
         load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
-        if self.role in self.framework.offload_each_micro_batch:  # in the load's gathers (each chunk's pass, streamed)
+        if self.role in self.framework.offload_each_micro_batch:  # copied in with the gathers (each chunk's pass)
             return stage.seconds(load)
         return stage.seconds(dataclasses.replace(load, host_s=self._offload_s()))  # loaded once a pass
 
@@ -292,13 +292,15 @@ class FrameworkCost:
 
     def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
-        ``gathers`` times the sharded parameters over the interconnect (seconds at the nominal link)."""
+        ``gathers`` times the sharded parameters over the interconnect (seconds at the nominal link); a role whose
+        parameters FSDP offloads to the host copies its shard in over the host link before each gather."""
         units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
         gather_s = units * gathers * self._gather_s()
-        if self.role in self.framework.offload_each_micro_batch:  # each unshard copies the shard from the host first
-            gather_s += units * gathers * self._offload_s()
-        return StageLoad(roofline_s, small_s=roofline_s / max(mb_tokens, 1.0), units=units, gather_s=gather_s)
+        copied = self.role in self.framework.offload_each_micro_batch
+        host_copy_s = units * gathers * self._offload_s() if copied else 0.0
+        small_s = roofline_s / max(mb_tokens, 1.0)
+        return StageLoad(roofline_s, small_s=small_s, units=units, gather_s=gather_s, host_copy_s=host_copy_s)
 
     def _megatron_load(
         self, roofline_s: float, tokens: float, rows: float, micro_batch: int, allreduces: int, gradients: bool

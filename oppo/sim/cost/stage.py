@@ -4,7 +4,7 @@
     compute = roofline_s / efficiency × (1 + half_efficiency_tokens / micro-batch tokens)
     host = units × per_unit_s
     busy = max(compute, host) + exposed_host_frac × min(compute, host)
-    gathers = gather_s / gather_bandwidth_frac
+    gathers = gather_s / gather_bandwidth_frac + host_copy_s / host_link_frac
     seconds = max(busy, gathers) + exposed_gather_frac × min(busy, gathers)
               + row_tokens × per_token_s + steps × fixed_s + host_s / host_link_frac + extra_s
               + reinit_steps × cache_reinit_s + moves
@@ -30,12 +30,14 @@ the engine count times too small); a rollout engine whose KV memory cannot hold 
 batches that fill it, so its time follows the tokens decoded rather than the longest response.
 ``fixed_s`` is charged once per step (an ``other`` operation of the role). ``host_s`` is an offloaded role's
 parameters loaded from the host once a pass, at the nominal host link (``host_bytes_per_s``, a prior), over its
-achieved share ``host_link_frac``. ``extra_s`` is what no term scales. Every term but the overlap is linear in the
-load, so the loads of a step add up, and the log fit (:mod:`oppo.sim.logfit`) measures them by simulating a step
-with this very class (with both exposed shares 1, where the overlaps are sums too). Of a replayed step's passes of
-one stage, every one is alike, so the overlaps of their summed loads are theirs; a logged stage that times several
-of ours at once (OpenRLHF's) is fitted on their summed loads, and predicted as the sum of each one's overlap: the
-two differ where its parts fall on both sides of the kink.
+achieved share ``host_link_frac``; ``host_copy_s`` its shards copied from the host before each gather (FSDP's CPU
+offload, at every micro-batch), over the same share, prefetched with the gathers. ``extra_s`` is what no term
+scales. Every term but the overlap is linear in the load, so the loads of a step add up, and the log fit
+(:mod:`oppo.sim.logfit`) measures them by simulating a step with this very class (with both exposed shares 1, where
+the overlaps are sums too). Of a replayed step's passes of one stage, every one is alike, so the overlaps of their
+summed loads are theirs; a logged stage that times several of ours at once (OpenRLHF's) is fitted on their summed
+loads, and predicted as the sum of each one's overlap: the two differ where its parts fall on both sides of the
+kink.
 
 :mod:`oppo.sim.cost.framework` holds the layer (a setup's stages' terms) and the loads a run's passes make.
 """
@@ -61,7 +63,8 @@ class StageLoad:
     layers it reshards (its software: each tensor gathered whole and loaded into the engine, a call apiece),
     ``transfer_s`` seconds of its sleep mode's weight moves at the nominal links; ``host_s`` seconds of an
     offloaded role's parameters loaded onto its GPUs once a pass, at the nominal host link (serial: the pass waits
-    for them)."""
+    for them); ``host_copy_s`` seconds of an offloaded role's shards copied in from the host before each gather
+    (FSDP's CPU offload), at the nominal host link (prefetched with the gathers)."""
 
     roofline_s: float | np.ndarray = 0.0
     small_s: float | np.ndarray = 0.0
@@ -76,6 +79,7 @@ class StageLoad:
     reshard_layers: float | np.ndarray = 0.0
     transfer_s: float | np.ndarray = 0.0
     host_s: float | np.ndarray = 0.0
+    host_copy_s: float | np.ndarray = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,8 @@ class StageCost:
     sharded parameters' gathers, > 0; above 1 where the nominal link was set too low), ``exposed_gather_frac``
     (share of the smaller of compute and gathers that prefetch does not hide, [0, 1]) and ``exposed_host_frac``
     (share of the smaller of compute and the host's time, per_unit_s x units, that the GPU's queue does not hide,
-    [0, 1]; 1: their sum), ``host_link_frac`` (achieved share of the nominal host link by a parameter load once a
-    pass, > 0); ``gen`` only:
+    [0, 1]; 1: their sum), ``host_link_frac`` (achieved share of the nominal host link by an offloaded role's
+    parameters, loaded once a pass or copied in before each gather, > 0); ``gen`` only:
     ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache), ``reshard_frac`` and ``transfer_frac``
     (achieved shares of the nominal links by the reshard into the engine and by its sleep mode's weight moves,
     > 0), ``reshard_layer_s`` (the reshard's software, seconds per layer resharded)."""
@@ -132,8 +136,9 @@ class StageCost:
             busy = compute + host
         else:  # the host runs ahead of the GPU: the larger, and what of the smaller shows
             busy = np.maximum(compute, host) + self.exposed_host_frac * np.minimum(compute, host)
-        if _any(load.gather_s):  # prefetch: the larger of compute and gathers, and what of the smaller shows
-            gathers = load.gather_s / self.gather_bandwidth_frac
+        if _any(load.gather_s) or _any(load.host_copy_s):  # prefetch: the larger of compute and gathers, and
+            # what of the smaller shows; the host copies at the host link's share, the gathers at theirs
+            gathers = load.gather_s / self.gather_bandwidth_frac + load.host_copy_s / self.host_link_frac
             busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
         seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
         if _any(load.serial_s):  # the same link's achieved share: one fitted factor per stage for its collectives
