@@ -436,7 +436,8 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
 
 def _timed_reshards(runs: list[LoggedRun], whole: bool) -> TimedReshard | None:
     """The reshard's terms of the runs whose logs time it (their fitted steps, or ``whole``: all), None where none
-    does: one split for all, the median run's software per layer, or where that is none, the median share."""
+    does: one split for all, the median over runs of the software per layer (the bytes at the links), or where that
+    is none, the median share."""
     timed = [t for run in runs if (t := timed_reshard(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
     if not timed:
         return None

@@ -89,3 +89,16 @@ def test_a_sleep_mode_runs_unexplained_decode_seconds_are_not_priced_as_a_slower
     assert cost.transfer_frac > 0.5  # fitted free: 0.02
     assert cost.reshard_frac == 1.0  # the bytes at the nominal links
     assert cost.seconds(StageLoad(transfer_s=1.2)) < 2 * 1.2
+
+
+def test_a_nominal_reshard_longer_than_a_step_pays_once_has_its_share_fitted():
+    """A run that re-initialises its KV cache and reshards without timing it: where the reshard's bytes at the
+    nominal links (5 s) alone exceed what a step pays once (1 s), the per-step terms fit 0 and the reshard's share
+    is fitted instead (the datasheets' links are no floor)."""
+    roofline = np.random.default_rng(0).uniform(20.0, 40.0, 60)
+    ones = np.ones(60)
+    load = StageLoad(roofline_s=roofline, row_tokens=roofline * 2e4, steps=ones, reinit_steps=ones)
+    load = dataclasses.replace(load, reshard_s=5.0 * ones, reshard_layers=28.0 * ones)
+    cost = fit_stage(load, roofline / 0.5 + 1.0, gen=True)
+    assert cost.cache_reinit_s == 0.0
+    assert cost.reshard_frac == pytest.approx(5.0, rel=0.05)

@@ -185,5 +185,5 @@ def test_a_slow_host_link_is_not_taken_for_slow_gathers():
     forward = StageCost(efficiency=0.5, exposed_gather_frac=0.3, host_link_frac=0.25)
     truth = families(StageCost(efficiency=0.4, per_token_s=2e-5, cache_reinit_s=3.0), forward, StageCost(0.45))
     fitted = assert_predicts_its_own_steps(setup, synthesized_log(setup, truth, real))
-    assert fitted.framework.old_log_prob.gather_bandwidth_frac > 0.8
+    assert 0.8 < fitted.framework.old_log_prob.gather_bandwidth_frac < 1.25
     assert fitted.framework.ref.host_link_frac < 0.8

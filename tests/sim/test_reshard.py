@@ -2,12 +2,13 @@
 bytes at their links, a prior, and its software per layer, fitted where a log times it apart."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
 from oppo.sim.cost.gpu import Cluster
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logfit import reshard_load, timed_reshard
+from oppo.sim.logfit import MAX_SHARE, _timed_reshards, reshard_load, timed_reshard
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setup_toml import load_setup
 from tests.sim.test_logfit import DATA, synthesized_log, within_run
@@ -53,7 +54,7 @@ def test_a_reshard_timed_on_one_node_prices_two_by_their_bytes_not_by_its_softwa
     assert two_nodes.reshard_s > 5 * one_node.reshard_s  # the network card's bytes
     timed = timed_reshard(setup, timed_at(4.0))
     fitted = StageCost(reshard_frac=timed.frac, reshard_layer_s=timed.layer_s)
-    assert fitted.moves_s(two_nodes) < 4.0 + 0.6
+    assert fitted.moves_s(two_nodes) == pytest.approx(4.0 - one_node.reshard_s + two_nodes.reshard_s, rel=1e-12)
     assert StageCost(reshard_frac=one_node.reshard_s / 4.0).moves_s(two_nodes) > 30.0  # a share of the links
 
 
@@ -104,3 +105,26 @@ def test_a_reshard_the_log_times_apart_is_fitted_apart():
     assert fitted.framework.gen.cache_reinit_s == pytest.approx(3.0, rel=0.05)
     assert report["stages"]["reshard"]["median_abs_err"] < 1e-9
     assert report["step"]["median_abs_err"] < 0.01  # the step counts gen once, the reshard inside it
+
+
+def test_a_reshard_timed_under_its_wake_up_at_the_nominal_link_is_all_bytes_at_the_largest_share():
+    """Timed at less than sleep mode's wake-up at the nominal host link alone: nothing is left for the bytes, whose
+    share is the largest a fit gives (the links' figures are no floor), and no software per layer."""
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    setup = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, kv_cache_reset="sleep"))
+    wake_up = reshard_load(setup).transfer_s
+    timed = timed_reshard(setup, timed_at(wake_up / 2))
+    assert timed.frac == MAX_SHARE and timed.layer_s == 0.0
+
+
+def test_runs_that_time_the_reshard_share_one_split():
+    """Several runs timing the reshard: one split for all, the median over runs of the software per layer (bytes at
+    the links), or where that is none, the median share."""
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    nominal = reshard_load(setup).reshard_s
+    runs = [SimpleNamespace(setup=setup, log=SimpleNamespace(steps=timed_at(t)), n_fit=5) for t in (1.0, 4.0, 7.0)]
+    joint = _timed_reshards(runs, whole=False)
+    assert joint.frac == 1.0 and joint.layer_s == pytest.approx((4.0 - nominal) / 30, rel=1e-12)
+    fast = [SimpleNamespace(setup=setup, log=SimpleNamespace(steps=timed_at(nominal / k)), n_fit=5) for k in (2, 3, 5)]
+    joint = _timed_reshards(fast, whole=False)
+    assert joint.frac == pytest.approx(3.0, rel=1e-9) and joint.layer_s == 0.0

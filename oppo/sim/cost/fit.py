@@ -32,7 +32,7 @@ PRIOR_WEIGHT = 0.1
 # Weight of the links' priors in the overlapped fit (the gathers' log share and exposed overlap, the host link's
 # share), per step: a tenth of PRIOR_WEIGHT. At PRIOR_WEIGHT a link at a quarter of its nominal figure cost the
 # prior as much as a 14% error on every step did, so a family of passes sharing one set of terms (SHARED_TERMS)
-# settled 3-7% off its own steps near the nominal link (synthesised runs, tests/sim/test_logfit.py)
+# settled 3-7% off its own steps near the nominal link (synthesised runs, tests/sim/test_floors.py)
 LINK_PRIOR_WEIGHT = 0.01
 # Collectives whose seconds per step are, to within this share (relative residual of their column regressed on the
 # others'), a combination of the other terms' columns cannot be told from them: one run's tensor-parallel
@@ -333,9 +333,9 @@ def _fit_overlapped(
     the gather terms to :class:`StageCost`'s defaults; also the fit of the host's time per micro-batch
     (``per_unit``), overlapped with compute the same way. Parameters: 1 / efficiency, half / efficiency,
     per_unit_s and exposed_host_frac (with ``per_unit``), exposed_gather_frac, log gather_bandwidth_frac (sharded
-    passes), 1 / host_link_frac (an offloaded role loaded once a pass: its seconds at the nominal link are a
-    column of the linear fit, the coefficient pulled to 1 as there, so that a link 20 times the nominal costs the
-    prior no more than 1, where a log-scale prior would cost it 3)."""
+    passes), 1 / host_link_frac (an offloaded role loaded once a pass, or its shards copied in before each gather:
+    its seconds at the nominal link, the coefficient pulled to 1 as in the linear fit, so that a link 20 times the
+    nominal costs the prior no more than 1, where a log-scale prior would cost it 3)."""
     from scipy.optimize import least_squares
 
     prior = StageCost()

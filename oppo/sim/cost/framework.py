@@ -126,9 +126,9 @@ class Framework:
     # use_remove_padding (2024) padded every prompt to max_prompt_length and every response to max_response_length
     pad_to_tokens: int = 0
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
-    # ... of which FSDP copies the shard in at every forward micro-batch (its CPUOffload: verl's reference and reward
-    # model from PR #121, 2025-01-24), priced with the gathers (their fitted link share and overlap), not loaded once
-    # a pass (a role not in offload: no effect; Megatron's workers load once a pass whatever this says)
+    # ... of which FSDP copies the shard in before each gather (its CPUOffload: verl's reference and reward model from
+    # PR #121, 2025-01-24), prefetched with the gathers at the host link's share (StageLoad.host_copy_s), not loaded
+    # once a pass (a role not in offload: no effect; Megatron's workers load once a pass whatever this says)
     offload_each_micro_batch: tuple[str, ...] = ()
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
     # the rollout engine (:class:`oppo.sim.cost.engine.RooflineCost` reads them for generation)
