@@ -176,7 +176,7 @@ def _log_fidelity(setup, log, first: int, out: Path, replayed=None) -> dict:
     ``fidelity.json``, ``fidelity.png`` and the table; returns each stage's absolute relative error per validated
     step."""
     from oppo.records import plots
-    from oppo.sim.logfit import replay_errors, step_errors
+    from oppo.sim.logreport import replay_errors, step_errors
 
     report, measured, predicted = replay_errors(setup, log, first, replayed)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ from collections import defaultdict
 import numpy as np
 
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logfit import LoggedRun, fit_layer, parts_timed, replay_errors, step_errors, with_layer
+from oppo.sim.logfit import LoggedRun, fit_layer, parts_timed, with_layer
+from oppo.sim.logreport import replay_errors, step_errors
 from oppo.sim.setups import Setup
 
 

@@ -26,11 +26,11 @@ from oppo.sim.logfit import (
     logged_run,
     predict_stages,
     replay,
-    replay_errors,
     stages_run,
     step_lengths,
     with_layer,
 )
+from oppo.sim.logreport import replay_errors
 from oppo.sim.logshared import shared_fidelity
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setup_toml import load_setup

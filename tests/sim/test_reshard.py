@@ -128,3 +128,13 @@ def test_runs_that_time_the_reshard_share_one_split():
     fast = [SimpleNamespace(setup=setup, log=SimpleNamespace(steps=timed_at(nominal / k)), n_fit=5) for k in (2, 3, 5)]
     joint = _timed_reshards(fast, whole=False)
     assert joint.frac == pytest.approx(3.0, rel=1e-9) and joint.layer_s == 0.0
+
+
+def test_a_log_that_times_a_reshard_its_setup_cannot_pay_is_refused():
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    bare = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, weight_reshard=False))
+    with pytest.raises(ValueError, match="declares no resharding: set \\[framework\\] weight_reshard"):
+        timed_reshard(bare, timed_at(4.0))
+    split = dataclasses.replace(setup, placement=dataclasses.replace(setup.placement, rollout_gpus=4))
+    with pytest.raises(ValueError, match="GPUs of its own"):
+        timed_reshard(split, timed_at(4.0))
