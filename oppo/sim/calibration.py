@@ -135,7 +135,8 @@ def extrapolations(setup: Setup) -> list[str]:
     if not c.gpus[0] <= gpus <= c.gpus[1]:
         found.append(f"{gpus} GPUs (calibrated on {c.gpus[0]}-{c.gpus[1]})")
     if node_count > c.nodes[1]:
-        found.append(f"{node_count} nodes (calibrated on at most {c.nodes[1]}: the network at its prior)")
+        network = "the network cards at their datasheet figure times the gathers' share fitted within nodes"
+        found.append(f"{node_count} nodes (calibrated on at most {c.nodes[1]}: {network})")
     if not c.params_b[0] / MODEL_SPAN <= size <= c.params_b[1] * MODEL_SPAN:
         found.append(f"a {size:.2g}B-parameter model (calibrated on {c.params_b[0]:.2g}B-{c.params_b[1]:.2g}B)")
     if setup.max_new_tokens > c.max_new_tokens[1]:
