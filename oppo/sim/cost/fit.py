@@ -254,15 +254,18 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
     named = {term: column for term, column in named.items() if np.any(column)}
     base = measured - load.extra_s
 
-    def solve() -> dict[str, float]:
-        """The reshard at its share (timed apart, else the prior 1), every other term fitted, sleep mode's moves
-        pulled to their nominal link (:data:`SLEEP_PRIOR`)."""
-        columns = {"inverse": roofline, "per_token_s": rows, **named}
-        target = base - resharded / timed.frac - layers * timed.layer_s
+    def fit(columns: dict[str, np.ndarray], target: np.ndarray) -> dict[str, float]:
+        """Each column's coefficient (the first the roofline's), sleep mode's moves pulled to their nominal link
+        (:data:`SLEEP_PRIOR`)."""
         x = np.stack(list(columns.values()), axis=1) / measured[:, None]
         anchored = [list(columns).index(SLEEP_PRIOR)] if SLEEP_PRIOR in columns else []
         terms = roofline_lstsq(x, target / measured, anchored, anchor_weight=LINK_PRIOR_WEIGHT)
         return dict(zip(columns, terms, strict=True))
+
+    def solve() -> dict[str, float]:
+        """The reshard at its share (timed apart, else the prior 1), every other term fitted."""
+        target = base - resharded / timed.frac - layers * timed.layer_s
+        return fit({"inverse": roofline, "per_token_s": rows, **named}, target)
 
     free = [term for term in named if term != SLEEP_PRIOR]  # the per-step terms fitted without a prior
 
@@ -271,10 +274,7 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
         terms at 0."""
         columns = {"inverse": roofline, "per_token_s": rows, "reshard": resharded}
         columns |= {SLEEP_PRIOR: transfer} if SLEEP_PRIOR in named else {}
-        x = np.stack(list(columns.values()), axis=1) / measured[:, None]
-        anchored = [list(columns).index(SLEEP_PRIOR)] if SLEEP_PRIOR in columns else []
-        terms = roofline_lstsq(x, base / measured, anchored, anchor_weight=LINK_PRIOR_WEIGHT)
-        return dict(zip(columns, terms, strict=True)) | dict.fromkeys(free, 0.0)
+        return fit(columns, base) | dict.fromkeys(free, 0.0)
 
     terms = solve()
     cornered = bool(free) and not any(terms[t] for t in free)  # each at 0: the nominal reshard left nothing

@@ -118,8 +118,14 @@ class StageCost:
     host_link_frac: float = 1.0
 
     def __post_init__(self) -> None:
-        terms = (self.half_efficiency_tokens, self.per_unit_s, self.per_token_s, self.fixed_s, self.cache_reinit_s)
-        terms = (*terms, self.reshard_layer_s)
+        terms = (
+            self.half_efficiency_tokens,
+            self.per_unit_s,
+            self.per_token_s,
+            self.fixed_s,
+            self.cache_reinit_s,
+            self.reshard_layer_s,
+        )
         links = (self.reshard_frac, self.transfer_frac, self.host_link_frac)
         if self.efficiency <= 0 or min(terms) < 0 or min(links) <= 0:
             raise ValueError("a stage needs efficiency > 0, link shares > 0 and its other terms >= 0")
