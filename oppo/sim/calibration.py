@@ -124,6 +124,17 @@ def _family_extrapolations(setup: Setup, c: Calibration) -> list[str]:
     return found
 
 
+def _reshard_extrapolations(setup: Setup, c: Calibration) -> list[str]:
+    """The reshard's software per layer, fitted where a calibration run timed the reshard, charged to a setup
+    that reshards: it transfers as a time per layer, whatever the setup's GPU, links or verl version (one run timed
+    it, on one machine)."""
+    layer_s = setup.framework.gen.reshard_layer_s
+    resharded = setup.framework.weight_reshard and not setup.placement.rollout_gpus
+    if not (resharded and layer_s > 0 and "reshard" in c.stages):
+        return []
+    return [f"the reshard's software, {layer_s:.3g} s a layer, as the calibration runs that timed it paid it"]
+
+
 def extrapolations(setup: Setup) -> list[str]:
     """The terms of ``setup`` outside the span of its calibration runs, each a phrase (none: inside, or not
     calibrated)."""
@@ -178,7 +189,7 @@ def extrapolations(setup: Setup) -> list[str]:
             f"forward micro-batches of {work:.3g} GFLOP a GPU (calibrated on {lo:.3g}-{hi:.3g}: where the host's time "
             "per micro-batch shows or hides)"
         )
-    found += _family_extrapolations(setup, c)
+    found += _family_extrapolations(setup, c) + _reshard_extrapolations(setup, c)
     if setup.group_size > max(c.group_sizes):
         if max(c.group_sizes) == 1:
             found.append(f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")

@@ -206,3 +206,15 @@ def test_a_group_prefills_its_prompt_once_on_an_engine_that_shares_it():
         # one prefill operation, recorded once per member GPU of the group with the same fields
         (tokens,) = {r.num_tokens for r in result.trace if r.role == "actor" and r.phase == "prefill"}
         assert tokens == rows * prompt, engine
+
+
+def test_the_reshards_software_per_layer_is_named_where_a_setup_pays_it(tmp_path):
+    """The shared layer's reshard software per layer comes from the one run that timed it; a setup that reshards is
+    told so, one whose rollout has GPUs of its own (a weight push, no reshard) is not."""
+    shared = Path(__file__).resolve().parents[2] / "oppo" / "data" / "framework" / "verl-shared.toml"
+    path = tmp_path / "s.toml"
+    path.write_text(f'base = "verl-qwen2.5-0.5b-gsm8k"\n[framework]\nbase = "{shared}"\n')
+    setup = load_setup(str(path))
+    assert any("the reshard's software" in phrase for phrase in extrapolations(setup))
+    split = dataclasses.replace(setup, placement=dataclasses.replace(setup.placement, rollout_gpus=1, actor_gpus=2))
+    assert not any("the reshard's software" in phrase for phrase in extrapolations(split))

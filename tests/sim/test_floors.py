@@ -187,3 +187,17 @@ def test_a_slow_host_link_is_not_taken_for_slow_gathers():
     fitted = assert_predicts_its_own_steps(setup, synthesized_log(setup, truth, real))
     assert 0.8 < fitted.framework.old_log_prob.gather_bandwidth_frac < 1.25
     assert fitted.framework.ref.host_link_frac < 0.8
+
+
+@pytest.mark.parametrize("share", [0.5, 2.0])
+def test_sleep_moves_and_an_untimed_reshard_at_other_links_than_assumed_are_no_floor(share):
+    """A sleep-mode run (vLLM >= 0.7 under verl's hybrid engine, its reshard untimed) whose host link and reshard
+    links achieve half or twice their nominal figures: calibrated on its first 60% of steps, every stage and the
+    step of the rest are predicted to 5%, though its sleep share is held near its link by a prior and its untimed
+    reshard's bytes stay at the nominal links."""
+    changes, _ = UNLIKE_THE_DEFAULTS["groups of 8"]
+    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:40]
+    setup = overridden(load_setup("verl-deepseek-llm-7b-ppo-8xmi300x"), dict(changes))
+    gen = StageCost(efficiency=0.4, per_token_s=2e-5, transfer_frac=share, reshard_frac=share)
+    truth = families(gen, StageCost(efficiency=0.5, half_efficiency_tokens=2000.0), StageCost(efficiency=0.45))
+    assert_predicts_its_own_steps(setup, synthesized_log(setup, truth, real))
