@@ -37,6 +37,7 @@ import numpy as np
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim.async_pipeline import AsyncConfig
 from oppo.sim.cost.fit import (
+    TRAINING_STAGES,
     TimedReshard,
     concat_loads,
     fit_problems,
@@ -377,7 +378,17 @@ def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = No
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
     chosen = {key: problem for (scorer, key), problem in problems.items() if scorer in ("", wanted)}
-    return fit_problems(chosen, _timed_reshards(runs, whole))
+    return fit_problems(chosen, _timed_reshards(runs, whole), _fastest(runs))
+
+
+def _fastest(runs: list[LoggedRun]) -> dict[tuple[str, ...], float]:
+    """The training passes' least inverse efficiency free of the fit's prior: their roofline is at an assumed
+    share of the peak (``train_flops_frac``), so an update faster than it is physical up to the GPU's measured
+    matmul ceiling; the largest over the runs (none of them beyond its ceiling). Forward passes keep 1: their
+    roofline is at the fitted operator profiles' rate."""
+    models = [getattr(run.setup.costs()["actor"], "base", None) for run in runs]  # a records profile has no roofline
+    shares = [getattr(model, "train_ceiling_share", 1.0) for model in models]
+    return {TRAINING_STAGES: max(shares, default=1.0)}
 
 
 def _timed_reshards(runs: list[LoggedRun], whole: bool) -> TimedReshard | None:

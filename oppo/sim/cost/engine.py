@@ -228,6 +228,14 @@ class RooflineCost:
     def _flops(self) -> float:
         return self.gpu.peak_flops * self.efficiency.flops_frac
 
+    @property
+    def train_ceiling_share(self) -> float:
+        """The training roofline's FLOP/s (``train_flops_frac`` of the peak, an assumed fraction) over what the
+        GPU's matrix products reach (its measured matmul ceiling; unmeasured: the forward's fitted rate), at most 1:
+        a fitted training efficiency up to 1 / this is physical (a calibration's prior pulls only beyond it)."""
+        ceiling = self.gpu.matmul_flops or self._flops
+        return min(1.0, self.gpu.peak_flops * self.efficiency.train_flops_frac / ceiling)
+
     def decode_s(self, batch, context_tokens):
         """One decode iteration: ``batch`` sequences each emit one token; ``context_tokens`` summed over them."""
         tp, m = self.tensor_parallel, self.model

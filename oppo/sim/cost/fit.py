@@ -58,7 +58,8 @@ PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads t
 # were free multipliers: without the two Qwen2.5-0.5B runs, Gemma-2-2B's updates alone could not tell the host's time
 # per micro-batch from compute, and the layer put 297 ms a micro-batch on update_actor (the 0.5B updates predicted
 # 83-87% too slow) and 60 ms on update_critic
-SHARED_TERMS = (("ref", "values", "old_log_prob"), ("update_actor", "update_critic"))
+TRAINING_STAGES = ("update_actor", "update_critic")
+SHARED_TERMS = (("ref", "values", "old_log_prob"), TRAINING_STAGES)
 
 
 def shared_terms(parts: tuple[str, ...]) -> tuple[str, ...]:
@@ -92,11 +93,14 @@ def fit_stage(
     per_unit: bool = False,
     reshard: TimedReshard | None = None,
     host_overlap: bool = True,
+    fastest: float = 1.0,
 ) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
     :meth:`StageCost.seconds` of the load matches them (every term >= 0, least relative error; the efficiency is
-    not bounded by 1: a GPU faster than its datasheet times the default fractions is no floor). With
-    1 / efficiency = i:
+    not bounded by 1: a GPU faster than its datasheet times the default fractions is no floor; a prior pulls
+    1 / efficiency up to ``fastest`` only, the roofline's rate, or for a training roofline at an assumed fraction
+    of the peak the GPU's measured matmul ceiling, :attr:`~oppo.sim.cost.engine.RooflineCost.train_ceiling_share`).
+    With 1 / efficiency = i:
     - forward and update stages: measured - extra ≈ i·roofline + h'·small (h' = half · i), and
       with ``per_unit`` the host's time per micro-batch (Python, hooks, kernel launches: per_unit·micro-batches),
       which runs ahead of the GPU, so a pass costs the larger of the two plus ``exposed_host_frac`` of the smaller:
@@ -145,7 +149,7 @@ def fit_stage(
     anchored = [2 + per_unit] if loaded else []
     if collectives and not _identified(x):
         anchored.append(x.shape[1] - 1)
-    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured, anchored=anchored)  # 1 / efficiency
+    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured, anchored, fastest=fastest)  # 1 / efficiency
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     link = {"gather_bandwidth_frac": _share(rest[-1])} if collectives else {}
     host = {"host_link_frac": _share(rest[1 + per_unit])} if loaded else {}
@@ -154,7 +158,7 @@ def fit_stage(
     # host time adds to compute there
     hidden = per_unit and host_overlap and not collectives  # the host's time may hide behind compute
     prefetched = np.any(load.gather_s) or np.any(load.host_copy_s)  # gathers (and copies) overlapping compute
-    return _fit_overlapped(linear, load, measured, per_unit, hidden) if prefetched or hidden else linear
+    return _fit_overlapped(linear, load, measured, per_unit, hidden, fastest) if prefetched or hidden else linear
 
 
 def units_identified(load: StageLoad, measured: np.ndarray) -> bool:
@@ -206,13 +210,17 @@ def _identified(x: np.ndarray) -> bool:
 
 
 def roofline_lstsq(
-    x: np.ndarray, target: np.ndarray, anchored: list[int] | tuple = (), anchor_weight: float = PRIOR_WEIGHT
+    x: np.ndarray,
+    target: np.ndarray,
+    anchored: list[int] | tuple = (),
+    anchor_weight: float = PRIOR_WEIGHT,
+    fastest: float = 1.0,
 ) -> np.ndarray:
     """Non-negative least squares of ``x · c ≈ target`` whose first column is the roofline's, its coefficient the
-    inverse efficiency: at least the roofline (an inverse of 1) costs nothing, faster than it (a GPU above its
-    datasheet times the default fractions) pays a prior of ``PRIOR_WEIGHT`` per step per unit below 1, so the data
-    move it there when they insist and a near-collinear fit cannot wander there. inverse = 1 + up - down, both
-    >= 0, the prior on ``down``. ``anchored``: columns of ``x`` whose coefficients are pulled to 1 with
+    inverse efficiency: at least ``fastest`` (1: the roofline's own rate) costs nothing, faster (a GPU above its
+    datasheet times the default fractions) pays a prior of ``PRIOR_WEIGHT`` per step per unit below it, so the data
+    move it there when they insist and a near-collinear fit cannot wander there. inverse = fastest + up - down,
+    both >= 0, the prior on ``down``. ``anchored``: columns of ``x`` whose coefficients are pulled to 1 with
     ``anchor_weight`` per step (seconds at a nominal link: 1 / its achieved share, where the steps cannot tell it
     from the efficiency or the micro-batch term)."""
     n, others = len(target), x[:, 1:]
@@ -223,9 +231,9 @@ def roofline_lstsq(
     priors[0, 1] = weight
     for row, column in enumerate(anchored, start=1):
         priors[row, column + 1] = anchor  # x's column c is the augmented one's c + 1
-    rhs = np.append(target - roofline[:, 0], [0.0] + [anchor] * len(anchored))
+    rhs = np.append(target - fastest * roofline[:, 0], [0.0] + [anchor] * len(anchored))
     up, down, *rest = nonnegative_lstsq(np.vstack([augmented, priors]), rhs)
-    return np.array([max(1.0 + up - down, MIN_INVERSE), *rest])
+    return np.array([max(fastest + up - down, MIN_INVERSE), *rest])
 
 
 def unnamed_steps(load: StageLoad, shape: tuple = ()) -> np.ndarray:
@@ -325,7 +333,7 @@ def terms_fitted(
 
 
 def _fit_overlapped(
-    start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool, hidden: bool = False
+    start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool, hidden: bool = False, fastest: float = 1.0
 ) -> StageCost:
     """The terms of a stage whose passes gather sharded parameters: ``max(compute, gathers) + exposed ·
     min(compute, gathers)`` is not linear in the terms, so they are fitted by bounded nonlinear least squares of
@@ -360,7 +368,7 @@ def _fit_overlapped(
         links = LINK_PRIOR_WEIGHT * np.sqrt(n)
         priors = [links * (fitted.exposed_gather_frac - prior.exposed_gather_frac), links * theta[4]]
         priors.append(links * (theta[6] - 1.0))  # the host link at its nominal share unless the steps insist
-        priors.append(weight * max(0.0, 1.0 - theta[0]))  # faster than the roofline: as in roofline_lstsq
+        priors.append(weight * max(0.0, fastest - theta[0]))  # faster than the roofline: as in roofline_lstsq
         # the host's time summed with compute unless the steps say it hides: where no run waits on the host, the
         # share and the host time are one product (any share fits), and this tie-breaker picks the sum; where one
         # does, it weighs nothing against the steps
@@ -412,12 +420,14 @@ def problem_rows(summed: bool, problem: tuple) -> tuple[StageLoad, np.ndarray, b
 def fit_problems(
     problems: dict[tuple[tuple[str, ...], bool], tuple[list[StageLoad], list[np.ndarray], set[str]]],
     reshard: TimedReshard | None = None,
+    fastest: dict[tuple[str, ...], float] | None = None,
 ) -> dict[str, StageCost]:
     """One set of terms per problem: (its stages, whether a row's load is their sum) -> the loads and measured
     seconds per step of every run that times it (one entry per run) and the logged stages they time, fitted at
     once. A problem's stages are a logged stage's (one of ours, or several timed as one, their loads summed:
     OpenRLHF's) or a family of :data:`SHARED_TERMS` (a row per stage). ``reshard``: generation's, where logs time
-    the reshard into the engine apart."""
+    the reshard into the engine apart; ``fastest``: a problem's least inverse efficiency free of the prior, by its
+    stages (1 where not given: :func:`fit_stage`)."""
     layer: dict[str, StageCost] = {}
     for (parts, summed), problem in problems.items():
         load, seconds, several = problem_rows(summed, problem)
@@ -425,7 +435,8 @@ def fit_problems(
         # a logged stage timing several of ours (OpenRLHF's): the simulator overlaps each part's host time with its
         # own compute, a fit of their summed loads could not say how: their host time is summed
         timed = reshard if gen else None
-        cost = fit_stage(load, seconds, gen=gen, per_unit=several, reshard=timed, host_overlap=not summed)
+        free = (fastest or {}).get(parts, 1.0)
+        cost = fit_stage(load, seconds, gen, several, timed, host_overlap=not summed, fastest=free)
         layer |= dict.fromkeys(parts, cost)
     return layer
 
