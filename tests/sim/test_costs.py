@@ -132,6 +132,29 @@ def test_the_critics_values_pass_pays_its_own_micro_batches():
     assert seconds[2] - seconds[4] == pytest.approx(2 * 0.05, rel=1e-9)
 
 
+@pytest.mark.parametrize("role, bytes_per_param", [("actor", 4), ("critic", 4), ("reference", 2)])
+def test_an_offloaded_role_copies_its_parameters_in_and_back_out_around_each_call(role, bytes_per_param):
+    """verl loads an offloaded role's parameters before each call of its worker and offloads them after, inside the
+    stage's timer: each GPU's shard over the host link twice a pass, in float32 for FSDP's trainers (the actor and
+    critic load as fp32, the reference as bf16). The updates pay it too, and an offloaded actor's reshard."""
+    from oppo.sim.cost.framework import Framework, FrameworkCost
+
+    n, host = 4, 20e9
+    base = RooflineCost(MODELS["qwen2.5-7b"], GPUS["h100"], n, ENGINES["vllm"], tensor_parallel=2)
+    on_gpu, offloaded = (
+        FrameworkCost(base, role, Framework(offload=roles, host_bytes_per_s=host, weight_reshard=True))
+        for roles in ((), (role,))
+    )
+    round_trip = 2 * bytes_per_param * base.model.params / n / host
+    passes = [(c.score_s(8 * 500.0, 8 * 500.0**2 / 2, 8)) for c in (on_gpu, offloaded)]
+    assert passes[1] - passes[0] == pytest.approx(round_trip, rel=1e-9)
+    if role != "reference":
+        updates = [c.train_s(8 * 500.0, 8 * 500.0**2 / 2, 8) for c in (on_gpu, offloaded)]
+        assert updates[1] - updates[0] == pytest.approx(round_trip, rel=1e-9)
+    if role == "actor":
+        assert offloaded.reshard_s() - on_gpu.reshard_s() == pytest.approx(round_trip, rel=1e-9)
+
+
 def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_batch():
     """FSDP / ZeRO-3: each scoring micro-batch all-gathers the (n - 1) / n of the weights a GPU lacks, each training
     micro-batch gathers for forward and backward and reduce-scatters the gradients (3x), over the collective's

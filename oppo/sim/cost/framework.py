@@ -35,10 +35,12 @@ import numpy as np
 from oppo.data import data_dir, read_toml
 from oppo.sim.cost.stage import IDENTITY, StageCost, StageLoad
 
-# verl's FSDP workers load the actor in float32 (fsdp_config.model_dtype, default fp32 for the actor; mixed precision
-# casts it for compute), and the reshard gathers those parameters whole (DTensor.full_tensor() of the state dict's
-# shards) before vLLM casts them (verl/workers/fsdp_workers.py and sharding_manager/fsdp_vllm.py, June 2025)
-FSDP_ACTOR_BYTES_PER_PARAM = 4
+# verl's FSDP workers load the trainers in float32 (fsdp_config.model_dtype: default fp32 for the actor and the
+# critic, bf16 for the reference; mixed precision casts them for compute): the reshard gathers the actor's whole
+# (DTensor.full_tensor() of the state dict's shards) before vLLM casts them, and an offloaded trainer moves its
+# float32 shard to and from the host (verl/workers/fsdp_workers.py and sharding_manager/fsdp_vllm.py, June 2025)
+FSDP_TRAINER_BYTES_PER_PARAM = 4
+FSDP_TRAINERS = ("actor", "critic")
 # role of the simulator -> (its scoring stage, its update stage)
 ROLE_STAGES = {
     "actor": ("old_log_prob", "update_actor"),
@@ -125,7 +127,7 @@ class Framework:
     # without remove-padding, rows padded to this many tokens at least (0: to the longest row): verl before
     # use_remove_padding (2024) padded every prompt to max_prompt_length and every response to max_response_length
     pad_to_tokens: int = 0
-    offload: tuple[str, ...] = ()  # roles whose parameters live on the host: one weight transfer per pass
+    offload: tuple[str, ...] = ()  # roles whose parameters live on the host: copied in before each pass and back after
     # ... of which FSDP copies the shard in before each gather (its CPUOffload: verl's reference and reward model from
     # PR #121, 2025-01-24), prefetched with the gathers at the host link's share (StageLoad.host_copy_s), not loaded
     # once a pass (a role not in offload: no effect; Megatron's workers load once a pass whatever this says)
@@ -243,7 +245,20 @@ class FrameworkCost:
             if fw.train_backend == "megatron"
             else self.base.n_gpus
         )
-        return self.base.model.weight_bytes / shards / fw.host_bytes_per_s
+        return self._held_bytes() / shards / fw.host_bytes_per_s
+
+    def _round_trip_s(self) -> float:
+        """An offloaded role's parameters loaded for one call of its worker and offloaded after it: copied in and
+        back out over the host link (verl's ``load_fsdp_model_to_gpu`` / ``offload_fsdp_model_to_cpu`` and
+        Megatron's alike, inside the stage's timer)."""
+        return 2 * self._offload_s()
+
+    def _held_bytes(self) -> float:
+        """The role's parameters in bytes as its training framework holds them: an FSDP trainer's in float32
+        (:data:`FSDP_TRAINER_BYTES_PER_PARAM`), every other role's (and Megatron's) in the model's dtype."""
+        model = self.base.model
+        fsdp_trainer = self.framework.train_backend == "fsdp" and self.role in FSDP_TRAINERS
+        return model.params * FSDP_TRAINER_BYTES_PER_PARAM if fsdp_trainer else model.weight_bytes
 
     def decode_s(self, batch, context_tokens):
         """One decode iteration of ``batch`` rows (every row the role's engines compute): each generates one token.
@@ -270,11 +285,11 @@ class FrameworkCost:
         micro_batch = self.framework.forward_micro_batch_of(self.role)
         if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
             load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
-            return stage.seconds(dataclasses.replace(load, host_s=self._offload_s()))  # loaded once a pass
+            return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
         load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
         if self.role in self.framework.offload_each_micro_batch:  # copied in with the gathers (each chunk's pass)
             return stage.seconds(load)
-        return stage.seconds(dataclasses.replace(load, host_s=self._offload_s()))  # loaded once a pass
+        return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if tokens <= 0:
@@ -285,10 +300,12 @@ class FrameworkCost:
         micro_batch = self.framework.train_micro_batch_of(self.role)
         if self.framework.train_backend == "megatron":  # forward, backward and the recomputed forward: 2 each
             allreduces = 4 + 2 * self.framework.gradient_checkpointing
-            return stage.seconds(self._megatron_load(roofline, tokens, rows, micro_batch, allreduces, gradients=True))
+            load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces, gradients=True)
+            return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
         # sharded: a gather for the forward, one for the backward (the recompute of checkpointing runs inside the
         # backward on the gathered layer), a reduce-scatter of the gradients
-        return stage.seconds(self._pass_load(roofline, tokens, rows, micro_batch, gathers=3))
+        load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=3)
+        return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
 
     def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
@@ -368,14 +385,15 @@ class FrameworkCost:
 
     def reshard_s(self) -> float:
         """Seconds of one reshard into the rollout engine at the nominal links (0 where the setup declares none):
-        the trainer's parameters gathered whole (FSDP's in float32, :data:`FSDP_ACTOR_BYTES_PER_PARAM`) and the
-        engine's 1 / t of the weights written, read and written over HBM."""
+        the trainer's parameters gathered whole (FSDP's in float32, :data:`FSDP_TRAINER_BYTES_PER_PARAM`) and the
+        engine's 1 / t of the weights written, read and written over HBM; an offloaded actor's parameters also
+        copied in from the host before and back out after (:meth:`_round_trip_s`: verl's sharding managers do it
+        inside their reshard timer)."""
         if not self.framework.weight_reshard:
             return 0.0
         model = self.base.model
-        fsdp = self.framework.train_backend == "fsdp"
-        gathered = model.params * FSDP_ACTOR_BYTES_PER_PARAM if fsdp else model.weight_bytes
-        return self._gather_bytes_s(gathered) + 2 * model.weight_bytes / self._engine_tp / self.base.gpu.hbm_bytes_per_s
+        moved = 2 * model.weight_bytes / self._engine_tp / self.base.gpu.hbm_bytes_per_s
+        return self._gather_bytes_s(self._held_bytes()) + moved + self._round_trip_s()
 
     def _gather_bytes_s(self, weights: float) -> float:
         """Seconds to all-gather ``weights`` bytes sharded over the role's GPUs at the collective's link."""
