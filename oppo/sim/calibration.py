@@ -93,9 +93,11 @@ def calibration(
 
 
 def offloaded(setup: Setup) -> list[str]:
-    """The setup's offloaded roles, ``:each`` marking those copied in at every micro-batch (FSDP's CPU offload)."""
+    """The setup's offloaded roles, ``:each`` marking those copied in at every micro-batch (FSDP's CPU offload),
+    and ``role:optimizer`` each trainer whose optimizer state is on the host."""
     fw = setup.framework
-    return sorted(f"{role}:each" if role in fw.offload_each_micro_batch else role for role in fw.offload)
+    params = [f"{role}:each" if role in fw.offload_each_micro_batch else role for role in fw.offload]
+    return sorted([*params, *(f"{role}:optimizer" for role in fw.optimizer_offload)])
 
 
 def forward_gflop(setup: Setup) -> float:
@@ -176,7 +178,10 @@ def extrapolations(setup: Setup) -> list[str]:
             found.append(f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})")
     roles = [role for role in offloaded(setup) if not any(role in runs.split(",") for runs in c.offloads)]
     if c.offloads and roles:
-        named = ", ".join(role.replace(":each", " (copied in at every micro-batch)") for role in roles)
+        named = ", ".join(
+            role.replace(":each", " (copied in at every micro-batch)").replace(":optimizer", "'s optimizer state")
+            for role in roles
+        )
         found.append(f"{named} offloaded to the host (no calibration run offloaded it so: its link at its prior)")
     if c.weight_pushes and setup.placement.rollout_gpus and True not in c.weight_pushes:
         found.append(

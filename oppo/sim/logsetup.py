@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from oppo.sim.cost.engine import MODELS
+from oppo.sim.cost.framework import FSDP_TRAINERS
 from oppo.sim.runlogs import TrainingLog, load_run_log
 from oppo.sim.setup_toml import setup_from_dict, toml_value
 from oppo.sim.setups import UNKNOWN_GPU, Setup
@@ -49,7 +50,7 @@ LENGTH_SIGMA = 0.6  # [assumed] lognormal spread of the responses; the log gives
 IGNORED = (
     (r"ulysses_sequence_parallel_size$", lambda v: v not in (None, 1), "sequence parallelism is not modelled"),
     (r"model\.lora_rank$", lambda v: bool(v), "LoRA is not modelled: priced as full fine-tuning"),
-    (r"fsdp_config\.optimizer_offload$", bool, "optimizer state on the host is not modelled (only parameters)"),
+    (r"megatron\.optimizer_offload$", bool, "Megatron's optimizer state on the host is not modelled"),
     (r"fsdp_config\.grad_offload$", bool, "gradients on the host are not modelled"),
     (r"rollout\.enable_chunked_prefill$", bool, "the engine model prefills each prompt whole"),
     (r"rollout\.max_num_batched_tokens$", lambda v: v is not None, "the engine model prefills each prompt whole"),
@@ -418,6 +419,10 @@ def _fsdp(r: _Reader, origin: str) -> None:
     }
     roles = _offloaded(r, offload)
     r.out.set("framework.offload", roles, "*.fsdp_config.param_offload", "config")
+    optimizers = {
+        role: tuple(k.replace("param_offload", "optimizer_offload") for k in offload[role]) for role in FSDP_TRAINERS
+    }
+    r.out.set("framework.optimizer_offload", _offloaded(r, optimizers), "*.fsdp_config.optimizer_offload", "config")
     # FSDP's CPU offload (every unshard copies the shard in): verl's reward model with its param_offload at any
     # date, and from PR #121 (2025-01-24) the reference and the reward model whatever their flags say
     dated = r.config.date or "9999"

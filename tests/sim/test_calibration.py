@@ -50,9 +50,9 @@ def test_a_setup_inside_the_span_says_so_and_one_outside_names_each_term():
 
 def test_an_offload_a_weight_push_and_a_micro_batch_far_from_the_runs_are_each_named():
     """Runs that offloaded nothing, pushed no weights and scored a 0.5B model in micro-batches of 4 x 1,536 tokens:
-    a setup that offloads its reference, pushes weights to a rollout engine of its own and scores a 7B model's
-    micro-batches of 16 rows (~30x the work: the host's time per micro-batch hidden where the runs showed it) is
-    told that each is outside; the runs themselves are not."""
+    a setup that offloads its reference and its actor's optimizer state, pushes weights to a rollout engine of its
+    own and scores a 7B model's micro-batches of 16 rows (~30x the work: the host's time per micro-batch hidden
+    where the runs showed it) is told that each is outside; the runs themselves are not."""
     run = load_setup("verl-qwen2.5-0.5b-gsm8k")
     run = dataclasses.replace(run, framework=dataclasses.replace(run.framework, offload=()))
     errors = {"step": [np.full(10, 0.1)]}
@@ -63,9 +63,15 @@ def test_an_offload_a_weight_push_and_a_micro_batch_far_from_the_runs_are_each_n
     assert extrapolations(itself) == []
     other = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")  # reference offloaded; micro-batches of 16
     placement = dataclasses.replace(other.placement, rollout_gpus=2)
-    fw = dataclasses.replace(other.framework, calibration=record, forward_micro_batch=16)
+    fw = dataclasses.replace(other.framework, calibration=record, forward_micro_batch=16, optimizer_offload=("actor",))
     found = " | ".join(extrapolations(dataclasses.replace(other, placement=placement, framework=fw)))
-    phrases = ("reference (copied in at every micro-batch) offloaded", "weights pushed to rollout", "micro-batches of")
+    phrases = (
+        "reference (copied in at every micro-batch)",
+        "actor's optimizer state",
+        "offloaded to the host",
+        "weights pushed to rollout",
+        "micro-batches of",
+    )
     for phrase in phrases:
         assert phrase in found, (phrase, found)
 

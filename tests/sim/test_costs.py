@@ -155,6 +155,28 @@ def test_an_offloaded_role_copies_its_parameters_in_and_back_out_around_each_cal
         assert offloaded.reshard_s() - on_gpu.reshard_s() == pytest.approx(round_trip, rel=1e-9)
 
 
+def test_an_fsdp_trainers_optimizer_on_the_host_is_copied_in_and_out_around_each_update():
+    """``optimizer_offload``: Adam's two float32 moments of each GPU's shard over the host link before an update and
+    after it; a scoring pass does not touch them. Megatron's optimizer offload is refused (not modelled)."""
+    from oppo.sim.cost.framework import Framework, FrameworkCost
+
+    n, host = 4, 20e9
+    base = RooflineCost(MODELS["qwen2.5-7b"], GPUS["h100"], n, ENGINES["vllm"])
+    kept, offloaded = (
+        FrameworkCost(base, "critic", Framework(optimizer_offload=roles, host_bytes_per_s=host))
+        for roles in ((), ("critic",))
+    )
+    work = (8 * 500.0, 8 * 500.0**2 / 2, 8)
+    assert offloaded.train_s(*work) - kept.train_s(*work) == pytest.approx(
+        2 * 8 * base.model.params / n / host, rel=1e-9
+    )
+    assert offloaded.score_s(*work) == kept.score_s(*work)
+    with pytest.raises(ValueError, match="optimizer_offload"):
+        Framework(optimizer_offload=("actor",), train_backend="megatron", sharded=False)
+    with pytest.raises(ValueError, match="optimizer_offload"):
+        Framework(optimizer_offload=("reference",))
+
+
 def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_batch():
     """FSDP / ZeRO-3: each scoring micro-batch all-gathers the (n - 1) / n of the weights a GPU lacks, each training
     micro-batch gathers for forward and backward and reduce-scatters the gradients (3x), over the collective's

@@ -242,3 +242,16 @@ def test_a_reference_after_verls_forced_cpu_offload_copies_in_at_every_micro_bat
     path.write_text(text)
     rm = setup_from_log(path, gpu="h100").setup().framework
     assert set(rm.offload) == set(rm.offload_each_micro_batch) == {"reference", "reward"}
+
+
+def test_an_fsdp_trainers_optimizer_on_the_host_is_read_and_priced(tmp_path):
+    """``fsdp_config.optimizer_offload`` on the actor and the critic: the setup keeps both trainers' Adam state on
+    the host (``optimizer_offload``, priced in their updates) and no longer lists the key as not modelled."""
+    log = DATA / "verl_qwen2.5_0.5b_resp512.log.gz"
+    text = gzip.decompress(log.read_bytes()).decode().replace("'optimizer_offload': False", "'optimizer_offload': True")
+    path = tmp_path / "offloaded.log"
+    path.write_text(text)
+    read = setup_from_log(path, gpu="h100")
+    assert read.setup().framework.optimizer_offload == ("actor", "critic")
+    assert not [key for key, _, _ in read.ignored if "optimizer_offload" in key]
+    assert setup_from_log(log, gpu="h100").setup().framework.optimizer_offload == ()

@@ -41,6 +41,9 @@ from oppo.sim.cost.stage import IDENTITY, StageCost, StageLoad
 # float32 shard to and from the host (verl/workers/fsdp_workers.py and sharding_manager/fsdp_vllm.py, June 2025)
 FSDP_TRAINER_BYTES_PER_PARAM = 4
 FSDP_TRAINERS = ("actor", "critic")
+# Adam's two moments per float32 parameter (exp_avg, exp_avg_sq): what an FSDP trainer with optimizer_offload copies
+# in before each update and back out after (verl's load_fsdp_optimizer / offload_fsdp_optimizer)
+ADAM_STATE_BYTES_PER_PARAM = 8
 # role of the simulator -> (its scoring stage, its update stage)
 ROLE_STAGES = {
     "actor": ("old_log_prob", "update_actor"),
@@ -132,6 +135,9 @@ class Framework:
     # PR #121, 2025-01-24), prefetched with the gathers at the host link's share (StageLoad.host_copy_s), not loaded
     # once a pass (a role not in offload: no effect; Megatron's workers load once a pass whatever this says)
     offload_each_micro_batch: tuple[str, ...] = ()
+    # FSDP trainers (actor, critic) whose optimizer state lives on the host: Adam's moments copied in before each
+    # update and back out after, over the host link (Megatron's optimizer offload is not modelled)
+    optimizer_offload: tuple[str, ...] = ()
     host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
     # the rollout engine (:class:`oppo.sim.cost.engine.RooflineCost` reads them for generation)
     decode_cuda_graphs: bool = False  # False: eager, every layer's kernels launched each decode iteration
@@ -181,6 +187,10 @@ class Framework:
         unknown = set(self.offload_each_micro_batch) - set(ROLE_STAGES)
         if unknown:
             raise ValueError(f"framework offload_each_micro_batch: unknown role(s) {sorted(unknown)}")
+        if set(self.optimizer_offload) - set(FSDP_TRAINERS) or (
+            self.optimizer_offload and self.train_backend != "fsdp"
+        ):
+            raise ValueError(f"framework optimizer_offload: FSDP trainers only ({', '.join(FSDP_TRAINERS)})")
         if self.gen.exposed_host_frac < 1:  # its iterations fall on both sides of the kink within a step
             raise ValueError("framework gen: exposed_host_frac must be 1 (decode's host time is summed)")
 
@@ -253,6 +263,14 @@ class FrameworkCost:
         Megatron's alike, inside the stage's timer)."""
         return 2 * self._offload_s()
 
+    def _optimizer_round_trip_s(self) -> float:
+        """An FSDP trainer's optimizer state on the host: each GPU's shard of Adam's moments copied in before an
+        update and back out after (0 where the role keeps it on its GPUs)."""
+        fw = self.framework
+        if self.role not in fw.optimizer_offload:
+            return 0.0
+        return 2 * self.base.model.params * ADAM_STATE_BYTES_PER_PARAM / self.base.n_gpus / fw.host_bytes_per_s
+
     def _held_bytes(self) -> float:
         """The role's parameters in bytes as its training framework holds them: an FSDP trainer's in float32
         (:data:`FSDP_TRAINER_BYTES_PER_PARAM`), every other role's (and Megatron's) in the model's dtype."""
@@ -305,7 +323,7 @@ class FrameworkCost:
         # sharded: a gather for the forward, one for the backward (the recompute of checkpointing runs inside the
         # backward on the gathered layer), a reduce-scatter of the gradients
         load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=3)
-        return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
+        return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s() + self._optimizer_round_trip_s()))
 
     def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
