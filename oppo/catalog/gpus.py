@@ -15,6 +15,11 @@ GPU (50 GB/s); PCIe servers with A40 / L40S commonly one 200 Gb/s NIC per two GP
 bandwidth is eight of them. A setup's ``[cluster] inter_node_bytes_per_s`` overrides it
 (:class:`oppo.sim.cost.gpu.Cluster`).
 
+The host link (``host_bytes_per_s``, per GPU per direction, half the bidirectional figure the datasheets print) carries
+offloaded parameters and a sleeping rollout engine's weights: PCIe 4.0 x16 (A100, A800, A40, L40S) 32 GB/s, PCIe 5.0
+x16 (H100, H200, H800, H20, HGX B200, MI300X) 64 GB/s, GH200's NVLink-C2C 450 GB/s (900 GB/s bidirectional). A
+datasheet figure, a prior that a calibration's fitted share of it scales (what pinned or pageable copies achieve).
+
 The datasheet's peak is not what a GPU's matrix products reach. ``matmul_flops`` is the measured maximum achievable
 matmul FLOP/s (BF16, the best shape a brute-force search found, the cache reset between runs, a mean of 100
 iterations), from Stas Bekman's "Machine Learning Engineering" (github.com/stas00/ml-engineering,
@@ -33,6 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PCIE4_X16_BYTES_PER_S = 32e9  # a PCIe 4.0 x16 slot per direction (16 GT/s x 16 lanes, 128b/130b): the common host link
+PCIE5_X16_BYTES_PER_S = 64e9
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -43,6 +51,12 @@ class GPU:
     link_bytes_per_s: float  # intra-node GPU-to-GPU link, per GPU per direction (NVLink, Infinity Fabric, PCIe)
     nic_bytes_per_s: float = 0.0  # inter-node network per GPU per direction, the reference system's (0: none known)
     matmul_flops: float = 0.0  # measured max achievable BF16 matmul FLOP/s (0: not measured)
+    host_bytes_per_s: float = 0.0  # host <-> GPU link per direction (PCIe, NVLink-C2C); 0: none known (PCIe 4.0 x16)
+
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        """The host link per direction: the datasheet's, else a PCIe 4.0 x16 slot's."""
+        return self.host_bytes_per_s or PCIE4_X16_BYTES_PER_S
 
     @property
     def matmul_frac(self) -> float:
@@ -50,24 +64,31 @@ class GPU:
         return self.matmul_flops / self.peak_flops
 
 
+PCIE4, PCIE5 = PCIE4_X16_BYTES_PER_S, PCIE5_X16_BYTES_PER_S
 GPUS = {
     g.name: g
     for g in (
-        GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9, matmul_flops=1745.0e12),
-        GPU("h200", 4.8e12, 989e12, 141e9, 450e9, 50e9, matmul_flops=794.5e12),  # "H200 is the same"
-        GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9, matmul_flops=794.5e12),
+        GPU("b200", 8.0e12, 2250e12, 180e9, 900e9, 50e9, matmul_flops=1745.0e12, host_bytes_per_s=PCIE5),
+        GPU(
+            "h200", 4.8e12, 989e12, 141e9, 450e9, 50e9, matmul_flops=794.5e12, host_bytes_per_s=PCIE5
+        ),  # "H200 is the same"
+        GPU("h100", 3.35e12, 989e12, 80e9, 450e9, 50e9, matmul_flops=794.5e12, host_bytes_per_s=PCIE5),
         # the H100's die with NVLink cut to 400 GB/s (export version); its network card as the H100's [assumed]
-        GPU("h800", 3.35e12, 989e12, 80e9, 200e9, 50e9),
+        GPU("h800", 3.35e12, 989e12, 80e9, 200e9, 50e9, host_bytes_per_s=PCIE5),
         # its network card: HGX H20 servers are built as HGX H100 ones, a 400 Gb/s card per GPU [assumed]
-        GPU("h20", 4.0e12, 148e12, 96e9, 450e9, 50e9),
-        GPU("gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=828.6e12),  # measured: the 141 GB HBM3e one
-        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9, matmul_flops=668.4e12),
-        GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9, matmul_flops=271.2e12),
-        GPU("a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9, matmul_flops=271.2e12),  # the A100 SXM's silicon
+        GPU("h20", 4.0e12, 148e12, 96e9, 450e9, 50e9, host_bytes_per_s=PCIE5),
+        GPU(
+            "gh200", 4.0e12, 989e12, 96e9, 450e9, 50e9, matmul_flops=828.6e12, host_bytes_per_s=450e9
+        ),  # measured: the 141 GB HBM3e one
+        GPU("mi300x", 5.3e12, 1307.4e12, 192e9, 448e9, 50e9, matmul_flops=668.4e12, host_bytes_per_s=PCIE5),
+        GPU("a100", 2.039e12, 312e12, 80e9, 300e9, 25e9, matmul_flops=271.2e12, host_bytes_per_s=PCIE4),
+        GPU(
+            "a100-40gb", 1.555e12, 312e12, 40e9, 300e9, 25e9, matmul_flops=271.2e12, host_bytes_per_s=PCIE4
+        ),  # the A100 SXM's silicon
         # the A100's die with NVLink cut to 400 GB/s (export version); its network card as the A100's [assumed]
-        GPU("a800", 2.039e12, 312e12, 80e9, 200e9, 25e9),
-        GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9),
-        GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9),
+        GPU("a800", 2.039e12, 312e12, 80e9, 200e9, 25e9, host_bytes_per_s=PCIE4),
+        GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9, host_bytes_per_s=PCIE4),
+        GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9, host_bytes_per_s=PCIE4),
         # One CPU core of this project's development machine running the executor's tiny models (float32):
         # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile; its "link"
         # is the cores' shared memory.

@@ -14,6 +14,7 @@ import dataclasses
 
 from oppo.core.config import ScheduleConfig
 from oppo.sim.cost.engine import model_shape
+from oppo.sim.cost.framework import ADAM_STATE_BYTES_PER_PARAM
 from oppo.sim.setups import Setup
 
 ENGINE_TPS = (1, 2, 4, 8)  # vLLM's tensor-parallel sizes within a node
@@ -71,7 +72,8 @@ def training_bytes(setup: Setup, roles: list[str], gpus: int) -> float:
     """Per training GPU, the bytes of the trained ``roles``' weights, gradients and Adam states and the reference's
     weights: sharded over the ``gpus`` under FSDP (ZeRO-3); under Megatron each GPU holds its tensor x pipeline
     slice, the optimizer states split over the replicas too with the distributed optimizer. A role the framework
-    offloads keeps only its bf16 weights on the GPUs."""
+    offloads keeps only its bf16 weights on the GPUs; an FSDP trainer whose optimizer is offloaded, all but Adam's
+    two moments."""
     model, fw = model_shape(setup.actor), setup.framework
     offloaded = set(fw.offload)
     if fw.train_backend == "megatron":
@@ -81,8 +83,14 @@ def training_bytes(setup: Setup, roles: list[str], gpus: int) -> float:
         )
         held = sum(model.weight_bytes / shards if r in offloaded else trained for r in roles)
         return held + setup.reference * model.weight_bytes / shards
-    held = sum(model.weight_bytes if r in offloaded else model.params * TRAINED_BYTES_PER_PARAM for r in roles)
-    return (held + setup.reference * model.weight_bytes) / gpus
+
+    def fsdp_held(role: str) -> float:
+        if role in offloaded:
+            return model.weight_bytes
+        moments = ADAM_STATE_BYTES_PER_PARAM if role in fw.optimizer_offload else 0
+        return model.params * (TRAINED_BYTES_PER_PARAM - moments)
+
+    return (sum(fsdp_held(r) for r in roles) + setup.reference * model.weight_bytes) / gpus
 
 
 def activation_bytes(setup: Setup, schedule: ScheduleConfig) -> float:

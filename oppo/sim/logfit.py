@@ -293,7 +293,9 @@ def reshard_load(setup: Setup) -> StageLoad:
     if not hasattr(generating, "step_load"):
         return StageLoad()
     load = generating.step_load("gen")
-    return StageLoad(reshard_s=load.reshard_s, reshard_layers=load.reshard_layers, transfer_s=load.transfer_s / 2)
+    return StageLoad(
+        reshard_s=load.reshard_s, reshard_layers=load.reshard_layers, transfer_s=generating.reshard_host_s()
+    )
 
 
 def timed_reshard(setup: Setup, steps: list[LoggedStep]) -> TimedReshard | None:
@@ -387,7 +389,7 @@ def _fastest(runs: list[LoggedRun]) -> dict[tuple[str, ...], float]:
     matmul ceiling; the largest over the runs (none of them beyond its ceiling). Forward passes keep 1: their
     roofline is at the fitted operator profiles' rate."""
     models = [getattr(run.setup.costs()["actor"], "base", None) for run in runs]  # a records profile has no roofline
-    shares = [getattr(model, "train_ceiling_share", 1.0) for model in models]
+    shares = [model.train_ceiling_share for model in models if hasattr(model, "train_ceiling_share")]
     return {TRAINING_STAGES: max(shares, default=1.0)}
 
 

@@ -346,6 +346,9 @@ class Trainer(Generation):
         passes = (("actor", "train_actor"), ("critic", "train_critic"))[: 1 + ("critic" in self.roles)]
         attended = pass_attended(computed, 0.0, rows)
         seconds = {role: self.costs[role].train_s(computed, attended, rows=rows) for role, _ in passes}  # alike
+        for role, phase in passes:  # an offloaded trainer's copies from the host, once around the whole update
+            if (copies_s := self.costs[role].update_host_s()) > 0:
+                yield from self.device[role].run(step, role, phase, copies_s, 0, 0, 0)
         for _ in range(setup.ppo_epochs * setup.minibatches):
             for role, phase in passes:
                 yield from self.device[role].run(step, role, phase, seconds[role], round(rows), tokens, 0)

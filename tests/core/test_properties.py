@@ -194,6 +194,9 @@ class FixedCost:
     def fixed_s(self, stages):
         return 0.0
 
+    def update_host_s(self):
+        return 0.0
+
     def sync_s(self):
         return 0.0
 

@@ -135,42 +135,98 @@ def test_the_critics_values_pass_pays_its_own_micro_batches():
 @pytest.mark.parametrize("role, bytes_per_param", [("actor", 4), ("critic", 4), ("reference", 2)])
 def test_an_offloaded_role_copies_its_parameters_in_and_back_out_around_each_call(role, bytes_per_param):
     """verl loads an offloaded role's parameters before each call of its worker and offloads them after, inside the
-    stage's timer: each GPU's shard over the host link twice a pass, in float32 for FSDP's trainers (the actor and
-    critic load as fp32, the reference as bf16). The updates pay it too, and an offloaded actor's reshard."""
+    stage's timer: each GPU's shard over the host link twice a call, in float32 for FSDP's trainers (the actor and
+    critic load as fp32, the reference as bf16). A scoring pass is one call; an update is one call around all its
+    epochs and mini-batches (once a step, not in each pass); an offloaded actor's reshard is one more, at the host
+    link (not the reshard's gather link). A role FSDP's CPU offload copies in at every gather makes no round trip."""
     from oppo.sim.cost.framework import Framework, FrameworkCost
 
     n, host = 4, 20e9
     base = RooflineCost(MODELS["qwen2.5-7b"], GPUS["h100"], n, ENGINES["vllm"], tensor_parallel=2)
-    on_gpu, offloaded = (
-        FrameworkCost(base, role, Framework(offload=roles, host_bytes_per_s=host, weight_reshard=True))
-        for roles in ((), (role,))
-    )
+
+    def cost(**changes):
+        framework = Framework(sharded=True, host_bytes_per_s=host, weight_reshard=True, **changes)
+        return FrameworkCost(base, role, framework)
+
+    on_gpu, offloaded = cost(), cost(offload=(role,))
     round_trip = 2 * bytes_per_param * base.model.params / n / host
-    passes = [(c.score_s(8 * 500.0, 8 * 500.0**2 / 2, 8)) for c in (on_gpu, offloaded)]
-    assert passes[1] - passes[0] == pytest.approx(round_trip, rel=1e-9)
-    if role != "reference":
-        updates = [c.train_s(8 * 500.0, 8 * 500.0**2 / 2, 8) for c in (on_gpu, offloaded)]
-        assert updates[1] - updates[0] == pytest.approx(round_trip, rel=1e-9)
+    work = (8 * 500.0, 8 * 500.0**2 / 2, 8)
+    assert offloaded.score_s(*work) - on_gpu.score_s(*work) == pytest.approx(round_trip, rel=1e-9)
+    assert offloaded.train_s(*work) == on_gpu.train_s(*work)  # a pass of the update: the copies are the call's
+    assert on_gpu.update_host_s() == 0.0
+    assert offloaded.update_host_s() == pytest.approx(round_trip if role != "reference" else 0.0, rel=1e-9)
     if role == "actor":
-        assert offloaded.reshard_s() - on_gpu.reshard_s() == pytest.approx(round_trip, rel=1e-9)
+        assert offloaded.reshard_s() == on_gpu.reshard_s()
+        assert offloaded.reshard_host_s() == pytest.approx(round_trip, rel=1e-9)
+        moves = offloaded.step_load("gen").transfer_s - on_gpu.step_load("gen").transfer_s
+        assert moves == pytest.approx(round_trip, rel=1e-9)
+    copied = cost(offload=(role,), offload_each_micro_batch=(role,))
+    assert copied.update_host_s() == copied.reshard_host_s() == 0.0
+
+
+def test_an_update_pays_an_offloaded_trainers_copies_once_a_step_whatever_its_mini_batches():
+    """The simulator charges the copies once around a step's updates: a step of 4 mini-batches and one of 1 differ
+    in their updates' seconds by their passes alone (the round trip is not charged per mini-batch)."""
+    from oppo.sim.model import SimConfig, simulate
+    from oppo.sim.setup_toml import load_setup
+
+    setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
+    fw = dataclasses.replace(setup.framework, offload=("actor", "critic"), optimizer_offload=("actor", "critic"))
+    train = {}
+    for minibatches in (1, 4):
+        for offloaded in (False, True):
+            changes = {"framework": fw} if offloaded else {}
+            run = dataclasses.replace(setup, minibatches=minibatches, **changes)
+            result = simulate(SimConfig(run.schedule(policy="sync"), run, steps=2, seed=0))
+            rows = [r for r in result.trace if r.step == 1 and r.phase == "train_actor"]
+            train[minibatches, offloaded] = sum(r.end_s - r.start_s for r in rows)
+    copies = setup.costs("sync")["actor"]
+    copies = dataclasses.replace(copies, framework=fw).update_host_s()
+    assert copies > 0
+    for minibatches in (1, 4):
+        added = train[minibatches, True] - train[minibatches, False]
+        assert added == pytest.approx(copies, rel=1e-6), minibatches
+
+
+def test_the_host_link_is_each_gpus_datasheet_unless_the_setup_names_one():
+    """An offloaded role's copies cross the GPU's own host link (per direction): PCIe 5.0 x16 on an H100, 4.0 on an
+    A100, NVLink-C2C on a GH200, a PCIe 4.0 slot where a GPU names none; ``host_bytes_per_s`` overrides it."""
+    from oppo.catalog.gpus import GPU, PCIE4_X16_BYTES_PER_S
+    from oppo.sim.cost.framework import Framework, FrameworkCost
+
+    model = MODELS["qwen2.5-7b"]
+    bare = GPU("bare", 2e12, 300e12, 80e9, 300e9)  # a device whose datasheet names no host link
+    expected = {"h100": 64e9, "a100": 32e9, "gh200": 450e9}
+    for name, gpu in (*((n, GPUS[n]) for n in expected), ("bare", bare)):
+        base = RooflineCost(model, gpu, 1, ENGINES["vllm"])
+        seconds = FrameworkCost(base, "reference", Framework(offload=("reference",))).score_s(1.0, 1.0, 1)
+        bare_s = FrameworkCost(base, "reference", Framework()).score_s(1.0, 1.0, 1)
+        link = expected.get(name, PCIE4_X16_BYTES_PER_S)
+        assert seconds - bare_s == pytest.approx(2 * model.weight_bytes / link, rel=1e-9), name
+    base = RooflineCost(model, GPUS["gh200"], 1, ENGINES["vllm"])
+    named = FrameworkCost(base, "reference", Framework(offload=("reference",), host_bytes_per_s=10e9))
+    assert named.score_s(1.0, 1.0, 1) - FrameworkCost(base, "reference", Framework()).score_s(1.0, 1.0, 1) == (
+        pytest.approx(2 * model.weight_bytes / 10e9, rel=1e-9)
+    )
 
 
 def test_an_fsdp_trainers_optimizer_on_the_host_is_copied_in_and_out_around_each_update():
-    """``optimizer_offload``: Adam's two float32 moments of each GPU's shard over the host link before an update and
-    after it; a scoring pass does not touch them. Megatron's optimizer offload is refused (not modelled)."""
+    """``optimizer_offload``: Adam's two float32 moments of each GPU's shard (the whole of them where FSDP does not
+    shard) over the host link before an update call and after it; a pass does not touch them. Megatron's optimizer
+    offload is refused (not modelled)."""
     from oppo.sim.cost.framework import Framework, FrameworkCost
 
     n, host = 4, 20e9
     base = RooflineCost(MODELS["qwen2.5-7b"], GPUS["h100"], n, ENGINES["vllm"])
-    kept, offloaded = (
-        FrameworkCost(base, "critic", Framework(optimizer_offload=roles, host_bytes_per_s=host))
-        for roles in ((), ("critic",))
-    )
-    work = (8 * 500.0, 8 * 500.0**2 / 2, 8)
-    assert offloaded.train_s(*work) - kept.train_s(*work) == pytest.approx(
-        2 * 8 * base.model.params / n / host, rel=1e-9
-    )
-    assert offloaded.score_s(*work) == kept.score_s(*work)
+    for sharded, shards in ((True, n), (False, 1)):
+        kept, offloaded = (
+            FrameworkCost(base, "critic", Framework(optimizer_offload=roles, host_bytes_per_s=host, sharded=sharded))
+            for roles in ((), ("critic",))
+        )
+        work = (8 * 500.0, 8 * 500.0**2 / 2, 8)
+        assert offloaded.update_host_s() == pytest.approx(2 * 8 * base.model.params / shards / host, rel=1e-9)
+        assert kept.update_host_s() == 0.0
+        assert offloaded.score_s(*work) == kept.score_s(*work) and offloaded.train_s(*work) == kept.train_s(*work)
     with pytest.raises(ValueError, match="optimizer_offload"):
         Framework(optimizer_offload=("actor",), train_backend="megatron", sharded=False)
     with pytest.raises(ValueError, match="optimizer_offload"):

@@ -47,6 +47,9 @@ class ConstantCost:
     def fixed_s(self, stages):
         return 0.0
 
+    def update_host_s(self):
+        return 0.0
+
     def sync_s(self):
         return 0.0
 

@@ -77,7 +77,7 @@ def test_sleep_modes_wake_up_is_timed_in_the_reshard_and_priced_once():
     setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
     setup = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, kv_cache_reset="sleep"))
     load, moves = reshard_load(setup), setup.costs("sync")["actor"].step_load("gen")
-    assert load.transfer_s == pytest.approx(moves.transfer_s / 2) and load.transfer_s > 0.1
+    assert load.transfer_s == pytest.approx(moves.transfer_s / 2) and load.transfer_s > 0.05  # 7B over PCIe 5.0
     timed = timed_reshard(setup, timed_at(4.0))
     assert timed.layer_s == pytest.approx((4.0 - load.transfer_s - load.reshard_s) / 30, rel=1e-12)
     fitted = StageCost(reshard_frac=timed.frac, reshard_layer_s=timed.layer_s)

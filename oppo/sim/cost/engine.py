@@ -184,6 +184,10 @@ class CostModel(Protocol):
         """Per-step seconds of the given framework stages (see :mod:`oppo.sim.cost.framework`)."""
         ...
 
+    def update_host_s(self) -> float:
+        """Seconds an update pays once a step besides its passes (an offloaded trainer's copies from the host)."""
+        ...
+
 
 ALLREDUCE_LATENCY_S = 10e-6  # [assumed] one small all-reduce between the GPUs of a node (NCCL/RCCL, one launch)
 

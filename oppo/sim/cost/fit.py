@@ -133,7 +133,7 @@ def fit_stage(
         return _fit_generation(load, measured, reshard)
     collectives = has_collectives(load, measured.shape)  # Megatron's: their link's share, a column of its own
     per_unit = per_unit and units_identified(load, measured)
-    loaded = bool(np.any(load.host_s))  # an offloaded role's parameters loaded once a pass: the host link's share
+    loaded = bool(np.any(load.host_s))  # an offloaded role's copies around a call: the host link's share
     columns = (
         [load.roofline_s, load.small_s]
         + ([load.units] if per_unit else [])
@@ -427,7 +427,7 @@ def fit_problems(
     once. A problem's stages are a logged stage's (one of ours, or several timed as one, their loads summed:
     OpenRLHF's) or a family of :data:`SHARED_TERMS` (a row per stage). ``reshard``: generation's, where logs time
     the reshard into the engine apart; ``fastest``: a problem's least inverse efficiency free of the prior, by its
-    stages (1 where not given: :func:`fit_stage`)."""
+    stages (a problem whose stages are all of a family given takes its figure; 1 elsewhere: :func:`fit_stage`)."""
     layer: dict[str, StageCost] = {}
     for (parts, summed), problem in problems.items():
         load, seconds, several = problem_rows(summed, problem)
@@ -435,7 +435,7 @@ def fit_problems(
         # a logged stage timing several of ours (OpenRLHF's): the simulator overlaps each part's host time with its
         # own compute, a fit of their summed loads could not say how: their host time is summed
         timed = reshard if gen else None
-        free = (fastest or {}).get(parts, 1.0)
+        free = next((v for family, v in (fastest or {}).items() if set(parts) <= set(family)), 1.0)
         cost = fit_stage(load, seconds, gen, several, timed, host_overlap=not summed, fastest=free)
         layer |= dict.fromkeys(parts, cost)
     return layer

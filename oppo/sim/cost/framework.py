@@ -138,7 +138,7 @@ class Framework:
     # FSDP trainers (actor, critic) whose optimizer state lives on the host: Adam's moments copied in before each
     # update and back out after, over the host link (Megatron's optimizer offload is not modelled)
     optimizer_offload: tuple[str, ...] = ()
-    host_bytes_per_s: float = 25e9  # host <-> device link for offloaded parameters (PCIe 4 x16 ~ 25 GB/s)
+    host_bytes_per_s: float = 0.0  # host <-> device link per direction (0: the GPU's datasheet, GPU.host_bytes_per_s)
     # the rollout engine (:class:`oppo.sim.cost.engine.RooflineCost` reads them for generation)
     decode_cuda_graphs: bool = False  # False: eager, every layer's kernels launched each decode iteration
     rollout_tensor_parallel: int = 1  # GPUs per rollout engine (weights and KV cache split over them)
@@ -169,8 +169,8 @@ class Framework:
             self.forward_micro_batch,
             self.critic_forward_micro_batch,
         )
-        if min(*micro, self.pad_to_tokens) < 0 or self.host_bytes_per_s <= 0:
-            raise ValueError("framework needs micro-batch sizes >= 0 and host_bytes_per_s > 0")
+        if min(*micro, self.pad_to_tokens, self.host_bytes_per_s) < 0:
+            raise ValueError("framework needs micro-batch sizes >= 0 and host_bytes_per_s >= 0")
         if self.rollout_tensor_parallel < 1 or not 0 <= self.rollout_memory_fraction <= 1:
             raise ValueError("framework needs rollout_tensor_parallel >= 1 and 0 <= rollout_memory_fraction <= 1")
         if self.train_backend not in TRAIN_BACKENDS:
@@ -250,18 +250,28 @@ class FrameworkCost:
         fw = self.framework
         if self.role not in fw.offload:
             return 0.0
-        shards = (
-            fw.train_tensor_parallel * fw.train_pipeline_parallel
-            if fw.train_backend == "megatron"
-            else self.base.n_gpus
-        )
-        return self._held_bytes() / shards / fw.host_bytes_per_s
+        return self._held_bytes() / self._shards / self._host_link
+
+    @property
+    def _shards(self) -> int:
+        """Over how many GPUs a role's parameters and optimizer state are split: FSDP's n where it shards (else
+        each GPU holds them whole), Megatron's tensor x pipeline slice."""
+        fw = self.framework
+        if fw.train_backend == "megatron":
+            return fw.train_tensor_parallel * fw.train_pipeline_parallel
+        return self.base.n_gpus if fw.sharded else 1
+
+    @property
+    def _host_link(self) -> float:
+        """The host <-> GPU link per direction, bytes/s: the setup's, else the GPU's datasheet."""
+        return self.framework.host_bytes_per_s or self.base.gpu.host_link_bytes_per_s
 
     def _round_trip_s(self) -> float:
         """An offloaded role's parameters loaded for one call of its worker and offloaded after it: copied in and
         back out over the host link (verl's ``load_fsdp_model_to_gpu`` / ``offload_fsdp_model_to_cpu`` and
-        Megatron's alike, inside the stage's timer)."""
-        return 2 * self._offload_s()
+        Megatron's alike, inside the stage's timer). None for a role FSDP's CPU offload copies in at every gather
+        (``offload_each_micro_batch``): its parameters stay on the host."""
+        return 0.0 if self.role in self.framework.offload_each_micro_batch else 2 * self._offload_s()
 
     def _optimizer_round_trip_s(self) -> float:
         """An FSDP trainer's optimizer state on the host: each GPU's shard of Adam's moments copied in before an
@@ -269,7 +279,7 @@ class FrameworkCost:
         fw = self.framework
         if self.role not in fw.optimizer_offload:
             return 0.0
-        return 2 * self.base.model.params * ADAM_STATE_BYTES_PER_PARAM / self.base.n_gpus / fw.host_bytes_per_s
+        return 2 * self.base.model.params * ADAM_STATE_BYTES_PER_PARAM / self._shards / self._host_link
 
     def _held_bytes(self) -> float:
         """The role's parameters in bytes as its training framework holds them: an FSDP trainer's in float32
@@ -304,9 +314,7 @@ class FrameworkCost:
         if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
             load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
             return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
-        load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)
-        if self.role in self.framework.offload_each_micro_batch:  # copied in with the gathers (each chunk's pass)
-            return stage.seconds(load)
+        load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)  # with any copies at its gathers
         return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
@@ -318,12 +326,22 @@ class FrameworkCost:
         micro_batch = self.framework.train_micro_batch_of(self.role)
         if self.framework.train_backend == "megatron":  # forward, backward and the recomputed forward: 2 each
             allreduces = 4 + 2 * self.framework.gradient_checkpointing
-            load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces, gradients=True)
-            return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
+            return stage.seconds(self._megatron_load(roofline, tokens, rows, micro_batch, allreduces, gradients=True))
         # sharded: a gather for the forward, one for the backward (the recompute of checkpointing runs inside the
         # backward on the gathered layer), a reduce-scatter of the gradients
-        load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=3)
-        return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s() + self._optimizer_round_trip_s()))
+        return stage.seconds(self._pass_load(roofline, tokens, rows, micro_batch, gathers=3))
+
+    def update_host_s(self) -> float:
+        """Seconds a trainer's update pays once a step besides its passes: an offloaded trainer's parameters, and
+        its optimizer state where that is offloaded, copied in from the host before the update call and back out
+        after (verl's workers load them around ``update_policy``, every epoch and mini-batch of the step inside), at
+        the update's share of the host link."""
+        update = ROLE_STAGES[self.role][1]
+        if update is None:  # a role that does not train
+            return 0.0
+        return self.framework.stage(update).seconds(
+            StageLoad(host_s=self._round_trip_s() + self._optimizer_round_trip_s())
+        )
 
     def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
@@ -388,14 +406,30 @@ class FrameworkCost:
         if stage != "gen" or self.role == "rollout":  # an engine on its own GPUs: the weight push, no reshard
             return StageLoad(steps=1.0)
         fw = self.framework
-        sleep_s = 2 * self.base.model.weight_bytes / self._engine_tp / fw.host_bytes_per_s
         return StageLoad(
             steps=1.0,
             reinit_steps=float(fw.kv_cache_reset == "reinit"),
             reshard_s=self.reshard_s(),
             reshard_layers=float(self.base.model.layers) if fw.weight_reshard else 0.0,
-            transfer_s=sleep_s if fw.kv_cache_reset == "sleep" else 0.0,
+            transfer_s=self._sleep_s() + self._reshard_copies_s(),
         )
+
+    def _sleep_s(self) -> float:
+        """Sleep mode's moves of the engine's weights (its 1 / t) to the host after generation and back before the
+        next, at the host link (0 without sleep mode)."""
+        if self.framework.kv_cache_reset != "sleep":
+            return 0.0
+        return 2 * self.base.model.weight_bytes / self._engine_tp / self._host_link
+
+    def _reshard_copies_s(self) -> float:
+        """An offloaded actor's parameters copied in from the host before the reshard and back out after, at the
+        host link (verl's sharding managers do it inside their reshard timer); 0 where there is no reshard."""
+        return self._round_trip_s() if self.framework.weight_reshard else 0.0
+
+    def reshard_host_s(self) -> float:
+        """The host-link seconds verl's reshard timer holds, at the nominal link: sleep mode's wake-up (the copy
+        back, half its moves; the sleep after generation is outside it) and an offloaded actor's round trip."""
+        return self._sleep_s() / 2 + self._reshard_copies_s()
 
     @property
     def _engine_tp(self) -> int:
@@ -404,14 +438,13 @@ class FrameworkCost:
     def reshard_s(self) -> float:
         """Seconds of one reshard into the rollout engine at the nominal links (0 where the setup declares none):
         the trainer's parameters gathered whole (FSDP's in float32, :data:`FSDP_TRAINER_BYTES_PER_PARAM`) and the
-        engine's 1 / t of the weights written, read and written over HBM; an offloaded actor's parameters also
-        copied in from the host before and back out after (:meth:`_round_trip_s`: verl's sharding managers do it
-        inside their reshard timer)."""
+        engine's 1 / t of the weights written, read and written over HBM (an offloaded actor's copies from the host:
+        the host link's, :meth:`reshard_host_s`)."""
         if not self.framework.weight_reshard:
             return 0.0
         model = self.base.model
         moved = 2 * model.weight_bytes / self._engine_tp / self.base.gpu.hbm_bytes_per_s
-        return self._gather_bytes_s(self._held_bytes()) + moved + self._round_trip_s()
+        return self._gather_bytes_s(self._held_bytes()) + moved
 
     def _gather_bytes_s(self, weights: float) -> float:
         """Seconds to all-gather ``weights`` bytes sharded over the role's GPUs at the collective's link."""

@@ -202,6 +202,9 @@ class CalibratedCost:
     def fixed_s(self, stages: tuple[str, ...]) -> float:
         return 0.0  # measured per operation: no per-step framework terms
 
+    def update_host_s(self) -> float:
+        return 0.0  # the executor keeps every role on its devices
+
 
 def calibrated_costs(path: str | Path, roles: Sequence[str]) -> dict[str, CalibratedCost]:
     profile = load_profile(path)

@@ -29,8 +29,9 @@ engines decode side by side; a layer fitted before this rule charged every engin
 the engine count times too small); a rollout engine whose KV memory cannot hold the whole batch runs it as resident
 batches that fill it, so its time follows the tokens decoded rather than the longest response.
 ``fixed_s`` is charged once per step (an ``other`` operation of the role). ``host_s`` is an offloaded role's
-parameters loaded from the host once a pass, at the nominal host link (``host_bytes_per_s``, a prior), over its
-achieved share ``host_link_frac``; ``host_copy_s`` its shards copied from the host before each gather (FSDP's CPU
+parameters (and an offloaded optimizer's state) copied from the host and back around a call of its worker (a
+scoring pass; an update, once a step), at the nominal host link (the GPU's, a prior), over its achieved share
+``host_link_frac``; ``host_copy_s`` its shards copied from the host before each gather (FSDP's CPU
 offload, at every micro-batch), over the same share, prefetched with the gathers. ``extra_s`` is what no term
 scales. Every term but the overlap is linear in the load, so the loads of a step add up, and the log fit
 (:mod:`oppo.sim.logfit`) measures them by simulating a step with this very class (with both exposed shares 1, where
