@@ -38,7 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PCIE4_X16_BYTES_PER_S = 32e9  # a PCIe 4.0 x16 slot per direction (16 GT/s x 16 lanes, 128b/130b): the common host link
+# a x16 slot per direction as the GPU datasheets print it (A100: "PCIe Gen4: 64 GB/s", H100: "PCIe Gen5: 128 GB/s",
+# both ways; the line rate after 128b/130b coding is 31.5 and 63 GB/s): PCIe 4.0, the common host link, and 5.0
+PCIE4_X16_BYTES_PER_S = 32e9
 PCIE5_X16_BYTES_PER_S = 64e9
 
 

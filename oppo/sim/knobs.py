@@ -70,10 +70,10 @@ def with_framework_knobs(setup: Setup, tp: int | None, fraction: float | None, m
 
 def training_bytes(setup: Setup, roles: list[str], gpus: int) -> float:
     """Per training GPU, the bytes of the trained ``roles``' weights, gradients and Adam states and the reference's
-    weights: sharded over the ``gpus`` under FSDP (ZeRO-3); under Megatron each GPU holds its tensor x pipeline
-    slice, the optimizer states split over the replicas too with the distributed optimizer. A role the framework
-    offloads keeps only its bf16 weights on the GPUs; an FSDP trainer whose optimizer is offloaded, all but Adam's
-    two moments."""
+    weights: sharded over the ``gpus`` under FSDP (ZeRO-3; whole on each where the setup does not shard); under
+    Megatron each GPU holds its tensor x pipeline slice, the optimizer states split over the replicas too with the
+    distributed optimizer. A role the framework offloads keeps only its bf16 weights on the GPUs; an FSDP trainer
+    whose optimizer is offloaded, all but Adam's two moments."""
     model, fw = model_shape(setup.actor), setup.framework
     offloaded = set(fw.offload)
     if fw.train_backend == "megatron":
@@ -90,7 +90,8 @@ def training_bytes(setup: Setup, roles: list[str], gpus: int) -> float:
         moments = ADAM_STATE_BYTES_PER_PARAM if role in fw.optimizer_offload else 0
         return model.params * (TRAINED_BYTES_PER_PARAM - moments)
 
-    return (sum(fsdp_held(r) for r in roles) + setup.reference * model.weight_bytes) / gpus
+    shards = gpus if fw.sharded else 1  # unsharded (no ZeRO-3): each GPU holds the whole of them
+    return (sum(fsdp_held(r) for r in roles) + setup.reference * model.weight_bytes) / shards
 
 
 def activation_bytes(setup: Setup, schedule: ScheduleConfig) -> float:

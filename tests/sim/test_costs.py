@@ -5,6 +5,7 @@ import pytest
 
 from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost
 from oppo.sim.cost.gpu import GPUS, Efficiency, fit_roofline, gpu_efficiencies
+from oppo.sim.cost.stage import StageCost
 from tests import invoke
 
 
@@ -160,8 +161,33 @@ def test_an_offloaded_role_copies_its_parameters_in_and_back_out_around_each_cal
         assert offloaded.reshard_host_s() == pytest.approx(round_trip, rel=1e-9)
         moves = offloaded.step_load("gen").transfer_s - on_gpu.step_load("gen").transfer_s
         assert moves == pytest.approx(round_trip, rel=1e-9)
-    copied = cost(offload=(role,), offload_each_micro_batch=(role,))
-    assert copied.update_host_s() == copied.reshard_host_s() == 0.0
+    if role == "reference":  # FSDP's CPU offload: copied in at each gather, no round trip (Megatron ignores it)
+        assert cost(offload=(role,), offload_each_micro_batch=(role,)).score_s(*work) < offloaded.score_s(*work)
+        megatron = dict(train_backend="megatron", sharded=False, train_tensor_parallel=2)
+        copied = FrameworkCost(base, role, Framework(offload=(role,), offload_each_micro_batch=(role,), **megatron))
+        loaded = FrameworkCost(base, role, Framework(offload=(role,), **megatron))
+        assert (
+            copied.score_s(*work)
+            == loaded.score_s(*work)
+            > FrameworkCost(base, role, Framework(**megatron)).score_s(*work)
+        )
+    else:  # verl wraps its scorers in CPU offload, never its trainers
+        with pytest.raises(ValueError, match="offload_each_micro_batch"):
+            Framework(offload=(role,), offload_each_micro_batch=(role,))
+
+
+def test_an_updates_copies_are_priced_at_the_updates_share_of_the_host_link():
+    """The copies around an update are the update stage's: its ``host_link_frac``, not the scoring pass's."""
+    from oppo.sim.cost.framework import Framework, FrameworkCost
+    from oppo.sim.cost.stage import StageCost
+
+    base = RooflineCost(MODELS["qwen2.5-7b"], GPUS["h100"], 4, ENGINES["vllm"])
+    plain = Framework(sharded=True, offload=("actor",), optimizer_offload=("actor",))
+    shares = dict(update_actor=StageCost(host_link_frac=0.5), old_log_prob=StageCost(host_link_frac=0.25))
+    nominal = FrameworkCost(base, "actor", plain).update_host_s()
+    assert nominal > 0
+    priced = FrameworkCost(base, "actor", dataclasses.replace(plain, **shares)).update_host_s()
+    assert priced == pytest.approx(nominal / 0.5, rel=1e-12)
 
 
 def test_an_update_pays_an_offloaded_trainers_copies_once_a_step_whatever_its_mini_batches():
@@ -186,6 +212,26 @@ def test_an_update_pays_an_offloaded_trainers_copies_once_a_step_whatever_its_mi
     for minibatches in (1, 4):
         added = train[minibatches, True] - train[minibatches, False]
         assert added == pytest.approx(copies, rel=1e-6), minibatches
+
+
+def test_a_log_replay_reads_an_updates_copies_as_its_host_load_once_a_step():
+    """Replayed from a log, an offloaded trainer's update carries its copies as ``host_s`` (what the fit prices at
+    the host link's share), once a step: the nominal round trip of its parameters and optimizer state."""
+    from pathlib import Path
+
+    from oppo.sim.logfit import replay
+    from oppo.sim.runlogs import load_run_log
+    from oppo.sim.setup_toml import load_setup
+
+    setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
+    fw = dataclasses.replace(setup.framework, offload=("actor",), optimizer_offload=("actor",))
+    setup = dataclasses.replace(setup, framework=fw)
+    steps = list(load_run_log(Path(__file__).parent / "data" / "verl_qwen2.5_0.5b_resp512.log.gz").steps)[:3]
+    host = np.broadcast_to(replay(setup, steps).loads["update_actor"].host_s, (3,))
+    nominal = dataclasses.replace(
+        setup.costs("sync")["actor"], framework=dataclasses.replace(fw, update_actor=StageCost())
+    )
+    np.testing.assert_allclose(host, nominal.update_host_s(), rtol=1e-6)
 
 
 def test_the_host_link_is_each_gpus_datasheet_unless_the_setup_names_one():

@@ -150,3 +150,19 @@ def test_schedule_only_plans_write_no_overrides(tmp_path):
     res = invoke.sim("plan", *args, "--fresh-seeds", "0", "--out", tmp_path / "p")
     assert res.returncode == 0, res.stderr
     assert not (tmp_path / "p" / "best" / "verl_overrides.txt").exists()
+
+
+def test_the_memory_screen_keeps_an_offloaded_optimizers_moments_off_the_gpus():
+    """An FSDP trainer whose optimizer is on the host holds 8 bytes a parameter fewer on each GPU (Adam's two fp32
+    moments, sharded over the GPUs); an unsharded setup holds the whole of its states on each GPU."""
+    from oppo.sim.cost.engine import model_shape
+    from oppo.sim.knobs import training_bytes
+
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    params, gpus = model_shape(setup.actor).params, 8
+    held = training_bytes(setup, ["actor", "critic"], gpus)
+    fw = dataclasses.replace(setup.framework, optimizer_offload=("actor", "critic"))
+    lighter = training_bytes(dataclasses.replace(setup, framework=fw), ["actor", "critic"], gpus)
+    assert held - lighter == pytest.approx(2 * 8 * params / gpus, rel=1e-9)
+    whole = dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, sharded=False))
+    assert training_bytes(whole, ["actor", "critic"], gpus) == pytest.approx(gpus * held, rel=1e-9)

@@ -85,6 +85,23 @@ def test_sleep_modes_wake_up_is_timed_in_the_reshard_and_priced_once():
     assert fitted.moves_s(moves) == pytest.approx(4.0 + moves.transfer_s / 2, rel=1e-12)  # + the sleep's half
 
 
+def test_an_offloaded_actors_copies_are_timed_in_the_reshard_at_the_host_link():
+    """verl's sharding manager copies an offloaded actor's float32 shard in before the reshard and back out after,
+    inside its timer: the reshard as timed holds them with sleep mode's wake-up (half its moves), as host-link
+    seconds (``transfer_s``), not at the reshard's gather link; ``gen`` pays them once with sleep's moves."""
+    setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    fw = dataclasses.replace(setup.framework, kv_cache_reset="sleep", offload=("actor", "reference"))
+    offloaded = dataclasses.replace(setup, framework=fw)
+    kept = dataclasses.replace(setup, framework=dataclasses.replace(fw, offload=("reference",)))
+    actor = offloaded.costs("sync")["actor"]
+    n, host = actor.base.n_gpus, actor.base.gpu.host_link_bytes_per_s
+    round_trip = 2 * 4 * actor.base.model.params / n / host
+    sleep = kept.costs("sync")["actor"].step_load("gen").transfer_s
+    assert reshard_load(offloaded).transfer_s == pytest.approx(sleep / 2 + round_trip, rel=1e-12)
+    assert reshard_load(offloaded).reshard_s == reshard_load(kept).reshard_s
+    assert actor.step_load("gen").transfer_s == pytest.approx(sleep + round_trip, rel=1e-12)
+
+
 def test_a_reshard_the_log_times_apart_is_fitted_apart():
     """verl 2025 times the reshard into vLLM (``timing_s/reshard``, inside ``gen``): its bytes at the nominal links,
     the rest its software per layer (100 times the bytes' seconds here), generation's other terms fitted on the

@@ -187,6 +187,8 @@ class Framework:
         unknown = set(self.offload_each_micro_batch) - set(ROLE_STAGES)
         if unknown:
             raise ValueError(f"framework offload_each_micro_batch: unknown role(s) {sorted(unknown)}")
+        if set(self.offload_each_micro_batch) & set(FSDP_TRAINERS):  # verl wraps its scorers so, never its trainers
+            raise ValueError("framework offload_each_micro_batch: FSDP's CPU offload of the reference or reward model")
         if set(self.optimizer_offload) - set(FSDP_TRAINERS) or (
             self.optimizer_offload and self.train_backend != "fsdp"
         ):
@@ -270,8 +272,10 @@ class FrameworkCost:
         """An offloaded role's parameters loaded for one call of its worker and offloaded after it: copied in and
         back out over the host link (verl's ``load_fsdp_model_to_gpu`` / ``offload_fsdp_model_to_cpu`` and
         Megatron's alike, inside the stage's timer). None for a role FSDP's CPU offload copies in at every gather
-        (``offload_each_micro_batch``): its parameters stay on the host."""
-        return 0.0 if self.role in self.framework.offload_each_micro_batch else 2 * self._offload_s()
+        (``offload_each_micro_batch``; Megatron ignores it): its parameters stay on the host."""
+        fw = self.framework
+        copied = fw.train_backend == "fsdp" and self.role in fw.offload_each_micro_batch
+        return 0.0 if copied else 2 * self._offload_s()
 
     def _optimizer_round_trip_s(self) -> float:
         """An FSDP trainer's optimizer state on the host: each GPU's shard of Adam's moments copied in before an
