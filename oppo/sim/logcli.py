@@ -85,7 +85,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
         return
     log = load_run_log(args.log[0])
     chosen, found = run_setup(args.log[0], args.setup[0] if args.setup else None, args)
-    setup = resolve_gpu(chosen, log)
+    setup = resolve_gpu(chosen, log, args.fit_frac)
     run = logged_run(setup, log, args.fit_frac)  # the whole log replayed once: fitted on its first steps, then checked
     fitted = calibrated(run)
     fidelity = _log_fidelity(fitted, log, run.n_fit, Path(args.out), run.replayed)
@@ -115,7 +115,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     logs = [load_run_log(log) for log in args.log]
     setups = args.setup or [None] * len(args.log)
     runs = [
-        logged_run(resolve_gpu(run_setup(path, s, args)[0], log), log, args.fit_frac)
+        logged_run(resolve_gpu(run_setup(path, s, args)[0], log, args.fit_frac), log, args.fit_frac)
         for path, log, s in zip(args.log, logs, setups, strict=True)
     ]
     layer, report, errors, basis = shared_fidelity(runs)

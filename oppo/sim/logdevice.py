@@ -38,8 +38,9 @@ import numpy as np
 from oppo.catalog.gpus import GPU, GPUS
 from oppo.records.metrics import device_count
 from oppo.sim.cost.engine import ModelShape, model_shape
+from oppo.sim.cost.framework import micro_batches
 from oppo.sim.cost.gpu import gpu_efficiencies
-from oppo.sim.logfit import step_lengths
+from oppo.sim.logfit import fitted_count, step_lengths
 from oppo.sim.runlogs import LoggedStep, TrainingLog
 from oppo.sim.setups import UNKNOWN_GPU, GpuSpec, Setup
 
@@ -125,11 +126,12 @@ def prior_gpu(peak_flops: float, memory_bytes: float) -> GPU:
     return min(gpus, key=key)
 
 
-def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:
+def resolve_gpu(setup: Setup, log: TrainingLog, fit_frac: float = 1.0) -> Setup:
     """``setup`` with its device read back from ``log`` where it has ``gpu = "unknown"`` and no ``[gpu_spec]``
     (else as it is): the peak verl assumed (:func:`read_back_peak`), the memory of the prior GPU or the most the log
-    reserved, whichever is more, the prior's bandwidth and links (:func:`prior_gpu`), and the prior's fitted
-    efficiencies where its peak is the one read back (else ``cost = "analytic"``)."""
+    reserved, whichever is more, the prior's bandwidth and links (:func:`prior_gpu`) but a link far slower that the
+    log's first ``fit_frac`` of steps show (:func:`read_back_link`), and the prior's fitted efficiencies where its
+    peak is the one read back (else ``cost = "analytic"``)."""
     if setup.gpu != UNKNOWN_GPU or setup.gpu_spec is not None:
         return setup
     peak, n_steps = read_back_peak(setup, log)
@@ -147,6 +149,14 @@ def resolve_gpu(setup: Setup, log: TrainingLog) -> Setup:
     figures = {f.name: getattr(prior, f.name) for f in dataclasses.fields(GPU)}
     name = f"{UNKNOWN_GPU}-{peak / 1e12:.0f}tflops"
     figures |= {"name": name, "peak_flops": peak, "memory_bytes": max(prior.memory_bytes, reserved)}
+    fitted_steps = list(log.steps[: fitted_count(len(log.steps), fit_frac)])
+    link = read_back_link(setup, fitted_steps, prior.link_bytes_per_s)
+    if link is not None:
+        figures["link_bytes_per_s"] = link
+        source += (
+            f"; link_bytes_per_s read back from its old_log_prob seconds a step whatever their tokens, as the "
+            f"parameters' gathers: {link / 1e9:.0f} GB/s, under 1/{SLOW_LINK} of the {prior.name}'s"
+        )
     spec = GpuSpec(**figures, source=source, efficiency_of=prior.name if fitted else "")
     return dataclasses.replace(setup, gpu=spec.name, gpu_spec=spec, cost=cost)
 
@@ -160,3 +170,35 @@ def verl_family(peak_flops: float, memory_bytes: float = 0.0) -> tuple[str, ...]
     if len(entries) > 1:
         entries = [gpus for gpus in entries if not gpus or any(GPUS[g].memory_bytes >= memory_bytes for g in gpus)]
     return entries[0] if len(entries) == 1 else ()
+
+
+# A link the constant seconds of a run's passes put this many times under the prior's is read from them: the host's
+# time per micro-batch (tens of ms) cannot make up such a gap; within it the prior stands. The fitted gather share
+# scales the link either way.
+SLOW_LINK = 4
+
+
+def read_back_link(setup: Setup, steps: list[LoggedStep], prior_link: float) -> float | None:
+    """The intra-node link (bytes/s per GPU per direction) of a run on one node whose FSDP actor shards its
+    parameters, where its forward passes (``old_log_prob``: one all-gather of the bf16 parameters per micro-batch)
+    take far longer a step than the prior's link would gather them in: the stage's seconds a step whatever its tokens
+    (the intercept of a least-squares line of its seconds on the step's tokens) read as those gathers, a GPU
+    receiving (n - 1) / n of the weights per micro-batch. None where fewer than 5 steps time the pass, their tokens
+    vary by under 10% (no intercept to read), the line does not rise with the tokens, or the link it reads is within
+    :data:`SLOW_LINK` of the prior's."""
+    fw, n_gpus = setup.framework, device_count(setup.devices["actor"])
+    timed = [s for s in steps if s.stages.get("old_log_prob") and s.total_tokens]
+    one_node = n_gpus <= setup.cluster.gpus_per_node
+    if not (fw.sharded and fw.train_backend == "fsdp" and 1 < n_gpus and one_node and len(timed) >= 5):
+        return None
+    tokens = np.array([s.total_tokens / s.trainer_steps for s in timed])
+    if tokens.max() < 1.1 * tokens.min():
+        return None
+    seconds = np.array([s.stages["old_log_prob"] / s.trainer_steps for s in timed])
+    intercept, slope = np.linalg.lstsq(np.stack([np.ones_like(tokens), tokens], axis=1), seconds, rcond=None)[0]
+    if intercept <= 0 or slope <= 0:
+        return None
+    units = micro_batches(setup.batch * setup.group_size, fw.forward_micro_batch_of("actor"), n_gpus)
+    received = model_shape(setup.actor).weight_bytes * (n_gpus - 1) / n_gpus * units  # bytes a GPU gathers a step
+    link = float(received / intercept)
+    return link if link * SLOW_LINK < prior_link else None

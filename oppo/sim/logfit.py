@@ -359,10 +359,15 @@ class LoggedRun:
     n_fit: int
 
 
+def fitted_count(n_steps: int, fit_frac: float) -> int:
+    """How many of a log's first steps a calibration on ``fit_frac`` of them fits."""
+    return max(1, int(n_steps * fit_frac))
+
+
 def logged_run(setup: Setup, log: TrainingLog, fit_frac: float) -> LoggedRun:
     if not 0 < fit_frac < 1:
         raise ValueError(f"fit_frac must be in (0, 1), got {fit_frac}")
-    n_fit = max(1, int(len(log.steps) * fit_frac))
+    n_fit = fitted_count(len(log.steps), fit_frac)
     if n_fit >= len(log.steps):
         raise ValueError(f"{log.source}: {len(log.steps)} steps leave none to validate with fit_frac {fit_frac}")
     check_placement(setup, log)

@@ -214,3 +214,50 @@ def test_a_spec_table_names_any_gpu_and_checks_its_keys(tmp_path, table, message
     (tmp_path / "bad.toml").write_text(f'base = "{GPG}"\ngpu = "my-gpu"\n[gpu_spec]\nname = "my-gpu"\n{table}\n')
     with pytest.raises(ValueError, match=message):
         load_setup(str(tmp_path / "bad.toml"))
+
+
+def test_a_pcie_class_box_has_its_link_read_back_from_the_constant_of_its_forward_passes():
+    """The GPG run's ``old_log_prob`` takes ~20 s a step whatever its tokens: 40 micro-batches a GPU, each
+    gathering 7/8 of the bf16 weights, at ~27 GB/s (its fitted 60% of steps; 35 GB/s from all of them), under a
+    quarter of the A100 prior's NVLink: the device's link is read back from the log, and its source says so."""
+    log = load_run_log(GPG_LOG)
+    fitted = resolve_gpu(load_setup(GPG), log, 0.6).gpu_spec
+    assert 20e9 < fitted.link_bytes_per_s < 30e9 and "link_bytes_per_s read back" in fitted.source
+    assert 30e9 < resolve_gpu(load_setup(GPG), log).gpu_spec.link_bytes_per_s < 40e9  # from every step
+
+
+@pytest.mark.parametrize("link, read", [(50e9, True), (100e9, False)])
+def test_a_link_is_read_back_only_where_the_constant_is_far_beyond_the_priors_gathers(link, read):
+    """Steps whose ``old_log_prob`` is exactly a constant (the gathers at ``link``) plus a time per token: a link
+    under a quarter of the prior's (the A100's 300 GB/s) is read back to 1e-6; within it the prior stands."""
+    from oppo.sim.cost.engine import model_shape
+    from oppo.sim.cost.framework import micro_batches
+    from oppo.sim.logdevice import read_back_link
+
+    setup = load_setup(GPG)
+    fw, n = setup.framework, 8
+    units = micro_batches(setup.batch * setup.group_size, fw.forward_micro_batch, n)
+    constant = model_shape(setup.actor).weight_bytes * (n - 1) / n * units / link
+    steps = [
+        dataclasses.replace(s, stages=s.stages | {"old_log_prob": constant + 1e-5 * s.total_tokens})
+        for s in load_run_log(GPG_LOG).steps
+    ]
+    found = read_back_link(setup, steps, 300e9)
+    assert (found == pytest.approx(link, rel=1e-6)) if read else found is None
+
+
+def test_runs_whose_forward_passes_show_no_slow_link_keep_the_prior():
+    """The MI300X run's ``old_log_prob`` line has no positive constant, the Gemma run times no ``old_log_prob``
+    and the Qwen run's actor has one GPU (no gathers): none reads a link back, nor do steps whose tokens barely vary
+    (no constant to read)."""
+    from oppo.sim.logdevice import read_back_link
+
+    runs = {
+        "verl-deepseek-llm-7b-ppo-8xmi300x": MI300X_CSV,
+        "verl-gemma-2-2b-gsm8k": DATA / "verl_gemma_2_2b.log.gz",
+        "verl-qwen2.5-0.5b-gsm8k": DATA / "verl_qwen2.5_0.5b_resp512.log.gz",
+    }
+    for name, path in runs.items():
+        assert read_back_link(load_setup(name), list(load_run_log(path).steps), 1e15) is None, name
+    steady = [dataclasses.replace(s, total_tokens=2e6) for s in load_run_log(GPG_LOG).steps]
+    assert read_back_link(load_setup(GPG), steady, 1e15) is None

@@ -121,7 +121,7 @@ def test_the_bundled_shared_layer_is_what_the_five_shared_logs_fit():
     """``oppo/data/framework/verl-shared.toml`` is the fit its header's command makes (to 1e-6 relative: the same
     computation, written with repr floats)."""
     logs = [(load_run_log(DATA / log), setup) for log, setup in SHARED_RUNS]
-    runs = [logged_run(resolve_gpu(load_setup(setup), log), log, 0.6) for log, setup in logs]
+    runs = [logged_run(resolve_gpu(load_setup(setup), log, 0.6), log, 0.6) for log, setup in logs]  # as the command
     fitted = fit_layer(runs)
     assert set(fitted) == set(shared_layer())
     for stage, cost in shared_layer().items():

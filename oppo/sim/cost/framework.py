@@ -130,6 +130,9 @@ class Framework:
     # without remove-padding, rows padded to this many tokens at least (0: to the longest row): verl before
     # use_remove_padding (2024) padded every prompt to max_prompt_length and every response to max_response_length
     pad_to_tokens: int = 0
+    # bytes of a gradient in FSDP's reduce-scatter (its mixed precision reduce_dtype): verl's default is fp32, 4;
+    # DeepSpeed ZeRO-3 reduces in the model's dtype, bf16, 2 (verl/workers/fsdp_workers.py: reduce_dtype "fp32")
+    reduce_bytes_per_param: int = 2
     offload: tuple[str, ...] = ()  # roles whose parameters live on the host: copied in before each pass and back after
     # ... of which FSDP copies the shard in before each gather (its CPUOffload: verl's reference and reward model from
     # PR #121, 2025-01-24), prefetched with the gathers at the host link's share (StageLoad.host_copy_s), not loaded
@@ -169,8 +172,10 @@ class Framework:
             self.forward_micro_batch,
             self.critic_forward_micro_batch,
         )
-        if min(*micro, self.pad_to_tokens, self.host_bytes_per_s) < 0:
-            raise ValueError("framework needs micro-batch sizes >= 0 and host_bytes_per_s >= 0")
+        if min(*micro, self.pad_to_tokens, self.host_bytes_per_s) < 0 or self.reduce_bytes_per_param < 1:
+            raise ValueError(
+                "framework needs micro-batch sizes >= 0, host_bytes_per_s >= 0, reduce_bytes_per_param >= 1"
+            )
         if self.rollout_tensor_parallel < 1 or not 0 <= self.rollout_memory_fraction <= 1:
             raise ValueError("framework needs rollout_tensor_parallel >= 1 and 0 <= rollout_memory_fraction <= 1")
         if self.train_backend not in TRAIN_BACKENDS:
@@ -240,10 +245,9 @@ class FrameworkCost:
     tensor_bytes_per_s: float = 0.0  # the link of Megatron's tensor-parallel groups (0: none)
 
     def _gather_s(self) -> float:
-        """One all-gather of the sharded parameters (or reduce-scatter of the gradients, priced at the same bytes: in
-        fp32, as verl's default ``reduce_dtype``, it moves twice them; the fitted ``gather_bandwidth_frac`` takes
-        that in): each GPU
-        receives the (n - 1) / n of the weights it does not hold over the collective's link (ring), in seconds."""
+        """One all-gather of the sharded parameters (a reduce-scatter of the gradients moves the same times
+        ``reduce_bytes_per_param`` over the parameters' bytes): each GPU receives the (n - 1) / n of the weights it
+        does not hold over the collective's link (ring), in seconds."""
         return self._gather_bytes_s(self.base.model.weight_bytes) if self.framework.sharded else 0.0
 
     def _offload_s(self) -> float:
@@ -332,8 +336,10 @@ class FrameworkCost:
             allreduces = 4 + 2 * self.framework.gradient_checkpointing
             return stage.seconds(self._megatron_load(roofline, tokens, rows, micro_batch, allreduces, gradients=True))
         # sharded: a gather for the forward, one for the backward (the recompute of checkpointing runs inside the
-        # backward on the gathered layer), a reduce-scatter of the gradients
-        return stage.seconds(self._pass_load(roofline, tokens, rows, micro_batch, gathers=3))
+        # backward on the gathered layer), a reduce-scatter of the gradients (in reduce_dtype: fp32 moves twice the
+        # bf16 parameters' bytes)
+        reduce = self.framework.reduce_bytes_per_param / self.base.model.bytes_per_param
+        return stage.seconds(self._pass_load(roofline, tokens, rows, micro_batch, gathers=2 + reduce))
 
     def update_host_s(self) -> float:
         """Seconds a trainer's update pays once a step besides its passes: an offloaded trainer's parameters, and
@@ -347,7 +353,7 @@ class FrameworkCost:
             StageLoad(host_s=self._round_trip_s() + self._optimizer_round_trip_s())
         )
 
-    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: int) -> StageLoad:
+    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: float) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
         ``gathers`` times the sharded parameters over the interconnect (seconds at the nominal link); a role whose
         parameters FSDP offloads to the host copies its shard in over the host link before each gather."""
