@@ -42,7 +42,7 @@ from oppo.sim.cost.framework import micro_batches
 from oppo.sim.cost.gpu import gpu_efficiencies
 from oppo.sim.logfit import fitted_count, step_lengths
 from oppo.sim.runlogs import LoggedStep, TrainingLog
-from oppo.sim.setups import UNKNOWN_GPU, GpuSpec, Setup
+from oppo.sim.setups import UNKNOWN_GPU, GpuSpec, Setup, first_gpu
 
 # The peaks verl's flops counter promises by device name (verl/utils/flops_counter.py: get_device_flops in mid-2025,
 # _DEVICE_FLOPS in 2026) -> the catalog GPUs of those names (none: a device the catalog does not have). A peak read
@@ -176,6 +176,7 @@ def verl_family(peak_flops: float, memory_bytes: float = 0.0) -> tuple[str, ...]
 # time per micro-batch (tens of ms) cannot make up such a gap; within it the prior stands. The fitted gather share
 # scales the link either way.
 SLOW_LINK = 4
+AGREE = 2  # the updates' constant over the forward passes', against their gathers' bytes: within this factor
 
 
 def read_back_link(setup: Setup, steps: list[LoggedStep], prior_link: float) -> float | None:
@@ -183,22 +184,43 @@ def read_back_link(setup: Setup, steps: list[LoggedStep], prior_link: float) -> 
     parameters, where its forward passes (``old_log_prob``: one all-gather of the bf16 parameters per micro-batch)
     take far longer a step than the prior's link would gather them in: the stage's seconds a step whatever its tokens
     (the intercept of a least-squares line of its seconds on the step's tokens) read as those gathers, a GPU
-    receiving (n - 1) / n of the weights per micro-batch. None where fewer than 5 steps time the pass, their tokens
-    vary by under 10% (no intercept to read), the line does not rise with the tokens, or the link it reads is within
-    :data:`SLOW_LINK` of the prior's."""
-    fw, n_gpus = setup.framework, device_count(setup.devices["actor"])
-    timed = [s for s in steps if s.stages.get("old_log_prob") and s.total_tokens]
-    one_node = n_gpus <= setup.cluster.gpus_per_node
-    if not (fw.sharded and fw.train_backend == "fsdp" and 1 < n_gpus and one_node and len(timed) >= 5):
+    receiving (n - 1) / n of the weights per micro-batch. An additive reading of passes the simulator prices as the
+    larger of compute and gathers: the intercept moves with the steps' span. The updates' constant must agree
+    within a factor of 2 (:data:`AGREE`): their gathers and reduce-scatters over their micro-batches; a constant a
+    step that is no gathers' (the host's, Ray's dispatch) shows alike in both. None where fewer than 5 steps time
+    the passes, their tokens vary by under 10% (no intercept to read), a line does not rise with the tokens, the two
+    disagree, or the link it reads is within :data:`SLOW_LINK` of the prior's. (With dynamic batch sizes the
+    micro-batches, and so the gathers, grow with the tokens: the reading errs towards the prior.)"""
+    fw, device = setup.framework, setup.devices["actor"]
+    n_gpus, first, node = device_count(device), first_gpu(device), setup.cluster.gpus_per_node
+    one_node = first // node == (first + n_gpus - 1) // node
+    if not (fw.sharded and fw.train_backend == "fsdp" and 1 < n_gpus and one_node):
         return None
-    tokens = np.array([s.total_tokens / s.trainer_steps for s in timed])
-    if tokens.max() < 1.1 * tokens.min():
+    forward, update = (_intercept(steps, stage) for stage in ("old_log_prob", "update_actor"))
+    if forward is None or update is None:
         return None
-    seconds = np.array([s.stages["old_log_prob"] / s.trainer_steps for s in timed])
-    intercept, slope = np.linalg.lstsq(np.stack([np.ones_like(tokens), tokens], axis=1), seconds, rcond=None)[0]
-    if intercept <= 0 or slope <= 0:
+    rows = setup.batch * setup.group_size
+    units = micro_batches(rows, fw.forward_micro_batch_of("actor"), n_gpus)
+    trained = (
+        setup.ppo_epochs * setup.minibatches * micro_batches(rows / setup.minibatches, fw.train_micro_batch, n_gpus)
+    )
+    model = model_shape(setup.actor)
+    expected = (2 + fw.reduce_bytes_per_param / model.bytes_per_param) * trained / units  # update / forward gathers
+    if not 1 / AGREE < update / forward / expected < AGREE:
         return None
-    units = micro_batches(setup.batch * setup.group_size, fw.forward_micro_batch_of("actor"), n_gpus)
-    received = model_shape(setup.actor).weight_bytes * (n_gpus - 1) / n_gpus * units  # bytes a GPU gathers a step
-    link = float(received / intercept)
+    received = model.weight_bytes * (n_gpus - 1) / n_gpus * units  # bytes a GPU gathers a step
+    link = float(received / forward)
     return link if link * SLOW_LINK < prior_link else None
+
+
+def _intercept(steps: list[LoggedStep], stage: str) -> float | None:
+    """The seconds a trainer step of ``stage`` takes whatever its tokens: the intercept of a least-squares line of
+    its seconds on the step's tokens (None: fewer than 5 steps time it, their tokens vary by under 10%, or the line
+    does not rise with them or starts at or below 0)."""
+    timed = [s for s in steps if s.stages.get(stage) and s.total_tokens]
+    tokens = np.array([s.total_tokens / s.trainer_steps for s in timed])
+    if len(timed) < 5 or tokens.max() < 1.1 * tokens.min():
+        return None
+    seconds = np.array([s.stages[stage] / s.trainer_steps for s in timed])
+    intercept, slope = np.linalg.lstsq(np.stack([np.ones_like(tokens), tokens], axis=1), seconds, rcond=None)[0]
+    return float(intercept) if intercept > 0 and slope > 0 else None

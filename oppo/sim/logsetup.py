@@ -44,7 +44,7 @@ MEGATRON_TP1_FROM = "2025-04-13"  # ppo_megatron_trainer.yaml's tensor_model_par
 # verl PR #121: the reference's FSDP module always takes CPUOffload(offload_params=True) (before: param_offload
 # loaded it once a pass); every unshard, at every forward micro-batch, copies its shard from the host
 REFERENCE_CPU_OFFLOAD_FROM = "2025-01-24"
-FP32_NAMES = ("fp32", "float32", "torch.float32")  # a mixed precision dtype of 4 bytes (the others: bf16, fp16)
+FP32_NAMES = ("fp32", "float32", "torch.float32", "32")  # a mixed precision dtype of 4 bytes (the others: bf16, fp16)
 LENGTH_SIGMA = 0.6  # [assumed] lognormal spread of the responses; the log gives only each step's mean, min and max
 # configuration keys that could cost time and have no counterpart in the model, and why (a key ending with the
 # pattern, where its value is not the harmless one)
@@ -414,7 +414,9 @@ def _fsdp(r: _Reader, origin: str) -> None:
         r.out.set("framework.pad_to_tokens", pad, "data.max_prompt_length + data.max_response_length", prompt_origin)
     r.out.set("framework.sharded", True, f"{ARA}.actor.strategy", origin)
     reduce = f"{ARA}.actor.fsdp_config.mixed_precision.reduce_dtype"
-    r.take("framework.reduce_bytes_per_param", reduce, "fp32", lambda dtype: 4 if str(dtype) in FP32_NAMES else 2)
+    r.take(
+        "framework.reduce_bytes_per_param", reduce, "fp32", lambda dtype: 4 if str(dtype).lower() in FP32_NAMES else 2
+    )
     offload = {
         "actor": (f"{ARA}.actor.fsdp_config.param_offload",),
         "reference": (f"{ARA}.ref.fsdp_config.param_offload",),

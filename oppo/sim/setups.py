@@ -277,7 +277,7 @@ class Setup:
         out = {}
         for role, device in devices.items():
             model = dataclasses.replace(model_shape(self.shape(role)), score_head=role in SCORE_HEAD_ROLES)
-            first, n = _first_gpu(device), device_count(device)
+            first, n = first_gpu(device), device_count(device)
             engine_terms = self._rollout_engine(model, gpu, first, n) if role == generating else {}
             roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)
             links = {"collective_bytes_per_s": self.cluster.link_bytes_per_s(gpu, first, n)}
@@ -311,7 +311,7 @@ def _gpu_range(first: int, end: int) -> str:
     return f"gpu{first}" if end - first == 1 else f"gpu{first}-{end - 1}"
 
 
-def _first_gpu(device: str) -> int:
+def first_gpu(device: str) -> int:
     """The first GPU of a device name of :func:`_gpu_range` ("gpu3-4" -> 3)."""
     return int(device[3:].split("-")[0])
 

@@ -320,15 +320,19 @@ def test_a_sharded_pass_moves_the_parameters_over_the_interconnect_per_micro_bat
     assert one_gpu._gather_s() == 0.0  # nothing to gather from
 
 
-def test_across_nodes_each_gpu_gathers_over_its_own_network_card():
-    """Without [cluster] inter_node_bytes_per_s, a collective across nodes runs at the GPU's reference system's card
-    per GPU (DGX H100: 400 Gb/s NDR, 50 GB/s; DGX A100: 200 Gb/s HDR, 25 GB/s); the setup's figure overrides it; a
-    GPU that names no card asks for the setup's."""
+def test_across_nodes_a_collective_runs_a_ring_channel_over_each_card():
+    """Without [cluster] inter_node_bytes_per_s, a collective across nodes runs at the GPU's reference system's
+    cards (DGX H100: 400 Gb/s NDR, 50 GB/s a GPU; DGX A100: 200 Gb/s HDR, 25 GB/s), one NCCL ring channel over each:
+    8 GPUs a node carry it at 8 cards' bandwidth, up to the intra-node link (H100: 400 GB/s under NVLink's 450;
+    A100: 200 under 300); 4 a node at 4 cards'; the setup's figure overrides the card's; a GPU that names no card
+    asks for the setup's."""
     from oppo.sim.setups import Cluster
 
-    assert Cluster().link_bytes_per_s(GPUS["h100"], first=0, n_gpus=16) == 50e9
-    assert Cluster().link_bytes_per_s(GPUS["a100"], first=0, n_gpus=16) == 25e9
-    assert Cluster(inter_node_bytes_per_s=100e9).link_bytes_per_s(GPUS["h100"], first=0, n_gpus=16) == 100e9
+    assert Cluster().link_bytes_per_s(GPUS["h100"], first=0, n_gpus=16) == 8 * 50e9
+    assert Cluster().link_bytes_per_s(GPUS["a100"], first=0, n_gpus=16) == 8 * 25e9
+    assert Cluster(gpus_per_node=4).link_bytes_per_s(GPUS["a100"], first=0, n_gpus=8) == 4 * 25e9
+    fast = Cluster(inter_node_bytes_per_s=100e9)
+    assert fast.link_bytes_per_s(GPUS["h100"], first=0, n_gpus=16) == GPUS["h100"].link_bytes_per_s  # NVLink-bound
     with pytest.raises(ValueError, match="inter_node_bytes_per_s"):
         Cluster().link_bytes_per_s(GPUS["cpu-core"], first=0, n_gpus=16)
 
@@ -337,18 +341,18 @@ def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
     from oppo.sim.setup_toml import load_setup
     from oppo.sim.setups import Cluster
 
-    cluster, gpu = Cluster(gpus_per_node=8, inter_node_bytes_per_s=50e9), GPUS["h100"]
+    cluster, gpu = Cluster(gpus_per_node=8, inter_node_bytes_per_s=25e9), GPUS["h100"]
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8) == gpu.link_bytes_per_s  # one node: NVLink
-    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16) == 50e9  # two nodes: the network
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16) == 8 * 25e9  # two nodes: 8 cards a node
     # a rollout engine of tensor parallel 16 over two nodes pays its all-reduces over the slower link
     path = tmp_path / "two-nodes.toml"
     path.write_text(
         'base = "verl-deepseek-llm-7b-ppo-8xmi300x"\n[placement]\nactor_gpus = 16\n'
-        "[cluster]\ngpus_per_node = 8\ninter_node_bytes_per_s = 50e9\n[framework]\nrollout_tensor_parallel = 16\n"
+        "[cluster]\ngpus_per_node = 8\ninter_node_bytes_per_s = 25e9\n[framework]\nrollout_tensor_parallel = 16\n"
     )
     setup = load_setup(str(path))
-    assert setup.costs()["actor"].base.allreduce_bytes_per_s == 50e9
-    assert setup.costs()["critic"].collective_bytes_per_s == 50e9
+    assert setup.costs()["actor"].base.allreduce_bytes_per_s == 8 * 25e9
+    assert setup.costs()["critic"].collective_bytes_per_s == 8 * 25e9
     path.write_text('base = "paper-7b-h200"\n[cluster]\ngpus_per_node = 0\n')
     with pytest.raises(ValueError, match="gpus_per_node >= 1"):
         load_setup(str(path))
@@ -362,9 +366,10 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
 
     cluster, gpu = Cluster(gpus_per_node=4, inter_node_bytes_per_s=25e9), GPUS["h200"]
     assert cluster.link_bytes_per_s(gpu, first=4, n_gpus=4) == gpu.link_bytes_per_s  # GPUs 4-7: node 1 alone
-    assert cluster.link_bytes_per_s(gpu, first=3, n_gpus=2) == 25e9  # GPUs 3-4: nodes 0 and 1
+    assert cluster.link_bytes_per_s(gpu, first=3, n_gpus=2) == 25e9  # GPUs 3-4: one a node, one card each
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8, group=4) == gpu.link_bytes_per_s  # 0-3, 4-7
-    assert cluster.link_bytes_per_s(gpu, first=2, n_gpus=8, group=4) == 25e9  # 2-5 spans, so the step waits on it
+    assert cluster.link_bytes_per_s(gpu, first=2, n_gpus=8, group=4) == 2 * 25e9  # 2-5 spans: 2 cards a node
+    assert cluster.link_bytes_per_s(gpu, first=1, n_gpus=4) == 25e9  # 1-4: 3 GPUs in node 0, 1 in node 1
     path = tmp_path / "straddle.toml"
     path.write_text(
         'base = "paper-7b-h200"\n[placement]\nactor_gpus = 3\nreward_gpus = 2\n'
@@ -378,8 +383,8 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
         "rollout_tensor_parallel = 4\n"
     )
     setup = load_setup(str(path))
-    # the engine on GPUs 4-7 spans nodes: each GPU's own network card (the MI300X platform's 400 Gb/s)
-    assert setup.costs()["actor"].base.allreduce_bytes_per_s == GPUS["mi300x"].nic_bytes_per_s == 50e9
+    # the engine on GPUs 4-7 spans nodes, 2 GPUs in each: 2 network cards (the MI300X platform's 400 Gb/s each)
+    assert setup.costs()["actor"].base.allreduce_bytes_per_s == 2 * GPUS["mi300x"].nic_bytes_per_s == 100e9
 
 
 def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):

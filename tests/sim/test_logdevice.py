@@ -226,24 +226,50 @@ def test_a_pcie_class_box_has_its_link_read_back_from_the_constant_of_its_forwar
     assert 30e9 < resolve_gpu(load_setup(GPG), log).gpu_spec.link_bytes_per_s < 40e9  # from every step
 
 
+def gpg_steps_with_constants(forward_s: float, update_s: float) -> list:
+    """The GPG run's steps with ``old_log_prob`` and ``update_actor`` exactly a constant plus a time per token."""
+    return [
+        dataclasses.replace(
+            s,
+            stages=s.stages
+            | {"old_log_prob": forward_s + 1e-5 * s.total_tokens, "update_actor": update_s + 4e-5 * s.total_tokens},
+        )
+        for s in load_run_log(GPG_LOG).steps
+    ]
+
+
+def gathers_s(link: float) -> float:
+    """The seconds a step of the GPG setup's forward passes gathers its parameters at ``link``: 40 micro-batches a
+    GPU, each receiving 7/8 of the bf16 weights."""
+    from oppo.sim.cost.engine import model_shape
+
+    return model_shape(load_setup(GPG).actor).weight_bytes * 7 / 8 * 40 / link
+
+
 @pytest.mark.parametrize("link, read", [(50e9, True), (100e9, False)])
 def test_a_link_is_read_back_only_where_the_constant_is_far_beyond_the_priors_gathers(link, read):
-    """Steps whose ``old_log_prob`` is exactly a constant (the gathers at ``link``) plus a time per token: a link
+    """Steps whose passes are exactly a constant (the gathers at ``link``: the updates gather twice and
+    reduce-scatter in fp32, four times the forward's bytes over as many micro-batches) plus a time per token: a link
     under a quarter of the prior's (the A100's 300 GB/s) is read back to 1e-6; within it the prior stands."""
-    from oppo.sim.cost.engine import model_shape
-    from oppo.sim.cost.framework import micro_batches
+    from oppo.sim.logdevice import read_back_link
+
+    forward = gathers_s(link)
+    found = read_back_link(load_setup(GPG), gpg_steps_with_constants(forward, 4 * forward), 300e9)
+    assert (found == pytest.approx(link, rel=1e-6)) if read else found is None
+
+
+def test_a_constant_a_step_that_is_no_gathers_is_not_read_as_a_link():
+    """A constant a step alike in the forward passes and the updates (the host's or the dispatch's, not gathers,
+    which the updates move four times) is no link, however large; a run on two nodes (the network's figure, not the
+    link's) reads none either."""
     from oppo.sim.logdevice import read_back_link
 
     setup = load_setup(GPG)
-    fw, n = setup.framework, 8
-    units = micro_batches(setup.batch * setup.group_size, fw.forward_micro_batch, n)
-    constant = model_shape(setup.actor).weight_bytes * (n - 1) / n * units / link
-    steps = [
-        dataclasses.replace(s, stages=s.stages | {"old_log_prob": constant + 1e-5 * s.total_tokens})
-        for s in load_run_log(GPG_LOG).steps
-    ]
-    found = read_back_link(setup, steps, 300e9)
-    assert (found == pytest.approx(link, rel=1e-6)) if read else found is None
+    assert read_back_link(setup, gpg_steps_with_constants(20.0, 20.0), 300e9) is None
+    steps = gpg_steps_with_constants(gathers_s(30e9), 4 * gathers_s(30e9))
+    assert read_back_link(setup, steps, 300e9) == pytest.approx(30e9, rel=1e-6)
+    across = dataclasses.replace(setup, cluster=dataclasses.replace(setup.cluster, gpus_per_node=4))
+    assert read_back_link(across, steps, 300e9) is None
 
 
 def test_runs_whose_forward_passes_show_no_slow_link_keep_the_prior():

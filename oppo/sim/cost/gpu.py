@@ -35,10 +35,13 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class Cluster:
-    """How the GPUs are wired beyond one node. A collective over more than ``gpus_per_node`` GPUs (a sharded pass's
-    gathers, a rollout engine's tensor-parallel all-reduce) runs at the slower inter-node link, per GPU per
-    direction: each GPU of a node has a network card of its own, so a ring across nodes moves each GPU's share over
-    its own card. ``inter_node_bytes_per_s`` (setup field) sets it; 0 takes the GPU's reference system
+    """How the GPUs are wired beyond one node. A collective whose GPUs sit on several nodes (a sharded pass's
+    gathers, a rollout engine's tensor-parallel all-reduce) runs NCCL's rings, one channel per network card: each
+    channel's ring crosses each node boundary once, over a card of its own, while the rest of its hops stay on the
+    intra-node link. So the k GPUs a collective has in a node, a card each, carry it at k cards' bandwidth per GPU,
+    up to the intra-node link (2 nodes of 8 H100: 8 x 50 = 400 GB/s, under NVLink's 450; 2 nodes of 4 A100: 4 x 25 =
+    100 GB/s), the node where it has fewest GPUs setting the pace. The card's figure is per GPU per direction:
+    ``inter_node_bytes_per_s`` (setup field); 0 takes the GPU's reference system
     (:attr:`oppo.catalog.gpus.GPU.nic_bytes_per_s`, e.g. 50 GB/s, one 400 Gb/s NDR card per H100 of a DGX H100).
     Within a node, the GPU's own link. GPUs are numbered from the first node's first GPU and nodes split them at
     multiples of ``gpus_per_node``: GPUs 3 and 4 at 4 per node sit on two nodes. The fit scales whichever link a
@@ -61,12 +64,18 @@ class Cluster:
     def link_bytes_per_s(self, gpu: GPU, first: int, n_gpus: int, group: int = 0) -> float:
         """Per-GPU bandwidth of the collectives over GPUs ``first`` .. ``first + n_gpus - 1``, ``group`` GPUs each
         (0: one collective over all of them; a rollout engine's tensor-parallel groups: its degree): the intra-node
-        link where every group sits in one node, else the slower inter-node one (the others wait for it)."""
+        link where every group sits in one node; a group across nodes at its fewest GPUs in one node times a card
+        each, up to the intra-node link (the class's rings), the slowest group setting the pace (the others wait)."""
         group = group or n_gpus
         node = self.gpus_per_node
-        if all(start // node == (start + group - 1) // node for start in range(first, first + n_gpus, group)):
+        cards = [  # per group across nodes: its fewest GPUs in one of them
+            min(min(start + group, (k + 1) * node) - max(start, k * node) for k in nodes)
+            for start in range(first, first + n_gpus, group)
+            if len(nodes := range(start // node, (start + group - 1) // node + 1)) > 1
+        ]
+        if not cards:
             return gpu.link_bytes_per_s
-        return min(gpu.link_bytes_per_s, self.nic_bytes_per_s(gpu))
+        return min(gpu.link_bytes_per_s, min(cards) * self.nic_bytes_per_s(gpu))
 
 
 def lookup(table: dict, name: str, what: str):
