@@ -12,8 +12,8 @@ Between nodes each GPU has a network card of its own in the vendors' reference s
 per direction): DGX H100 / H200 / GH200 NVL and DGX B200 one ConnectX-7 400 Gb/s NDR per GPU (50 GB/s); DGX A100 one
 ConnectX-6 200 Gb/s HDR per GPU (25 GB/s); MI300X platforms (AMD Instinct MI300X platform guide) one 400 Gb/s NIC per
 GPU (50 GB/s); PCIe servers with A40 / L40S commonly one 200 Gb/s NIC per two GPUs (12.5 GB/s per GPU). A node's
-bandwidth is eight of them. A setup's ``[cluster] inter_node_bytes_per_s`` overrides it
-(:class:`oppo.sim.cost.gpu.Cluster`).
+bandwidth is eight of them, and a collective's k GPUs in a node use k of them (NCCL's rings, one channel a card).
+A setup's ``[cluster] inter_node_bytes_per_s`` overrides it (:class:`oppo.sim.cost.gpu.Cluster`).
 
 The host link (``host_bytes_per_s``, per GPU per direction, half the bidirectional figure the datasheets print) carries
 offloaded parameters and a sleeping rollout engine's weights: PCIe 4.0 x16 (A100, A800, A40, L40S) 32 GB/s, PCIe 5.0

@@ -148,7 +148,10 @@ def extrapolations(setup: Setup) -> list[str]:
     if not c.gpus[0] <= gpus <= c.gpus[1]:
         found.append(f"{gpus} GPUs (calibrated on {c.gpus[0]}-{c.gpus[1]})")
     if node_count > c.nodes[1]:
-        network = "the network cards at their datasheet figure times the gathers' share fitted within nodes"
+        network = (
+            "the network cards at their datasheet figure, a ring channel over each (an assumed model no calibration "
+            "run checks), times the gathers' share fitted within nodes"
+        )
         found.append(f"{node_count} nodes (calibrated on at most {c.nodes[1]}: {network})")
     if not c.params_b[0] / MODEL_SPAN <= size <= c.params_b[1] * MODEL_SPAN:
         found.append(f"a {size:.2g}B-parameter model (calibrated on {c.params_b[0]:.2g}B-{c.params_b[1]:.2g}B)")

@@ -35,14 +35,17 @@ MEGATRON_SLICE_BYTES, OPTIMIZER_BYTES = 2 + 4, 4 + 4 + 4
 
 def framework_grid(setup: Setup, rollout_gpus: int | None = None) -> list[dict]:
     """The framework knobs of one configuration: tensor-parallel sizes that divide the generating GPUs and the
-    model's attention heads, vLLM's memory shares (where the setup bounds the engine's memory), micro-batches
-    around the setup's (where it sets one)."""
+    model's attention heads and fit in a node, vLLM's memory shares (where the setup bounds the engine's memory),
+    micro-batches around the setup's (where it sets one)."""
     model = model_shape(setup.actor)
     gpus = rollout_gpus or setup.placement.actor_gpus
     tps = [
         t
         for t in ENGINE_TPS
-        if gpus % t == 0 and model.heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0)
+        if gpus % t == 0
+        and model.heads % t == 0
+        and (model.kv_heads % t == 0 or t % model.kv_heads == 0)
+        and t <= setup.cluster.gpus_per_node  # an engine across nodes: its all-reduces' latency is not priced
     ]
     micro = setup.framework.train_micro_batch
     micros = sorted({max(1, round(micro * f)) for f in MICRO_FACTORS}) if micro else [None]

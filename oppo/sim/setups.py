@@ -284,6 +284,9 @@ class Setup:
             if self.framework.train_backend == "megatron":
                 tp = min(self.framework.train_tensor_parallel, n)
                 links["tensor_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, group=tp)
+                # its gradients all-reduce over the data-parallel replicas: groups of GPUs t x p apart
+                replica = tp * self.framework.train_pipeline_parallel
+                links["collective_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, stride=replica)
             out[role] = FrameworkCost(roofline, role, self.framework, **links)
         return out
 

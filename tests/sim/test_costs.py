@@ -370,6 +370,8 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8, group=4) == gpu.link_bytes_per_s  # 0-3, 4-7
     assert cluster.link_bytes_per_s(gpu, first=2, n_gpus=8, group=4) == 2 * 25e9  # 2-5 spans: 2 cards a node
     assert cluster.link_bytes_per_s(gpu, first=1, n_gpus=4) == 25e9  # 1-4: 3 GPUs in node 0, 1 in node 1
+    # groups straddling unevenly: 0-4 (4 + 1 a node) and 5-9 (3 + 2): the one with a lone GPU sets the pace
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=10, group=5) == 25e9
     path = tmp_path / "straddle.toml"
     path.write_text(
         'base = "paper-7b-h200"\n[placement]\nactor_gpus = 3\nreward_gpus = 2\n'
@@ -385,6 +387,18 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
     setup = load_setup(str(path))
     # the engine on GPUs 4-7 spans nodes, 2 GPUs in each: 2 network cards (the MI300X platform's 400 Gb/s each)
     assert setup.costs()["actor"].base.allreduce_bytes_per_s == 2 * GPUS["mi300x"].nic_bytes_per_s == 100e9
+
+
+def test_megatrons_gradients_all_reduce_over_its_strided_data_parallel_groups():
+    """Megatron's data-parallel replicas are t x p GPUs apart: at t = 8 on 2 nodes of 8 each gradient group is GPU
+    i and i + 8, one a node, one card each (50 GB/s a GPU on an H100 system), not the 16 GPUs' 8 cards a node; at
+    t = 2, groups of 8 GPUs with 4 a node, 4 cards'."""
+    from oppo.sim.setups import Cluster
+
+    cluster, gpu = Cluster(), GPUS["h100"]
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16, stride=8) == 50e9
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16, stride=2) == 4 * 50e9
+    assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8, stride=2) == gpu.link_bytes_per_s  # one node
 
 
 def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):

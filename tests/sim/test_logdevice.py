@@ -270,6 +270,8 @@ def test_a_constant_a_step_that_is_no_gathers_is_not_read_as_a_link():
     assert read_back_link(setup, steps, 300e9) == pytest.approx(30e9, rel=1e-6)
     across = dataclasses.replace(setup, cluster=dataclasses.replace(setup.cluster, gpus_per_node=4))
     assert read_back_link(across, steps, 300e9) is None
+    # three epochs: the updates would gather 12 times the forward passes' bytes, not the constants' 4
+    assert read_back_link(dataclasses.replace(setup, ppo_epochs=3), steps, 300e9) is None
 
 
 def test_runs_whose_forward_passes_show_no_slow_link_keep_the_prior():

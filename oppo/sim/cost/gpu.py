@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,18 +62,23 @@ class Cluster:
             raise ValueError(f"gpu {gpu.name!r} names no network card: set [cluster] inter_node_bytes_per_s")
         return nic
 
-    def link_bytes_per_s(self, gpu: GPU, first: int, n_gpus: int, group: int = 0) -> float:
+    def link_bytes_per_s(self, gpu: GPU, first: int, n_gpus: int, group: int = 0, stride: int = 1) -> float:
         """Per-GPU bandwidth of the collectives over GPUs ``first`` .. ``first + n_gpus - 1``, ``group`` GPUs each
-        (0: one collective over all of them; a rollout engine's tensor-parallel groups: its degree): the intra-node
-        link where every group sits in one node; a group across nodes at its fewest GPUs in one node times a card
-        each, up to the intra-node link (the class's rings), the slowest group setting the pace (the others wait)."""
-        group = group or n_gpus
-        node = self.gpus_per_node
-        cards = [  # per group across nodes: its fewest GPUs in one of them
-            min(min(start + group, (k + 1) * node) - max(start, k * node) for k in nodes)
-            for start in range(first, first + n_gpus, group)
-            if len(nodes := range(start // node, (start + group - 1) // node + 1)) > 1
-        ]
+        (0: one collective over all of them; a rollout engine's tensor-parallel groups: its degree), or with
+        ``stride`` > 1 groups of GPUs that far apart, side by side (Megatron's data-parallel replicas: t x p apart):
+        the intra-node link where every group sits in one node; a group across nodes at its fewest GPUs in one node
+        times a card each, up to the intra-node link (the class's rings), the slowest group setting the pace (the
+        others wait)."""
+        if stride > 1:
+            members = [range(first + j, first + n_gpus, stride) for j in range(stride)]
+        else:
+            size = group or n_gpus
+            members = [range(start, min(start + size, first + n_gpus)) for start in range(first, first + n_gpus, size)]
+        cards = []  # per group across nodes: its fewest GPUs in one of them
+        for gpus in members:
+            per_node = Counter(g // self.gpus_per_node for g in gpus)
+            if len(per_node) > 1:
+                cards.append(min(per_node.values()))
         if not cards:
             return gpu.link_bytes_per_s
         return min(gpu.link_bytes_per_s, min(cards) * self.nic_bytes_per_s(gpu))
