@@ -52,6 +52,7 @@ IGNORED = (
     (r"ulysses_sequence_parallel_size$", lambda v: v not in (None, 1), "sequence parallelism is not modelled"),
     (r"model\.lora_rank$", lambda v: bool(v), "LoRA is not modelled: priced as full fine-tuning"),
     (r"megatron\.optimizer_offload$", bool, "Megatron's optimizer state on the host is not modelled"),
+    (r"fsdp_config\.fsdp_size$", lambda v: v not in (None, -1), "hybrid sharding (HSDP) is priced as full sharding"),
     (r"fsdp_config\.grad_offload$", bool, "gradients on the host are not modelled"),
     (r"rollout\.enable_chunked_prefill$", bool, "the engine model prefills each prompt whole"),
     (r"rollout\.max_num_batched_tokens$", lambda v: v is not None, "the engine model prefills each prompt whole"),

@@ -255,3 +255,22 @@ def test_an_fsdp_trainers_optimizer_on_the_host_is_read_and_priced(tmp_path):
     assert read.setup().framework.optimizer_offload == ("actor", "critic")
     assert not [key for key, _, _ in read.ignored if "optimizer_offload" in key]
     assert setup_from_log(log, gpu="h100").setup().framework.optimizer_offload == ()
+
+
+def test_the_gradients_reduce_dtype_is_read_from_the_actors_mixed_precision(tmp_path):
+    """verl's FSDP reduce-scatters the gradients in fp32 unless ``fsdp_config.mixed_precision.reduce_dtype`` says
+    otherwise: 4 bytes a gradient by default, 2 for bf16."""
+    assert setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").setup().framework.reduce_bytes_per_param == 4
+    prefix = "'fsdp_config': {'forward_prefetch': False,"
+    path = edited_log(tmp_path, prefix, prefix + " 'mixed_precision': {'reduce_dtype': 'bf16'},")
+    assert setup_from_log(path).setup().framework.reduce_bytes_per_param == 2
+
+
+def test_hybrid_sharding_is_listed_as_not_modelled(tmp_path):
+    """``fsdp_config.fsdp_size`` other than -1 (HSDP: shards within groups, replicas across them) is read as full
+    sharding and said so."""
+    path = edited_log(tmp_path, "'fsdp_size': -1,", "'fsdp_size': 4,")
+    ignored = [why for key, _, why in setup_from_log(path).ignored if key.endswith("fsdp_config.fsdp_size")]
+    assert ignored and all("HSDP" in why for why in ignored)
+    default = setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").ignored
+    assert not [why for key, _, why in default if key.endswith("fsdp_config.fsdp_size") and "HSDP" in why]
