@@ -21,11 +21,11 @@ attention is 1-2% of F at these lengths).
 
 The peak and the framework layer's fitted ``efficiency`` of each stage are one product: the peak fixes the scale,
 the fit the rest. Bandwidth, link and network card are priors: the catalog GPU of the closest peak
-(:func:`prior_gpu`); the memory is at least the most the log reserved (``perf/max_memory_reserved_gb``). Where the
-peak is the entry of verl's table for catalog GPUs (:data:`VERL_PEAKS`) and the prior is one of them, the device is
-of that family and takes its fitted fractions of the datasheet (``efficiency_of``: an A800 read back at the A100's
-312 TFLOP/s is priced as an A100 is, so a layer fitted on runs of named GPUs transfers to it); else the default
-fractions (``cost = "analytic"``).
+(:func:`prior_gpu`), but for a link the log's passes show far slower (:func:`read_back_link`); the memory is at
+least the most the log reserved (``perf/max_memory_reserved_gb``). Where the peak is the entry of verl's table for
+catalog GPUs (:data:`VERL_PEAKS`) and the prior is one of them, the device is of that family and takes its fitted
+fractions of the datasheet (``efficiency_of``: an A800 read back at the A100's 312 TFLOP/s is priced as an A100 is,
+so a layer fitted on runs of named GPUs transfers to it); else the default fractions (``cost = "analytic"``).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def prior_gpu(peak_flops: float, memory_bytes: float) -> GPU:
 def resolve_gpu(setup: Setup, log: TrainingLog, fit_frac: float = 1.0) -> Setup:
     """``setup`` with its device read back from ``log`` where it has ``gpu = "unknown"`` and no ``[gpu_spec]``
     (else as it is): the peak verl assumed (:func:`read_back_peak`), the memory of the prior GPU or the most the log
-    reserved, whichever is more, the prior's bandwidth and links (:func:`prior_gpu`) but a link far slower that the
+    reserved, whichever is more, the prior's bandwidth and links (:func:`prior_gpu`) but a link far slower than the
     log's first ``fit_frac`` of steps show (:func:`read_back_link`), and the prior's fitted efficiencies where its
     peak is the one read back (else ``cost = "analytic"``)."""
     if setup.gpu != UNKNOWN_GPU or setup.gpu_spec is not None:
