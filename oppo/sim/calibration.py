@@ -1,7 +1,7 @@
 """How far to trust a prediction made with a calibrated setup: the interval its calibration's errors give, and the
 terms of the setup that leave the span of the runs it was calibrated on.
 
-``calibrate-log`` records what it fitted on (:class:`oppo.sim.cost.framework.Calibration`, written into
+``calibrate-log`` records what it fitted on (:class:`oppo.sim.cost.span.Calibration`, written into
 ``framework.toml`` or the calibrated ``setup.toml``): with several logs, the half-width of the interval that holds
 ``coverage`` (80%) of the steps when each run is predicted by a layer fitted without it and its siblings
 (leave-one-group-out, each run weighted alike); with one log, of its own validated steps. ``validate-log``, ``run``,
@@ -21,7 +21,8 @@ import numpy as np
 
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.cost.fit import SHARED_TERMS
-from oppo.sim.cost.framework import ROLE_STAGES, Calibration
+from oppo.sim.cost.framework import ROLE_STAGES
+from oppo.sim.cost.span import Calibration
 from oppo.sim.setups import Setup
 
 COVERAGE = 0.8  # share of predicted steps an interval holds

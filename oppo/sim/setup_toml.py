@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from oppo.data import data_dir, read_toml
-from oppo.sim.cost.framework import FRAMEWORKS, STAGE_TERMS, Calibration, Framework, read_layer
+from oppo.sim.cost.framework import FRAMEWORKS, STAGE_TERMS, Framework, read_layer
 from oppo.sim.cost.gpu import lookup
+from oppo.sim.cost.span import Calibration
 from oppo.sim.cost.stage import StageCost
 from oppo.sim.setups import PRESETS, GpuSpec, Setup, paper_7b_h200
 
