@@ -82,8 +82,8 @@ def require_cuda(dp: int) -> int:
 
 
 def run_policies(model: str, args: argparse.Namespace, out: Path) -> dict[str, Path]:
-    from oppo.exec.checkpoints import random_checkpoints
     from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
+    from oppo.exec.models.random_checkpoints import random_checkpoints
     from oppo.exec.train import train
 
     paths = random_checkpoints(model, out / "checkpoints" / model)
@@ -120,8 +120,8 @@ def run_real_model(
 
     import numpy as np
 
-    from oppo.exec import arithmetic
     from oppo.exec.learning import TaskStudy, read_run
+    from oppo.exec.tasks import arithmetic
     from oppo.exec.train import train
 
     (out / "data").mkdir(parents=True, exist_ok=True)

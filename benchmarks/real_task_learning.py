@@ -1,7 +1,7 @@
 """Learning on a task with answers: held-out accuracy of GRPO variants (sync, oppo, async K) over seeds, before
 training and every --eval-every steps, against samples trained and run seconds.
 
-    python -m oppo.exec.arithmetic --out data/add
+    python -m oppo.exec.tasks.arithmetic --out data/add
     python benchmarks/real_task_learning.py --data data/add/train.jsonl --val-data data/add/val.jsonl \\
         --variants sync,oppo,async1 --seeds 3 --steps 30 --out runs/real-task
 

@@ -5,7 +5,7 @@ alternated A B A B so that a shared machine's load falls on both alike.
 
 Two measures, each run in a fresh interpreter with ``PYTHONPATH`` set to the tree:
 
-- evaluation: ``oppo.sim.experiments.run`` in-process (``paper-7b-h200``, ``oppo``, B = 112, 200 steps, AlpacaEval
+- evaluation: ``oppo.sim.study.experiments.run`` in-process (``paper-7b-h200``, ``oppo``, B = 112, 200 steps, AlpacaEval
   lengths loaded and a 1-step run done beforehand), ``time.process_time`` around the call: what a plan pays per
   evaluation once its process is warm;
 - command: ``python -m oppo.sim run --setup paper-7b-h200 --policy oppo --steps 1000 --batch 512``, CPU seconds of
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EVALUATION = """
 import time
 from oppo.catalog.lengths import load_lengths
-from oppo.sim.experiments import run
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.study.experiments import run
+from oppo.sim.setup.toml_file import load_setup
 setup, trace = load_setup("paper-7b-h200"), load_lengths({lengths!r})
 run(setup, "oppo", 1, seed=0, trace=trace, batch={batch})  # warm-up: profile fits and imports, paid once per plan
 start = time.process_time()

@@ -15,8 +15,8 @@ import ray
 import torch
 
 from oppo.exec.config import ModelConfig
-from oppo.exec.models import load_role, resolve_device
-from oppo.exec.rollout_worker import shareable, unshared
+from oppo.exec.distributed.rollout_worker import shareable, unshared
+from oppo.exec.models.roles import load_role, resolve_device
 
 
 @ray.remote(num_cpus=1)

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from oppo.catalog.lengths import load_lengths
+from oppo.exec.baselines.trl_ppo import run_trl
 from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
-from oppo.exec.trl_baseline import run_trl
 from oppo.records.metrics import time_to_reward
 
 

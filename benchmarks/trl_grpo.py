@@ -1,7 +1,7 @@
 """GRPO on a task with answers, side by side: TRL 1.12's GRPOTrainer, oppo.exec sync and oppo.exec oppo on the same
 model, data, reward function, group size, lengths, sampling and CPU threads, natural lengths.
 
-    python -m oppo.exec.arithmetic --out data/add
+    python -m oppo.exec.tasks.arithmetic --out data/add
     python benchmarks/trl_grpo.py --data data/add/train.jsonl --val-data data/add/val.jsonl --reward-fn gsm8k \\
         --steps 30 --eval-every 10 --out runs/bench-grpo
 
@@ -26,9 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from oppo.exec.baselines.trl_grpo import run_trl_grpo  # noqa: E402
 from oppo.exec.learning import add_study_args, study_from  # noqa: E402
 from oppo.exec.train import train  # noqa: E402
-from oppo.exec.trl_grpo import run_trl_grpo  # noqa: E402
 
 
 def oppo_points(out: Path) -> tuple[list[float], list[tuple[int, float, float]]]:

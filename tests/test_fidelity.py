@@ -4,7 +4,7 @@ import numpy as np
 
 from oppo.catalog.lengths import load_lengths
 from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
-from oppo.exec.runner import forced_length
+from oppo.exec.step.runner import forced_length
 from oppo.exec.train import train
 from oppo.fidelity import generated_lengths, padded_prompt_tokens, predict
 from oppo.records.io import read_rows

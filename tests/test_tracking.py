@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from oppo.provenance import git_commit, provenance
-from oppo.stored_config import load_stored_config
-from oppo.tracking import trackers_from
+from oppo.records.provenance import git_commit, provenance
+from oppo.records.stored_config import load_stored_config
+from oppo.records.tracking import trackers_from
 from tests import invoke
 
 tensorboard = pytest.importorskip("tensorboard")

@@ -2,7 +2,7 @@
 
 A config is a frozen dataclass; each field carries its help text in ``metadata["help"]`` so that the same text
 is the docstring, the ``--help`` line (:func:`oppo.cli.add_config_args`) and the stored config
-(:mod:`oppo.stored_config`). ``__post_init__`` validates and raises
+(:mod:`oppo.records.stored_config`). ``__post_init__`` validates and raises
 ``ValueError``; it never rewrites a value.
 """
 

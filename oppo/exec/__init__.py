@@ -2,5 +2,5 @@
 
 Actor, critic, reference and reward transformers loaded through ``from_pretrained``; chunked decode with a
 preallocated KV cache; scorers that prefill streamed chunks; PPO; scorer roles in Ray workers
-(:mod:`oppo.exec.placement`, the only module that uses Ray).
+(:mod:`oppo.exec.distributed.placement`, the only module that uses Ray).
 """

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oppo.core.config import ScheduleConfig, check_positive, opt, schedule_from
-from oppo.exec.datasets import CHAT_TEMPLATES, TRUNCATIONS
-from oppo.exec.rewards import REWARD_FN_NAMES, load_reward_fn, reward_file
-from oppo.stored_config import check_sources, config_from_dict, load_stored_config
+from oppo.exec.tasks.datasets import CHAT_TEMPLATES, TRUNCATIONS
+from oppo.exec.tasks.rewards import REWARD_FN_NAMES, load_reward_fn, reward_file
+from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config
 
-TINY_PRESETS = ("tiny-cpu", "small-cpu")  # random-weight checkpoints made here (oppo.exec.tiny)
+TINY_PRESETS = ("tiny-cpu", "small-cpu")  # random-weight checkpoints made here (oppo.exec.models.tiny)
 PRESETS = (*TINY_PRESETS, "hf", "smollm2")
 REMOTE_ROLES = ("reward", "reference", "critic")
 PLACEMENTS = ("colocated", "disaggregated")

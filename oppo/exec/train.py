@@ -19,8 +19,8 @@ from pathlib import Path
 from oppo.cli import add_config_args, given_options, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
-from oppo.exec.rewards import reward_file, split_reward_spec
-from oppo.tracking import Live, Trackers, add_tracking_args, trackers_from
+from oppo.exec.tasks.rewards import reward_file, split_reward_spec
+from oppo.records.tracking import Live, Trackers, add_tracking_args, trackers_from
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def resume_dir(args: argparse.Namespace) -> Path:
     """The run ``--resume`` names; its stored config becomes the base of the options given beside it."""
-    from oppo.exec.snapshot import latest, load_state
+    from oppo.exec.step.snapshot import latest, load_state
 
     run_dir = Path(args.resume)
     if args.config or (args.out and Path(args.out).resolve() != run_dir.resolve()):
@@ -117,22 +117,22 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
-    from oppo.exec import snapshot
-    from oppo.exec.models import load_roles
-    from oppo.exec.parts import run_roles
-    from oppo.exec.runner import Executor, RunAborted
-    from oppo.exec.timing import Recorder
+    from oppo.exec.compute.timing import Recorder
+    from oppo.exec.models.roles import load_roles
+    from oppo.exec.step import snapshot
+    from oppo.exec.step.parts import run_roles
+    from oppo.exec.step.runner import Executor, RunAborted
 
     hf_logging.disable_progress_bar()
     torch.manual_seed(config.seed)
     start = time.perf_counter()
     recorder = Recorder()
     if config.rollout_workers:
-        from oppo.exec.async_pipeline import AsyncPipeline
+        from oppo.exec.distributed.async_pipeline import AsyncPipeline
 
         executor = AsyncPipeline(config, recorder, lengths)
     elif config.placement == "disaggregated" or config.dp > 1:
-        from oppo.exec.placement import RayExecutor
+        from oppo.exec.distributed.placement import RayExecutor
 
         executor = RayExecutor(config, recorder, lengths)
     else:
@@ -140,7 +140,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
     try:  # a run that cannot start (an unwritable out, a bad checkpoint) leaves no worker and no pinning behind
         log = RunLog(out, config, *stage_costs(config), resume=resume)
         if config.rollout_workers:
-            from oppo.exec.rollout_worker import TokenLag
+            from oppo.exec.distributed.rollout_worker import TokenLag
 
             log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
         done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
@@ -199,7 +199,7 @@ class RunLog:
         from oppo.data import sources_of
         from oppo.exec.config import input_files
         from oppo.records.io import write_json
-        from oppo.stored_config import with_provenance
+        from oppo.records.stored_config import with_provenance
 
         self.out, self.config = out, config
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops  # for MFU per stage
@@ -221,7 +221,7 @@ class RunLog:
         return sum(s.mean_reward for s in chosen) / max(len(chosen), 1)
 
     def write(self, trace, wall_s: float, final: bool = False) -> dict:
-        from oppo.exec.runner import StepMetrics
+        from oppo.exec.step.runner import StepMetrics
         from oppo.records.io import write_rows, write_run
         from oppo.records.metrics import summarize
 
@@ -259,7 +259,7 @@ def stage_costs(config: ExecConfig) -> tuple[dict[str, float], float | None]:
 
     from oppo.catalog.gpus import gpu_by_device_name
     from oppo.catalog.shapes import load_hf_config, role_flops_per_token
-    from oppo.exec.models import resolve_device, role_paths
+    from oppo.exec.models.roles import resolve_device, role_paths
 
     shapes = {}
     for role, path in role_paths(config.model).items():

@@ -193,7 +193,7 @@ def sweep_plot(
 def speed_vs_staleness(rows: Sequence[Mapping], path: str | Path, title: str = "") -> Path:
     """One point per policy: work done (finished trained responses per second, ratio to the baseline) against the
     mean policy lag of trained samples (the bar reaches the p99 lag), coloured by mean utilisation. Labels are
-    placed so that none overlaps another. ``rows``: :func:`oppo.sim.experiments.compare_rows`."""
+    placed so that none overlaps another. ``rows``: :func:`oppo.sim.study.experiments.compare_rows`."""
     return _save(staleness_figure(rows, title), path)
 
 
@@ -301,7 +301,7 @@ def pareto_plot(
     rows: Sequence[Mapping], path: str | Path, objective: str, max_lag: float | None = None, title: str = ""
 ) -> Path:
     """Work per second against steady policy lag for every configuration of a plan's last rung (grey), its Pareto
-    front (line, labelled) and the ``max_lag`` budget. ``rows``: :func:`oppo.sim.plan.plan_rows`."""
+    front (line, labelled) and the ``max_lag`` budget. ``rows``: :func:`oppo.sim.study.plan.plan_rows`."""
     last = max(r["steps"] for r in rows)
     final = [r for r in rows if r["steps"] == last]
     front = sorted((r for r in final if r["pareto"]), key=lambda r: r["steady_lag"])

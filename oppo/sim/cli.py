@@ -26,16 +26,16 @@ from oppo.cli import add_config_args, format_table, given_options, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
 from oppo.records.io import write_json, write_run
 from oppo.records.optrace import cycle_collector_paused
-from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.calibration import extrapolations, trust_note
-from oppo.sim.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
-from oppo.sim.logcli import LOG_COMMANDS, add_log_commands
-from oppo.sim.model import SimConfig
-from oppo.sim.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
-from oppo.sim.setup_toml import load_setup, setup_from_dict
-from oppo.sim.setups import PRESETS, Setup
-from oppo.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
-from oppo.tracking import add_tracking_args, track_run, trackers_from
+from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
+from oppo.records.tracking import add_tracking_args, track_run, trackers_from
+from oppo.sim.logs.cli import LOG_COMMANDS, add_log_commands
+from oppo.sim.logs.trust import extrapolations, trust_note
+from oppo.sim.model.async_pipeline import AsyncConfig
+from oppo.sim.model.trainer import SimConfig
+from oppo.sim.setup.presets import PRESETS, Setup
+from oppo.sim.setup.toml_file import load_setup, setup_from_dict
+from oppo.sim.study.experiments import Run, compare_rows, run_config, summarize_config, sweep_config
+from oppo.sim.study.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_from
 
 # schedule fields whose default comes from the setup (Setup.schedule)
 SCHEDULE_FROM_SETUP = (
@@ -302,7 +302,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     from oppo.records import plots
-    from oppo.sim import plan as planner
+    from oppo.sim.study import plan as planner
 
     policies = tuple(p for p in args.policies.split(",") if p)
     for p in policies:
@@ -356,7 +356,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 def _write_overrides(result, setup: Setup, path: Path) -> None:
     """The best configuration's framework knobs as verl overrides, one ``key=value`` a line."""
-    from oppo.sim.knobs import verl_overrides
+    from oppo.sim.study.knobs import verl_overrides
 
     best, _ = result.best()
     chosen = best.candidate.setup_for(setup)
@@ -374,7 +374,7 @@ def _write_overrides(result, setup: Setup, path: Path) -> None:
 
 
 def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> None:
-    from oppo.sim import plan as planner
+    from oppo.sim.study import plan as planner
 
     last = max(r["steps"] for r in rows)
     print(f"{result.budget_used} simulations; {len(result.skipped)} configurations skipped (do not fit GPU memory)")

@@ -13,7 +13,7 @@ from oppo.core.chunking import ExploringChunk
 from oppo.core.overcommit import Alg1Delta, SlopeDelta
 from oppo.sim import SimConfig, load_setup
 from oppo.sim import simulate as sim_run
-from oppo.sim.setups import Placement
+from oppo.sim.setup.presets import Placement
 from tests.drive import run_step
 
 policies = st.sampled_from(["sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch"])

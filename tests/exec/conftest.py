@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
-from oppo.exec.tiny import llama_config
+from oppo.exec.models.tiny import llama_config
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +24,7 @@ def tiny_models():
 def tied_model(tmp_path_factory) -> dict:
     """``--preset hf`` settings of a tied Qwen2 actor (input embedding = output head; random weights, float64) and
     its reward model."""
-    from oppo.exec.checkpoints import random_checkpoints
+    from oppo.exec.models.random_checkpoints import random_checkpoints
     from tests.exec.test_check_ranks import TINY_QWEN2
 
     paths = random_checkpoints(TINY_QWEN2, tmp_path_factory.mktemp("tied"), tied=True, dtype=torch.float64)

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from oppo.exec import snapshot
+from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule
-from oppo.exec.models import load_roles
-from oppo.exec.runner import Executor
-from oppo.exec.timing import Recorder
+from oppo.exec.models.roles import load_roles
+from oppo.exec.step import snapshot
+from oppo.exec.step.runner import Executor
 from tests import invoke
 
 

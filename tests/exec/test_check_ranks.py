@@ -12,12 +12,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2ForCausalLM
 
-from oppo.exec.checkpoints import qwen2_config
+from oppo.exec.compute.timing import Recorder
+from oppo.exec.compute.update import apply_gradients
 from oppo.exec.config import ExecConfig, default_schedule
-from oppo.exec.models import Roles
-from oppo.exec.rank import ActorRank, join_group
-from oppo.exec.timing import Recorder
-from oppo.exec.update import apply_gradients
+from oppo.exec.models.random_checkpoints import qwen2_config
+from oppo.exec.models.roles import Roles
+from oppo.exec.step.rank import ActorRank, join_group
 
 TINY_QWEN2 = dict(
     num_hidden_layers=2,

@@ -22,13 +22,13 @@ pytest.importorskip("ray")
 
 from oppo.core.config import POLICIES  # noqa: E402
 from oppo.core.scheduler import Scheduler  # noqa: E402
+from oppo.exec.compute.timing import Recorder  # noqa: E402
+from oppo.exec.compute.update import deal, longest_first, minibatches, weights_digest  # noqa: E402
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule  # noqa: E402
-from oppo.exec.models import load_roles  # noqa: E402
-from oppo.exec.parts import run_roles  # noqa: E402
-from oppo.exec.rank import trained_roles  # noqa: E402
-from oppo.exec.runner import Executor, RunAborted, SeqData  # noqa: E402
-from oppo.exec.timing import Recorder  # noqa: E402
-from oppo.exec.update import deal, longest_first, minibatches, weights_digest  # noqa: E402
+from oppo.exec.models.roles import load_roles  # noqa: E402
+from oppo.exec.step.parts import run_roles  # noqa: E402
+from oppo.exec.step.rank import trained_roles  # noqa: E402
+from oppo.exec.step.runner import Executor, RunAborted, SeqData  # noqa: E402
 from tests.drive import run_step  # noqa: E402
 from tests.exec.test_placement import alive, kill_mid_run  # noqa: E402
 
@@ -89,7 +89,7 @@ def run(policy: str, dp: int, algo: str = "ppo", placement: str = "colocated", s
     if dp == 1 and placement == "colocated":
         executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), Recorder())
     else:
-        from oppo.exec.placement import RayExecutor
+        from oppo.exec.distributed.placement import RayExecutor
 
         executor = RayExecutor(config, Recorder())
     try:

@@ -1,4 +1,4 @@
-"""Prompt datasets (:mod:`oppo.exec.datasets`): verl's and the plain question/answer schema read from JSON lines,
+"""Prompt datasets (:mod:`oppo.exec.tasks.datasets`): verl's and the plain question/answer schema read from JSON lines,
 JSON and Parquet; prompts encoded through a hand-built tokenizer's chat template, without it, and cut to a budget."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from oppo.exec.datasets import PromptItem, encode_prompt, load_items
+from oppo.exec.tasks.datasets import PromptItem, encode_prompt, load_items
 
 WORDS = ["[UNK]", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "\n"]
 WORDS += ["be", "brief", "what", "is", "2", "+", "?", "a", "b", "c", "d", "e", "f", "g", "h"]

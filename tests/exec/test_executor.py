@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 import torch
 
+from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, ModelConfig, default_schedule
-from oppo.exec.models import load_roles
-from oppo.exec.runner import Executor
-from oppo.exec.timing import Recorder
+from oppo.exec.models.roles import load_roles
+from oppo.exec.step.runner import Executor
 
 
 def run(policy, steps=4, dtype="float64", **schedule):
@@ -55,7 +55,7 @@ def test_a_sync_step_records_its_decode_in_rounds_that_span_its_contexts(monkeyp
     """One decode call per sync step, timed in rounds of at most RECORDED_ITERATIONS (3 here, for responses of
     up to 24 tokens): the trace a calibration fits sees the context grow within the step (one row per step could
     not tell per-context cost from per-iteration). Same tokens as one round: the rounds only split the timing."""
-    from oppo.exec import rollout
+    from oppo.exec.compute import rollout
 
     whole, one_round = run("sync", steps=2)
     monkeypatch.setattr(rollout, "RECORDED_ITERATIONS", 3)  # 24-token responses: EOS inside rounds, 24 = 8 x 3
@@ -116,7 +116,7 @@ def test_stored_config_roundtrips(tmp_path):
 
 
 def test_grpo_trains_exactly_the_groups_the_core_selected(monkeypatch):
-    from oppo.exec import runner
+    from oppo.exec.step import runner
 
     seen = []
     original = runner.step_batch
@@ -149,7 +149,7 @@ def test_grpo_learns():
 def test_a_sequence_samples_the_same_tokens_whatever_the_batch(monkeypatch):
     """sync decodes B sequences, inter B+Δ: a sequence both train (finished) has the same response, because
     sampling is keyed by sequence, not by the batch's random stream."""
-    from oppo.exec import runner
+    from oppo.exec.step import runner
 
     responses = {}
     original = runner.step_batch

@@ -4,7 +4,7 @@ import copy
 
 import torch
 
-from oppo.exec.generation import ChunkedDecoder, gumbel_noise, hash32, nucleus
+from oppo.exec.engines.hf import ChunkedDecoder, gumbel_noise, hash32, nucleus
 
 
 def test_hash_stays_in_32_bits_and_spreads():

@@ -9,7 +9,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_streamed_reward_equals_full_on_cuda(tiny_models):
-    from oppo.exec.scoring import StreamingScorer, score_once
+    from oppo.exec.compute.scoring import StreamingScorer, score_once
     from tests.exec.test_scoring import sequences, stream
 
     _, reward = tiny_models[torch.float32]

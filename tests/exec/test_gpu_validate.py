@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from oppo.catalog.shapes import HF_SHAPES
-from oppo.exec.checkpoints import random_checkpoints
+from oppo.exec.models.random_checkpoints import random_checkpoints
 from tests.invoke import train
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate.py"

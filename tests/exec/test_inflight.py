@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
+from oppo.exec.compute.rollout import Rollout
+from oppo.exec.compute.scoring import score_once
+from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, default_schedule
-from oppo.exec.rollout import Rollout
-from oppo.exec.scoring import score_once
-from oppo.exec.timing import Recorder
 
 EOS, PAD = 1, 0
 

@@ -26,10 +26,10 @@ in tests/exec/test_ppo.py (the formula, and what each argument order estimates).
 
 import torch
 
+from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule
-from oppo.exec.models import load_roles
-from oppo.exec.runner import Executor
-from oppo.exec.timing import Recorder
+from oppo.exec.models.roles import load_roles
+from oppo.exec.step.runner import Executor
 
 STEPS = 60  # a test takes about 5 s on 2 idle CPU cores, 20 s on a loaded one
 

@@ -15,8 +15,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from oppo.exec.ppo import sampled_logprobs
-from oppo.exec.scoring import StreamingScorer, score_once
+from oppo.exec.algos.ppo import sampled_logprobs
+from oppo.exec.compute.scoring import StreamingScorer, score_once
 from tests.exec.test_scoring import PAD, plain_forward, sequences, stream
 
 SHAPE = dict(
@@ -77,7 +77,7 @@ def test_scored_logprobs_are_the_models_own(name):
 def test_the_trainers_response_logits_are_the_models_own_at_every_prompt_length(name):
     """The update projects onto the vocabulary only from the first response's position on: rows whose prompts are
     longer than the shortest (2 to 6 tokens here) must still get their own positions' logits, post-processed."""
-    from oppo.exec.update import response_logits
+    from oppo.exec.compute.update import response_logits
 
     model = build(name)
     seqs = sequences(1)

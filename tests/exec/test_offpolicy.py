@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-from oppo.exec import update
+from oppo.exec.algos.ppo import behaviour_weight, policy_loss
+from oppo.exec.compute import update
+from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule
-from oppo.exec.models import load_roles
-from oppo.exec.ppo import behaviour_weight, policy_loss
-from oppo.exec.runner import Executor
-from oppo.exec.timing import Recorder
+from oppo.exec.models.roles import load_roles
+from oppo.exec.step.runner import Executor
 
 
 def run(policy, offpolicy="none", steps=3, capture=None, monkeypatch=None, **schedule):
@@ -25,7 +25,7 @@ def run(policy, offpolicy="none", steps=3, capture=None, monkeypatch=None, **sch
     if capture is not None:  # keep every step's scores as the update sees them
         step_batch = update.step_batch
         monkeypatch.setattr(
-            "oppo.exec.runner.step_batch",
+            "oppo.exec.step.runner.step_batch",
             lambda cfg, trained, data, scores, pad, eos: (
                 capture.append((trained, scores)) or step_batch(cfg, trained, data, scores, pad, eos)
             ),

@@ -10,9 +10,9 @@ import re
 import pytest
 import torch
 
+from oppo.exec.algos.ppo import Aggregate, entropy, group_advantages, kl_estimate, policy_loss, sampled_logprobs
+from oppo.exec.compute.update import actor_loss, deal, kl_use, minibatch_totals
 from oppo.exec.config import ExecConfig, PPOConfig, default_schedule
-from oppo.exec.ppo import Aggregate, entropy, group_advantages, kl_estimate, policy_loss, sampled_logprobs
-from oppo.exec.update import actor_loss, deal, kl_use, minibatch_totals
 from oppo.records.schema import TrainedSeq
 from tests import invoke
 from tests.exec.test_ppo import random_batch
@@ -266,7 +266,7 @@ def test_the_entropy_bonus_raises_the_entropy():
 def test_where_the_kl_goes():
     """PPO with the KL in the loss pays none in the reward; GRPO with the KL in the reward takes each sample's
     summed KL estimate off its score before the group statistics."""
-    from oppo.exec.update import grpo_targets, ppo_targets
+    from oppo.exec.compute.update import grpo_targets, ppo_targets
 
     g = torch.Generator().manual_seed(3)
     rows, width = 4, 5
@@ -289,8 +289,8 @@ def test_where_the_kl_goes():
 
 
 def test_mask_truncated_leaves_the_samples_cut_at_the_cap_out_of_the_loss_but_in_their_groups():
-    from oppo.exec.runner import SeqData
-    from oppo.exec.update import cut_at_cap, step_batch
+    from oppo.exec.compute.update import cut_at_cap, step_batch
+    from oppo.exec.step.runner import SeqData
 
     cap, eos = 4, 1
     responses = [[7, 8, 1], [7, 8, 9, 10], [7, 8, 9, 1], [9, 9, 9, 9]]  # the 2nd and 4th hit the cap without EOS

@@ -100,7 +100,7 @@ def test_a_local_ray_is_not_offered_the_drivers_gpu(monkeypatch):
     scorer on the trainer's GPU would share it, unseen); a driver on the CPU leaves Ray's detection alone."""
     import torch
 
-    from oppo.exec.placement import workers_gpus
+    from oppo.exec.distributed.placement import workers_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
     assert workers_gpus(torch.device("cuda", 1)) == "4,6"

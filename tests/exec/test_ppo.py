@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from oppo.exec.ppo import gae, group_advantages, kl_k3, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
+from oppo.exec.algos.ppo import gae, group_advantages, kl_k3, kl_shaped_rewards, masked_whiten, policy_loss, value_loss
 
 
 def naive_gae(rewards, values, lengths, starts, gamma, lam, bootstrap):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from oppo.exec import pretrained
-from oppo.exec.pretrained import (
+from oppo.exec.models import pretrained
+from oppo.exec.models.pretrained import (
     ACTOR_NAME,
     CRITIC_NAME,
     FORMAT,

@@ -13,11 +13,11 @@ import math
 import numpy as np
 import pytest
 
-from oppo.exec import arithmetic
-from oppo.exec.datasets import load_items
-from oppo.exec.pretrained import gguf_source
-from oppo.exec.tiny import prepared_checkpoints
-from oppo.exec.verifiable import DatasetPrompts, Judge, RewardFailed
+from oppo.exec.models.pretrained import gguf_source
+from oppo.exec.models.tiny import prepared_checkpoints
+from oppo.exec.tasks import arithmetic
+from oppo.exec.tasks.datasets import load_items
+from oppo.exec.tasks.verifiable import DatasetPrompts, Judge, RewardFailed
 from tests.invoke import train
 
 # A reward function in verl's signature that logs every call (to the file $CALLS names) and fails on call
@@ -196,11 +196,11 @@ def text_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_each_trained_sample_gets_the_reward_of_its_own_answer(task, monkeypatch, policy):
     """The score each sample is trained on is the function of its own final answer, whatever the policy carries
     over, restarts or trains unfinished (the update's inputs captured)."""
-    from oppo.exec import update
+    from oppo.exec.compute import update
+    from oppo.exec.compute.timing import Recorder
     from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule
-    from oppo.exec.models import load_roles
-    from oppo.exec.runner import Executor
-    from oppo.exec.timing import Recorder
+    from oppo.exec.models.roles import load_roles
+    from oppo.exec.step.runner import Executor
 
     (task / "text.py").write_text(TEXT_REWARD)
     data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=f"{task / 'text.py'}:text_score", prompt_tokens=8)
@@ -211,7 +211,7 @@ def test_each_trained_sample_gets_the_reward_of_its_own_answer(task, monkeypatch
     config = ExecConfig(schedule=schedule, model=ModelConfig(dtype="float32"), ppo=ppo, task=data_task, steps=8, seed=5)
     seen, step_batch = [], update.step_batch
     monkeypatch.setattr(
-        "oppo.exec.runner.step_batch",
+        "oppo.exec.step.runner.step_batch",
         lambda cfg, trained, data, scores, pad, eos: (
             seen.append([(t, list(data[t.seq_id].response), float(s)) for t, s in zip(trained, scores["score"])])
             or step_batch(cfg, trained, data, scores, pad, eos)
@@ -232,11 +232,11 @@ def test_each_trained_sample_gets_the_reward_of_its_own_answer(task, monkeypatch
 
 def test_a_restarted_sample_forgets_the_verdict_on_its_discarded_answer(task):
     """tailbatch restarts a group whose finished members were judged (rare in a short run: tested directly)."""
+    from oppo.exec.compute.timing import Recorder
     from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
-    from oppo.exec.models import load_roles
-    from oppo.exec.runner import Executor
-    from oppo.exec.timing import Recorder
-    from oppo.exec.verifiable import Judgement
+    from oppo.exec.models.roles import load_roles
+    from oppo.exec.step.runner import Executor
+    from oppo.exec.tasks.verifiable import Judgement
 
     data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=f"{task / 'reward.py'}:judge", prompt_tokens=8)
     schedule = default_schedule(policy="tailbatch", algo="grpo", group_size=2, batch=2, max_new_tokens=8)

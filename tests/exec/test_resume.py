@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from oppo.exec.snapshot import load_state
+from oppo.exec.step.snapshot import load_state
 from tests import invoke
 
 COMMON = (
@@ -147,6 +147,28 @@ def test_a_checkpoint_from_before_the_core_moved_is_refused_naming_its_writer(tm
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"(oppo 0.1.0 (commit {commit}), state format 2; this one reads format 3)" in res.stderr
     assert (cut / "config.json").read_bytes() == config_before  # refused before anything is written
+
+
+def test_a_checkpoint_from_before_the_executor_had_rooms_resumes(tmp_path, cut_run):
+    """A format-3 state.pkl saved while the executor's modules stood side by side (oppo.exec.snapshot.Saved,
+    oppo.exec.runner.SeqData) is read where those classes live now, and the run goes on."""
+    from oppo.exec.step.snapshot import MOVED_MODULES
+
+    cut = tmp_path / "cut"
+    shutil.copytree(cut_run, cut)
+    state_pkl = cut / "checkpoint" / "state.pkl"
+    raw = pickle.dumps(load_state(state_pkl), protocol=2)  # protocol 2 names each class as text
+    for old, new in MOVED_MODULES.items():
+        raw = raw.replace(f"c{new}\n".encode(), f"c{old}\n".encode())
+    assert b"coppo.exec.snapshot\nSaved\n" in raw and b"coppo.exec.runner\nSeqData\n" in raw
+    state_pkl.write_bytes(raw)
+    again = load_state(state_pkl)
+    assert (
+        type(again).__module__ == "oppo.exec.step.snapshot"
+        and again.steps == load_state(cut_run / "checkpoint" / "state.pkl").steps
+    )
+    res = train("--resume", str(cut), "--steps", "4")
+    assert res.returncode == 0, res.stderr
 
 
 def test_a_checkpoint_names_the_oppo_that_wrote_it(cut_run):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from oppo.exec.rewards import (
+from oppo.exec.tasks.rewards import (
     GSM8K_CLIP_CHARS,
     REWARD_FNS,
     extract_gsm8k_answer,

@@ -15,12 +15,12 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from oppo.exec.compute.timing import Recorder  # noqa: E402
 from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule  # noqa: E402
-from oppo.exec.models import load_roles  # noqa: E402
-from oppo.exec.parts import run_roles  # noqa: E402
-from oppo.exec.rank import trained_roles  # noqa: E402
-from oppo.exec.runner import Executor  # noqa: E402
-from oppo.exec.timing import Recorder  # noqa: E402
+from oppo.exec.models.roles import load_roles  # noqa: E402
+from oppo.exec.step.parts import run_roles  # noqa: E402
+from oppo.exec.step.rank import trained_roles  # noqa: E402
+from oppo.exec.step.runner import Executor  # noqa: E402
 from tests import invoke  # noqa: E402
 from tests.exec.test_data_parallel import flat  # noqa: E402
 from tests.exec.test_placement import alive, kill_mid_run, worker_pids  # noqa: E402
@@ -50,7 +50,7 @@ def run(policy: str, staleness: int, workers: int, queue_groups: int = 0, steps:
     )
     torch.manual_seed(config.seed)
     if workers:
-        from oppo.exec.async_pipeline import AsyncPipeline
+        from oppo.exec.distributed.async_pipeline import AsyncPipeline
 
         executor = AsyncPipeline(config, Recorder())
     else:
@@ -177,7 +177,7 @@ def test_a_dead_rollout_worker_ends_the_run_with_its_records(tmp_path):
 def test_failed_start_leaves_no_ray_behind(monkeypatch, without_ray):
     """A start that fails after Ray came up (here: the trainer's models fail to load) shuts down the Ray it
     started and kills the workers it started, before the error reaches the caller."""
-    from oppo.exec import async_pipeline
+    from oppo.exec.distributed import async_pipeline
 
     def broken(*args, **kwargs):
         raise RuntimeError("no weights")
@@ -195,7 +195,7 @@ def test_failed_start_leaves_no_ray_behind(monkeypatch, without_ray):
 def test_trainer_and_worker_each_pinned_to_their_core_until_close(without_ray):
     """On CPU a device is a core: the trainer (this process) runs on the first core it may use and rollout
     worker k on the next, as the simulator's placement has it; close gives this process its cores back."""
-    from oppo.exec.async_pipeline import AsyncPipeline
+    from oppo.exec.distributed.async_pipeline import AsyncPipeline
 
     before, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     config = ExecConfig(schedule=default_schedule(policy="async", batch=2, staleness=1), rollout_workers=1, steps=1)

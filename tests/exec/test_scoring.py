@@ -10,14 +10,14 @@ import copy
 import pytest
 import torch
 
-from oppo.exec import update
+from oppo.exec.algos.ppo import kl_k3, sampled_logprobs
+from oppo.exec.compute import update
+from oppo.exec.compute.scoring import StreamingScorer, score_once
+from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, default_schedule
-from oppo.exec.generation import ChunkedDecoder
-from oppo.exec.models import load_roles
-from oppo.exec.ppo import kl_k3, sampled_logprobs
-from oppo.exec.runner import Executor
-from oppo.exec.scoring import StreamingScorer, score_once
-from oppo.exec.timing import Recorder
+from oppo.exec.engines.hf import ChunkedDecoder
+from oppo.exec.models.roles import load_roles
+from oppo.exec.step.runner import Executor
 
 PAD = 0
 

@@ -15,12 +15,12 @@ from transformers import (
 
 from oppo.catalog.shapes import HF_SHAPES, load_hf_config
 from oppo.exec.config import ExecConfig, ModelConfig
-from oppo.exec.tiny import llama_config
+from oppo.exec.models.tiny import llama_config
 from oppo.exec.train import stage_costs
 from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost, model_shape
 from oppo.sim.cost.gpu import GPUS
-from oppo.sim.experiments import flops_and_peaks
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.setup.toml_file import load_setup
+from oppo.sim.study.experiments import flops_and_peaks
 
 QWEN_05B_PUBLISHED = 494_032_768  # Qwen2.5-0.5B's model card: "Number of Parameters: 0.49B"
 SMALL_TIED = dict(

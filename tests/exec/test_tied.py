@@ -18,7 +18,7 @@ def one_rank(tied_model):
 
 def test_tied_checkpoint_loads_tied(tied_model):
     from oppo.exec.config import ModelConfig
-    from oppo.exec.models import load_role
+    from oppo.exec.models.roles import load_role
 
     actor = load_role(ModelConfig(**tied_model, dtype="float64"), "actor")
     assert actor.lm_head.weight is actor.get_input_embeddings().weight

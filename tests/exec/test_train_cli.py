@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from oppo.exec.tiny import prepared_checkpoints
+from oppo.exec.models.tiny import prepared_checkpoints
 from tests.invoke import train  # noqa: E402  (the command line in this process; Ctrl-C below needs a real one)
 
 

@@ -5,11 +5,11 @@ import pytest
 pytest.importorskip("trl")
 
 from oppo.catalog.lengths import LengthTrace  # noqa: E402
+from oppo.exec.baselines.trl_ppo import run_trl, trl_kl_estimator  # noqa: E402
+from oppo.exec.compute.timing import Recorder  # noqa: E402
 from oppo.exec.config import ExecConfig, ModelConfig, default_schedule  # noqa: E402
-from oppo.exec.models import load_roles  # noqa: E402
-from oppo.exec.runner import Executor  # noqa: E402
-from oppo.exec.timing import Recorder  # noqa: E402
-from oppo.exec.trl_baseline import run_trl, trl_kl_estimator  # noqa: E402
+from oppo.exec.models.roles import load_roles  # noqa: E402
+from oppo.exec.step.runner import Executor  # noqa: E402
 
 
 def test_two_trl_steps_and_two_oppo_steps(monkeypatch):

@@ -1,4 +1,4 @@
-"""TRL 1.12's GRPOTrainer set as an oppo GRPO run is: the option mapping of oppo.exec.trl_grpo."""
+"""TRL 1.12's GRPOTrainer set as an oppo GRPO run is: the option mapping of oppo.exec.baselines.trl_grpo."""
 
 import pytest
 
@@ -6,7 +6,7 @@ from oppo.exec.config import ExecConfig, PPOConfig, TaskConfig, default_schedule
 
 pytest.importorskip("trl")
 
-from oppo.exec.trl_grpo import grpo_args  # noqa: E402
+from oppo.exec.baselines.trl_grpo import grpo_args  # noqa: E402
 
 
 def config(**ppo) -> ExecConfig:
@@ -41,7 +41,7 @@ def test_the_clock_records_one_point_per_generation_with_its_reward():
     step, and oppo's point for it is recorded after its last."""
     from types import SimpleNamespace
 
-    from oppo.exec.trl_grpo import _Clock
+    from oppo.exec.baselines.trl_grpo import _Clock
 
     clock = _Clock(held=None, eval_every=0, updates=6, progress=None)
     clock.start()

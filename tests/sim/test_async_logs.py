@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logfit import async_step_seconds
-from oppo.sim.logsetup import setup_from_log
-from oppo.sim.runlogs import load_run_log
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.logs.fit import async_step_seconds
+from oppo.sim.logs.read import load_run_log
+from oppo.sim.logs.setup_from_log import setup_from_log
+from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
 from tests.sim.test_logfit import synthesized_log, within_run
 

@@ -1,4 +1,4 @@
-"""The simulator's async pipelines (oppo/sim/async_pipeline.py): the lag bound over random lengths, K, queue
+"""The simulator's async pipelines (oppo/sim/model/async_pipeline.py): the lag bound over random lengths, K, queue
 depths, concurrency and in-flight updates; the closed-form mean lag where its assumptions hold; the CLI."""
 
 import dataclasses
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from oppo.catalog.lengths import LengthTrace
 from oppo.core.staleness import assumptions_hold, mean_lag, utilization
 from oppo.sim import SimConfig, load_setup, simulate
-from oppo.sim.async_pipeline import AsyncConfig
-from oppo.sim.setups import Placement
+from oppo.sim.model.async_pipeline import AsyncConfig
+from oppo.sim.setup.presets import Placement
 from tests import invoke
 
 

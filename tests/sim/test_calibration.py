@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.sim.calibration import calibration, extrapolations, trust_note, weighted_quantile
 from oppo.sim.cost.framework import Framework
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.logs.trust import calibration, extrapolations, trust_note, weighted_quantile
+from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
 
 DATA = Path(__file__).with_name("data")

@@ -193,8 +193,8 @@ def test_an_updates_copies_are_priced_at_the_updates_share_of_the_host_link():
 def test_an_update_pays_an_offloaded_trainers_copies_once_a_step_whatever_its_mini_batches():
     """The simulator charges the copies once around a step's updates: a step of 4 mini-batches and one of 1 differ
     in their updates' seconds by their passes alone (the round trip is not charged per mini-batch)."""
-    from oppo.sim.model import SimConfig, simulate
-    from oppo.sim.setup_toml import load_setup
+    from oppo.sim.model.trainer import SimConfig, simulate
+    from oppo.sim.setup.toml_file import load_setup
 
     setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
     fw = dataclasses.replace(setup.framework, offload=("actor", "critic"), optimizer_offload=("actor", "critic"))
@@ -219,9 +219,9 @@ def test_a_log_replay_reads_an_updates_copies_as_its_host_load_once_a_step():
     the host link's share), once a step: the nominal round trip of its parameters and optimizer state."""
     from pathlib import Path
 
-    from oppo.sim.logfit import replay
-    from oppo.sim.runlogs import load_run_log
-    from oppo.sim.setup_toml import load_setup
+    from oppo.sim.logs.fit import replay
+    from oppo.sim.logs.read import load_run_log
+    from oppo.sim.setup.toml_file import load_setup
 
     setup = load_setup("verl-qwen2.5-0.5b-gsm8k")
     fw = dataclasses.replace(setup.framework, offload=("actor",), optimizer_offload=("actor",))
@@ -326,7 +326,7 @@ def test_across_nodes_a_collective_runs_a_ring_channel_over_each_card():
     8 GPUs a node carry it at 8 cards' bandwidth, up to the intra-node link (H100: 400 GB/s under NVLink's 450;
     A100: 200 under 300); 4 a node at 4 cards'; the setup's figure overrides the card's; a GPU that names no card
     asks for the setup's."""
-    from oppo.sim.setups import Cluster
+    from oppo.sim.setup.presets import Cluster
 
     assert Cluster().link_bytes_per_s(GPUS["h100"], first=0, n_gpus=16) == 8 * 50e9
     assert Cluster().link_bytes_per_s(GPUS["a100"], first=0, n_gpus=16) == 8 * 25e9
@@ -338,8 +338,8 @@ def test_across_nodes_a_collective_runs_a_ring_channel_over_each_card():
 
 
 def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
-    from oppo.sim.setup_toml import load_setup
-    from oppo.sim.setups import Cluster
+    from oppo.sim.setup.presets import Cluster
+    from oppo.sim.setup.toml_file import load_setup
 
     cluster, gpu = Cluster(gpus_per_node=8, inter_node_bytes_per_s=25e9), GPUS["h100"]
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8) == gpu.link_bytes_per_s  # one node: NVLink
@@ -361,8 +361,8 @@ def test_a_collective_spanning_nodes_takes_the_inter_node_link(tmp_path):
 def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
     """Node boundaries sit at multiples of gpus_per_node: two GPUs 3 and 4 at 4 per node are on two nodes although
     two GPUs fit in one; a tensor-parallel engine of 4 on GPUs 4-7 at 6 per node straddles the boundary at 6."""
-    from oppo.sim.setup_toml import load_setup
-    from oppo.sim.setups import Cluster
+    from oppo.sim.setup.presets import Cluster
+    from oppo.sim.setup.toml_file import load_setup
 
     cluster, gpu = Cluster(gpus_per_node=4, inter_node_bytes_per_s=25e9), GPUS["h200"]
     assert cluster.link_bytes_per_s(gpu, first=4, n_gpus=4) == gpu.link_bytes_per_s  # GPUs 4-7: node 1 alone
@@ -393,7 +393,7 @@ def test_megatrons_gradients_all_reduce_over_its_strided_data_parallel_groups():
     """Megatron's data-parallel replicas are t x p GPUs apart: at t = 8 on 2 nodes of 8 each gradient group is GPU
     i and i + 8, one a node, one card each (50 GB/s a GPU on an H100 system), not the 16 GPUs' 8 cards a node; at
     t = 2, groups of 8 GPUs with 4 a node, 4 cards'."""
-    from oppo.sim.setups import Cluster
+    from oppo.sim.setup.presets import Cluster
 
     cluster, gpu = Cluster(), GPUS["h100"]
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16, stride=8) == 50e9
@@ -406,7 +406,7 @@ def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):
     turns a preset's reward model into a rule must not charge the model's per-micro-batch terms per sequence."""
     from oppo.sim.cost.framework import trl_layer
     from oppo.sim.cost.stage import StageLoad
-    from oppo.sim.setup_toml import load_setup
+    from oppo.sim.setup.toml_file import load_setup
 
     path = tmp_path / "rule.toml"
     path.write_text('base = "paper-7b-h200"\nreward = "rule"\n')

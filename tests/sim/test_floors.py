@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logdevice import resolve_gpu
-from oppo.sim.logfit import predict_stages, replay
-from oppo.sim.runlogs import load_run_log
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.logs.device import resolve_gpu
+from oppo.sim.logs.fit import predict_stages, replay
+from oppo.sim.logs.read import load_run_log
+from oppo.sim.setup.toml_file import load_setup
 from tests.sim.test_logfit import DATA, families, overridden, per_step_terms, synthesized_log, within_run
 
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from oppo.sim.cost.engine import model_shape
-from oppo.sim.knobs import activation_bytes, colocated_bytes, framework_grid, verl_overrides, with_framework_knobs
-from oppo.sim.plan import Candidate, Space, candidates, fits_memory, sim_config
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.setup.toml_file import load_setup
+from oppo.sim.study.knobs import activation_bytes, colocated_bytes, framework_grid, verl_overrides, with_framework_knobs
+from oppo.sim.study.plan import Candidate, Space, candidates, fits_memory, sim_config
 from tests import invoke
 
 
@@ -156,7 +156,7 @@ def test_the_memory_screen_keeps_an_offloaded_optimizers_moments_off_the_gpus():
     """An FSDP trainer whose optimizer is on the host holds 8 bytes a parameter fewer on each GPU (Adam's two fp32
     moments, sharded over the GPUs); an unsharded setup holds the whole of its states on each GPU."""
     from oppo.sim.cost.engine import model_shape
-    from oppo.sim.knobs import training_bytes
+    from oppo.sim.study.knobs import training_bytes
 
     setup = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
     params, gpus = model_shape(setup.actor).params, 8

@@ -1,5 +1,5 @@
 """A setup whose GPU its log does not name (``gpu = "unknown"``): the peak verl assumed, read back from the log's MFU
-(oppo/sim/logdevice.py), and the ``[gpu_spec]`` table that carries it."""
+(oppo/sim/logs/device.py), and the ``[gpu_spec]`` table that carries it."""
 
 import csv
 import dataclasses
@@ -10,10 +10,10 @@ import pytest
 
 from oppo.core.config import to_dict
 from oppo.sim.cost.gpu import Efficiency
-from oppo.sim.logdevice import prior_gpu, read_back_peak, resolve_gpu, verl_family
-from oppo.sim.runlogs import load_run_log
-from oppo.sim.setup_toml import load_setup, setup_from_dict, setup_toml
-from oppo.sim.setups import GpuSpec
+from oppo.sim.logs.device import prior_gpu, read_back_peak, resolve_gpu, verl_family
+from oppo.sim.logs.read import load_run_log
+from oppo.sim.setup.presets import GpuSpec
+from oppo.sim.setup.toml_file import load_setup, setup_from_dict, setup_toml
 from tests import invoke
 
 DATA = Path(__file__).parent / "data"
@@ -251,7 +251,7 @@ def test_a_link_is_read_back_only_where_the_constant_is_far_beyond_the_priors_ga
     """Steps whose passes are exactly a constant (the gathers at ``link``: the updates gather twice and
     reduce-scatter in fp32, four times the forward's bytes over as many micro-batches) plus a time per token: a link
     under a quarter of the prior's (the A100's 300 GB/s) is read back to 1e-6; within it the prior stands."""
-    from oppo.sim.logdevice import read_back_link
+    from oppo.sim.logs.device import read_back_link
 
     forward = gathers_s(link)
     found = read_back_link(load_setup(GPG), gpg_steps_with_constants(forward, 4 * forward), 300e9)
@@ -262,7 +262,7 @@ def test_a_constant_a_step_that_is_no_gathers_is_not_read_as_a_link():
     """A constant a step alike in the forward passes and the updates (the host's or the dispatch's, not gathers,
     which the updates move four times) is no link, however large; a run on two nodes (the network's figure, not the
     link's) reads none either."""
-    from oppo.sim.logdevice import read_back_link
+    from oppo.sim.logs.device import read_back_link
 
     setup = load_setup(GPG)
     assert read_back_link(setup, gpg_steps_with_constants(20.0, 20.0), 300e9) is None
@@ -278,7 +278,7 @@ def test_runs_whose_forward_passes_show_no_slow_link_keep_the_prior():
     """The MI300X run's ``old_log_prob`` line has no positive constant, the Gemma run times no ``old_log_prob``
     and the Qwen run's actor has one GPU (no gathers): none reads a link back, nor do steps whose tokens barely vary
     (no constant to read)."""
-    from oppo.sim.logdevice import read_back_link
+    from oppo.sim.logs.device import read_back_link
 
     runs = {
         "verl-deepseek-llm-7b-ppo-8xmi300x": MI300X_CSV,

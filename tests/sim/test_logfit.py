@@ -16,8 +16,8 @@ from oppo.sim import SimConfig, simulate
 from oppo.sim.cost.fit import LOAD_FIELDS, SHARED_TERMS, slice_load
 from oppo.sim.cost.framework import ROLE_STAGES, TRL, shared_layer
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logdevice import resolve_gpu
-from oppo.sim.logfit import (
+from oppo.sim.logs.device import resolve_gpu
+from oppo.sim.logs.fit import (
     STAGE_OPS,
     calibrate,
     calibrated,
@@ -30,10 +30,10 @@ from oppo.sim.logfit import (
     step_lengths,
     with_layer,
 )
-from oppo.sim.logreport import replay_errors
-from oppo.sim.logshared import shared_fidelity
-from oppo.sim.runlogs import TrainingLog, load_run_log
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.logs.read import TrainingLog, load_run_log
+from oppo.sim.logs.report import replay_errors
+from oppo.sim.logs.shared import shared_fidelity
+from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
 
 DATA = Path(__file__).with_name("data")

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oppo.sim.logsetup import model_name, setup_from_log
-from oppo.sim.runlogs import load_run_log
-from oppo.sim.setup_toml import load_setup
-from oppo.sim.verl_config import contradictions, parse_value, read_verl_config
+from oppo.sim.logs.read import load_run_log
+from oppo.sim.logs.setup_from_log import model_name, setup_from_log
+from oppo.sim.logs.verl_config import contradictions, parse_value, read_verl_config
+from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
 
 DATA = Path(__file__).with_name("data")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logfit import fit_layer, logged_run
-from oppo.sim.runlogs import load_run_log
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.logs.fit import fit_layer, logged_run
+from oppo.sim.logs.read import load_run_log
+from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
 from tests.sim.test_floors import assert_predicts_its_own_steps
 from tests.sim.test_logfit import families, synthesized_log

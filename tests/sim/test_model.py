@@ -13,7 +13,7 @@ from oppo.catalog.lengths import LengthTrace
 from oppo.records.metrics import summarize
 from oppo.sim import SimConfig, load_setup, simulate
 from oppo.sim.cost.framework import TRL, Framework
-from oppo.sim.setups import Placement
+from oppo.sim.setup.presets import Placement
 from oppo.sim.workload import SeqLengths
 
 GOLDEN = Path(__file__).with_name("golden_summary.json")
@@ -147,8 +147,8 @@ def test_chunk_prefiller_prefills_chunks_in_order_on_its_device():
     meaning): chunks queue in a SimPy store and are prefilled one after another, each on every GPU of its group."""
     import simpy
 
-    import oppo.sim.model as model
-    from oppo.sim.model import ChunkPrefiller, Device, SimResult
+    import oppo.sim.model.trainer as model
+    from oppo.sim.model.trainer import ChunkPrefiller, Device, SimResult
 
     assert not hasattr(model, "StreamingScorer")
     env, result = simpy.Environment(), SimResult()
@@ -223,7 +223,7 @@ def test_length_drift_shortens_responses():
     assert late == pytest.approx(early * 0.5, rel=0.1)
 
 
-@pytest.mark.parametrize("name", sorted(__import__("oppo.sim.setups", fromlist=["PRESETS"]).PRESETS))
+@pytest.mark.parametrize("name", sorted(__import__("oppo.sim.setup.presets", fromlist=["PRESETS"]).PRESETS))
 def test_every_preset_simulates(name):
     result = simulate(small("oppo", setup=name, steps=3))
     assert len(result.steps) == 3 and all(s.step_s > 0 for s in result.steps)

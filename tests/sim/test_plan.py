@@ -8,10 +8,21 @@ import subprocess
 
 import pytest
 
-from oppo.sim.experiments import summarize_config
-from oppo.sim.plan import LAG, Candidate, Rungs, Space, baselines, candidates, fits_memory, plan, plan_rows, sim_config
-from oppo.sim.pool import Pool
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.setup.toml_file import load_setup
+from oppo.sim.study.experiments import summarize_config
+from oppo.sim.study.plan import (
+    LAG,
+    Candidate,
+    Rungs,
+    Space,
+    baselines,
+    candidates,
+    fits_memory,
+    plan,
+    plan_rows,
+    sim_config,
+)
+from oppo.sim.study.pool import Pool
 from tests import invoke
 
 SMALL = Rungs(steps=(6, 12), seeds=(1, 2))
@@ -149,7 +160,7 @@ def test_workers_do_not_change_an_in_process_plan():
 
 def test_executor_flags_of_a_plan_give_the_executor_the_simulated_schedule():
     from oppo.exec.train import build_parser, config_from
-    from oppo.sim.plan import exec_flags
+    from oppo.sim.study.plan import exec_flags
 
     setup = load_setup("tiny-cpu")  # the executor's own defaults differ from the setup's (e.g. Δ init, windows)
     schedule = sim_config(setup, Candidate("oppo", chunk="8", delta_max=6, delta_controller="tail"), {}, 1, 0).schedule
@@ -193,7 +204,7 @@ def test_with_equal_rung_steps_only_the_last_rung_is_recommended_from():
 def test_the_lag_bound_is_judged_on_the_steps_after_the_warm_up():
     """async K = 2 over 6 steps: its first steps cannot lag 2 versions, so its mean lag over all steps (what the
     planner used to bound: 0.83) is under the lag it settles at (1.0). A bound between the two keeps it out."""
-    from oppo.sim.plan import Evaluated, Plan, _summary
+    from oppo.sim.study.plan import Evaluated, Plan, _summary
 
     candidate = Candidate("async", staleness=2)
     summary = _summary((sim_config(small_setup(), candidate, {}, 6, 3), None))
@@ -207,7 +218,7 @@ def test_best_and_pareto_of_a_scripted_plan():
     """best() and pareto() on evaluations whose answer is known by construction (not re-derived from the code):
     the fastest configuration breaks the lag bound, one that ran only the first rung is faster still, and a
     baseline outside the search is fastest of all."""
-    from oppo.sim.plan import Evaluated, Plan
+    from oppo.sim.study.plan import Evaluated, Plan
 
     def row(policy, samples, lag, rung=1, searched=True, **knobs):
         summary = {"samples_per_s": samples, LAG: lag}
@@ -236,7 +247,7 @@ def test_best_and_pareto_of_a_scripted_plan():
 
 
 def test_the_gain_is_confirmed_on_seeds_the_search_never_used(tmp_path):
-    from oppo.sim.plan import confirm, fresh_seeds
+    from oppo.sim.study.plan import confirm, fresh_seeds
 
     result = small_plan(budget=60)
     seeds = fresh_seeds(3, SMALL, 2)

@@ -12,7 +12,7 @@ from oppo.core.config import DELTA_CONTROLLERS
 from oppo.records.metrics import hidden_fraction, stage_throughput, summarize, work_done
 from oppo.records.schema import StepRecord, TraceRow, TrainedSeq
 from oppo.sim import SimConfig, load_setup, simulate
-from oppo.sim.experiments import compare, compare_rows, flops_and_peaks
+from oppo.sim.study.experiments import compare, compare_rows, flops_and_peaks
 from oppo.sim.workload import LengthModel
 
 LONG_COT = LengthModel(median_tokens=700, sigma=1.66)  # p50 ~700, p99 ~33k tokens: long chain-of-thought

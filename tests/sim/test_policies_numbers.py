@@ -16,7 +16,7 @@ import pytest
 
 from oppo.catalog.lengths import load_lengths
 from oppo.sim import load_setup
-from oppo.sim.experiments import run
+from oppo.sim.study.experiments import run
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
 GRPO = (("algo", "grpo"), ("group_size", 8), ("batch", 16))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from oppo.cli import Interrupted
-from oppo.sim.experiments import sweep_config
-from oppo.sim.model import SimConfig
-from oppo.sim.pool import Pool, evaluate
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.model.trainer import SimConfig
+from oppo.sim.setup.toml_file import load_setup
+from oppo.sim.study.experiments import sweep_config
+from oppo.sim.study.pool import Pool, evaluate
 
 
 def sim(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -169,7 +169,7 @@ def sigint_raises():
 
 
 def test_a_ctrl_c_while_submitting_is_raised_once_all_are_submitted(sigint_raises):
-    from oppo.sim.pool import _sigint_deferred
+    from oppo.sim.study.pool import _sigint_deferred
 
     submitted = []
     with pytest.raises(KeyboardInterrupt):
@@ -182,7 +182,7 @@ def test_a_ctrl_c_while_submitting_is_raised_once_all_are_submitted(sigint_raise
 
 
 def test_where_sigint_is_ignored_it_stays_ignored():
-    from oppo.sim.pool import _sigint_deferred
+    from oppo.sim.study.pool import _sigint_deferred
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from oppo.catalog.lengths import load_lengths
 from oppo.sim import load_setup
-from oppo.sim.experiments import run
+from oppo.sim.study.experiments import run
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -8,9 +8,9 @@ import pytest
 
 from oppo.sim.cost.gpu import Cluster
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logfit import MAX_SHARE, _timed_reshards, reshard_load, timed_reshard
-from oppo.sim.runlogs import TrainingLog, load_run_log
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.logs.fit import MAX_SHARE, _timed_reshards, reshard_load, timed_reshard
+from oppo.sim.logs.read import TrainingLog, load_run_log
+from oppo.sim.setup.toml_file import load_setup
 from tests.sim.test_logfit import DATA, synthesized_log, within_run
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logfit import predict_stages, replay
-from oppo.sim.runlogs import LoggedStep, load_run_log
-from oppo.sim.setup_toml import load_setup
+from oppo.sim.logs.fit import predict_stages, replay
+from oppo.sim.logs.read import LoggedStep, load_run_log
+from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
 from tests.sim.test_logfit import families, within_run
 

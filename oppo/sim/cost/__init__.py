@@ -9,9 +9,9 @@
    one formula the simulator charges and the fit fits, and the layer of a setup's stages and the loads its passes
    make.
 4. :mod:`oppo.sim.cost.fit`: the fitted terms: the framework layer's terms fitted to logged stage seconds (the loads
-   measured by :mod:`oppo.sim.logfit`).
+   measured by :mod:`oppo.sim.logs.fit`).
 5. :mod:`oppo.sim.cost.profile`: a whole cost model fitted to the executor's traces, in place of layers 2-4.
 
-A setup (:mod:`oppo.sim.setups`) assembles a cost model per role from these layers; the simulator
-(:mod:`oppo.sim.model`) only calls it. None of them imports SimPy.
+A setup (:mod:`oppo.sim.setup.presets`) assembles a cost model per role from these layers; the simulator
+(:mod:`oppo.sim.model.trainer`) only calls it. None of them imports SimPy.
 """

@@ -6,7 +6,7 @@ fitted to measured stage seconds (a whole cost model fitted to the executor's ow
 
 From real logs (:func:`fit_stage`, :func:`fit_problems`): a stage's seconds are linear in its terms but for two
 overlaps with compute, the gathers' and the host's (:meth:`~oppo.sim.cost.stage.StageCost.seconds` of a
-:class:`~oppo.sim.cost.stage.StageLoad`), so given each step's load (:mod:`oppo.sim.logfit` measures it by
+:class:`~oppo.sim.cost.stage.StageLoad`), so given each step's load (:mod:`oppo.sim.logs.fit` measures it by
 replaying the log on the simulator) the terms are a linear fit, refined by a bounded nonlinear one where an
 overlap is fitted.
 """

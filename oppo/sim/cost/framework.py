@@ -14,7 +14,7 @@ any term can be set by hand in a setup's ``[framework.STAGE]`` tables; the struc
 sizes, gradient checkpointing, offload) are the run's configuration.
 
 The cost stack (:mod:`oppo.sim.cost`): GPU -> engine -> this layer -> its fitted terms (:mod:`oppo.sim.cost.fit`,
-fed by :mod:`oppo.sim.logfit`'s replays of logs; ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
+fed by :mod:`oppo.sim.logs.fit`'s replays of logs; ``oppo/data/framework/verl-shared.toml`` holds the layer fitted
 across the shared runs).
 
 Stages (verl's timing names): ``gen`` (actor prefill and decode), ``old_log_prob`` (actor scoring), ``ref``

@@ -1,5 +1,5 @@
 """What a fitted framework layer was fitted on (:class:`Calibration`): the runs, their span and how far its
-predictions were off, the record :mod:`oppo.sim.calibration` writes into a calibrated setup and reads back to say
+predictions were off, the record :mod:`oppo.sim.logs.trust` writes into a calibrated setup and reads back to say
 when a prediction extrapolates."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Calibration:
-    """What a fitted layer was fitted on and how far its predictions were off (:mod:`oppo.sim.calibration` makes
+    """What a fitted layer was fitted on and how far its predictions were off (:mod:`oppo.sim.logs.trust` makes
     and reads it): the runs; the relative half-width of an interval holding ``coverage`` of the predicted steps
     (``step_err``) and of each stage's (``stage_err``, in ``stages`` order) when each run was predicted without its
     siblings (``basis``: "leave_one_group_out", or "within" for one run's own validated steps); and the span of the

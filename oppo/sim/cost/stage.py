@@ -34,7 +34,7 @@ scoring pass; an update, once a step), at the nominal host link (the GPU's, a pr
 ``host_link_frac``; ``host_copy_s`` its shards copied from the host before each gather (FSDP's CPU
 offload, at every micro-batch), over the same share, prefetched with the gathers. ``extra_s`` is what no term
 scales. Every term but the overlap is linear in the load, so the loads of a step add up, and the log fit
-(:mod:`oppo.sim.logfit`) measures them by simulating a step with this very class (with both exposed shares 1, where
+(:mod:`oppo.sim.logs.fit`) measures them by simulating a step with this very class (with both exposed shares 1, where
 the overlaps are sums too). Of a replayed step's passes of one stage, every one is alike, so the overlaps of their
 summed loads are theirs; a logged stage that times several of ours at once (OpenRLHF's) is fitted on their summed
 loads, and predicted as the sum of each one's overlap: the two differ where its parts fall on both sides of the

@@ -1,0 +1,222 @@
+"""How far to trust a prediction made with a calibrated setup: the interval its calibration's errors give, and the
+terms of the setup that leave the span of the runs it was calibrated on.
+
+``calibrate-log`` records what it fitted on (:class:`oppo.sim.cost.span.Calibration`, written into
+``framework.toml`` or the calibrated ``setup.toml``): with several logs, the half-width of the interval that holds
+``coverage`` (80%) of the steps when each run is predicted by a layer fitted without it and its siblings
+(leave-one-group-out, each run weighted alike); with one log, of its own validated steps. ``validate-log``, ``run``,
+``compare``, ``sweep`` and ``plan`` on such a setup say that interval and name what extrapolates: more GPUs or
+nodes than any calibration run, a model outside [half the smallest, twice the largest], another GPU, algorithm or
+rollout engine reset or training backend, a training tensor- or pipeline-parallel degree or an update micro-batch
+outside the runs', group sampling where no run sampled groups, a longer response cap, a role offloaded or weights
+pushed to a rollout engine of its own where no run did (their links at their priors), forward micro-batches of a
+work outside [half the least, twice the most] of the runs' (the host's time per micro-batch shows or hides).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from oppo.sim.cost.engine import model_shape
+from oppo.sim.cost.fit import SHARED_TERMS
+from oppo.sim.cost.framework import ROLE_STAGES
+from oppo.sim.cost.span import Calibration
+from oppo.sim.setup.presets import Setup
+
+COVERAGE = 0.8  # share of predicted steps an interval holds
+BASES = {  # what the interval's errors are, in words
+    "leave_one_group_out": "each run predicted without its group",
+    "leave_one_out": "each run predicted without itself (its siblings kept: no run had a run outside its group)",
+    "within": "its own validated steps",
+}
+MODEL_SPAN = 2.0  # a model this many times larger than the largest (or smaller than the smallest) extrapolates
+
+
+def nodes(setup: Setup) -> int:
+    return math.ceil(setup.total_gpus / setup.cluster.gpus_per_node)
+
+
+def params_b(setup: Setup) -> float:
+    return model_shape(setup.actor).params / 1e9
+
+
+def weighted_quantile(errors: list[np.ndarray], q: float) -> float:
+    """The ``q`` quantile of the absolute errors of every run's steps, each run weighing alike whatever its steps."""
+    values = np.concatenate(errors)
+    weights = np.concatenate([np.full(len(e), 1 / len(e)) for e in errors])
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order]) / weights.sum()
+    # the first value whose cumulative weight reaches q (the inverse of the weighted CDF); the tolerance keeps a
+    # sum of floats that should equal q exactly from landing one value late
+    index = np.searchsorted(cumulative, q - 1e-9)
+    return float(values[order][min(index, len(values) - 1)])
+
+
+def calibration(
+    setups: list[Setup], errors: dict[str, list[np.ndarray]], basis: str, coverage: float = COVERAGE
+) -> Calibration:
+    """The record of a calibration on ``setups`` whose predictions missed by ``errors`` (stage, with "step" -> per
+    run, the absolute relative error of each predicted step)."""
+    stages = tuple(stage for stage in errors if stage != "step")
+
+    def span(values):
+        return (min(values), max(values))
+
+    return Calibration(
+        runs=tuple(s.name for s in setups),
+        basis=basis,
+        coverage=coverage,
+        step_err=weighted_quantile(errors["step"], coverage),
+        stages=stages,
+        stage_err=tuple(weighted_quantile(errors[stage], coverage) for stage in stages),
+        gpus=span([s.total_gpus for s in setups]),
+        nodes=span([nodes(s) for s in setups]),
+        params_b=span([round(params_b(s), 3) for s in setups]),
+        max_new_tokens=span([s.max_new_tokens for s in setups]),
+        gpu_names=tuple(sorted({s.priced_as for s in setups})),
+        algos=tuple(sorted({s.algo for s in setups})),
+        group_sizes=tuple(sorted({s.group_size for s in setups})),
+        kv_cache_resets=tuple(sorted({s.framework.kv_cache_reset for s in setups})),
+        engines=tuple(sorted({s.engine for s in setups})),
+        rollout_tensor_parallel=span([s.framework.rollout_tensor_parallel for s in setups]),
+        weight_reshards=tuple(sorted({s.framework.weight_reshard for s in setups})),
+        sharded=tuple(sorted({s.framework.sharded for s in setups})),
+        train_backends=tuple(sorted({s.framework.train_backend for s in setups})),
+        train_tensor_parallel=span([s.framework.train_tensor_parallel for s in setups]),
+        train_pipeline_parallel=span([s.framework.train_pipeline_parallel for s in setups]),
+        train_micro_batch=span([s.framework.train_micro_batch for s in setups]),
+        offloads=tuple(sorted({",".join(offloaded(s)) or "none" for s in setups})),
+        weight_pushes=tuple(sorted({bool(s.placement.rollout_gpus) for s in setups})),
+        forward_gflop=span([round(forward_gflop(s), 3) for s in setups]),
+    )
+
+
+def offloaded(setup: Setup) -> list[str]:
+    """The setup's offloaded roles, ``:each`` marking those copied in at every micro-batch (FSDP's CPU offload),
+    and ``role:optimizer`` each trainer whose optimizer state is on the host."""
+    fw = setup.framework
+    params = [f"{role}:each" if role in fw.offload_each_micro_batch else role for role in fw.offload]
+    return sorted([*params, *(f"{role}:optimizer" for role in fw.optimizer_offload)])
+
+
+def forward_gflop(setup: Setup) -> float:
+    """The work of one scoring forward micro-batch on one GPU, 2 x parameters x its rows x (prompt + response cap)
+    tokens (over the training tensor-parallel degree), in GFLOP: small, a pass waits on the host's time per
+    micro-batch (a 0.5B model's); large, that time hides behind compute (a 7B model's). A measure of scale for the
+    calibration span, not the roofline's count (the parameters as held, a tied embedding once)."""
+    fw = setup.framework
+    rows = fw.forward_micro_batch or math.ceil(setup.batch * setup.group_size / setup.total_gpus)
+    tokens = max(setup.lengths.prompt_tokens + setup.max_new_tokens, 0 if fw.packed else fw.pad_to_tokens)
+    return 2 * model_shape(setup.actor).params * rows * tokens / fw.train_tensor_parallel / 1e9
+
+
+def _family_extrapolations(setup: Setup, c: Calibration) -> list[str]:
+    """The setup's stages that no calibration run timed, priced by the terms their family (``SHARED_TERMS``) was
+    fitted on through its other stages: a critic's passes predicted from runs without one, say."""
+    runs = {stage for role in setup.roles(setup.algo) for stage in ROLE_STAGES[role] if stage}
+    found = []
+    for family in SHARED_TERMS:
+        timed = [stage for stage in family if stage in c.stages]
+        untimed = [stage for stage in family if stage in runs and stage not in c.stages]
+        if timed and untimed:
+            found.append(
+                f"{', '.join(untimed)} priced by the terms fitted on {', '.join(timed)} (no calibration run timed it)"
+            )
+    return found
+
+
+def _reshard_extrapolations(setup: Setup, c: Calibration) -> list[str]:
+    """The reshard's software per layer, fitted where a calibration run timed the reshard, charged to a setup
+    that reshards: it transfers as a time per layer, whatever the setup's GPU, links or verl version (one run timed
+    it, on one machine)."""
+    layer_s = setup.framework.gen.reshard_layer_s
+    resharded = setup.framework.weight_reshard and not setup.placement.rollout_gpus
+    if not (resharded and layer_s > 0 and "reshard" in c.stages):
+        return []
+    return [f"the reshard's software, {layer_s:.3g} s a layer, as the calibration runs that timed it paid it"]
+
+
+def extrapolations(setup: Setup) -> list[str]:
+    """The terms of ``setup`` outside the span of its calibration runs, each a phrase (none: inside, or not
+    calibrated)."""
+    c = setup.framework.calibration
+    if not c.runs:
+        return []
+    found = []
+    gpus, node_count, size = setup.total_gpus, nodes(setup), params_b(setup)
+    if not c.gpus[0] <= gpus <= c.gpus[1]:
+        found.append(f"{gpus} GPUs (calibrated on {c.gpus[0]}-{c.gpus[1]})")
+    if node_count > c.nodes[1]:
+        network = (
+            "the network cards at their datasheet figure, a ring channel over each (an assumed model no calibration "
+            "run checks), times the gathers' share fitted within nodes"
+        )
+        found.append(f"{node_count} nodes (calibrated on at most {c.nodes[1]}: {network})")
+    if not c.params_b[0] / MODEL_SPAN <= size <= c.params_b[1] * MODEL_SPAN:
+        found.append(f"a {size:.2g}B-parameter model (calibrated on {c.params_b[0]:.2g}B-{c.params_b[1]:.2g}B)")
+    if setup.max_new_tokens > c.max_new_tokens[1]:
+        found.append(f"responses capped at {setup.max_new_tokens} tokens (calibrated up to {c.max_new_tokens[1]})")
+    tp = setup.framework.rollout_tensor_parallel
+    if c.rollout_tensor_parallel and not c.rollout_tensor_parallel[0] <= tp <= c.rollout_tensor_parallel[1]:
+        span = c.rollout_tensor_parallel
+        found.append(f"rollout tensor parallel {tp} (calibrated on {span[0]}-{span[1]})")
+    for what, value, span in (
+        ("training tensor parallel", setup.framework.train_tensor_parallel, c.train_tensor_parallel),
+        ("training pipeline parallel", setup.framework.train_pipeline_parallel, c.train_pipeline_parallel),
+        ("update micro-batches of", setup.framework.train_micro_batch, c.train_micro_batch),
+    ):
+        if span and not span[0] <= value <= span[1]:
+            found.append(f"{what} {value} (calibrated on {span[0]}-{span[1]})")
+    for what, value, seen in (
+        ("GPU", setup.priced_as, c.gpu_names),
+        ("algorithm", setup.algo, c.algos),
+        ("engine", setup.engine, c.engines),
+        ("rollout kv_cache_reset", setup.framework.kv_cache_reset, c.kv_cache_resets),
+        ("weight_reshard", setup.framework.weight_reshard, c.weight_reshards),
+        ("sharded", setup.framework.sharded, c.sharded),
+        ("train_backend", setup.framework.train_backend, c.train_backends),
+    ):
+        if seen and value not in seen:
+            found.append(f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})")
+    roles = [role for role in offloaded(setup) if not any(role in runs.split(",") for runs in c.offloads)]
+    if c.offloads and roles:
+        named = ", ".join(
+            role.replace(":each", " (copied in at every micro-batch)").replace(":optimizer", "'s optimizer state")
+            for role in roles
+        )
+        found.append(f"{named} offloaded to the host (no calibration run offloaded it so: its link at its prior)")
+    if c.weight_pushes and setup.placement.rollout_gpus and True not in c.weight_pushes:
+        found.append(
+            "weights pushed to rollout GPUs of their own (no calibration run pushed: the push's link at its prior)"
+        )
+    work = forward_gflop(setup)
+    if c.forward_gflop and not c.forward_gflop[0] / MODEL_SPAN <= work <= c.forward_gflop[1] * MODEL_SPAN:
+        lo, hi = c.forward_gflop
+        found.append(
+            f"forward micro-batches of {work:.3g} GFLOP a GPU (calibrated on {lo:.3g}-{hi:.3g}: where the host's time "
+            "per micro-batch shows or hides)"
+        )
+    found += _family_extrapolations(setup, c) + _reshard_extrapolations(setup, c)
+    if setup.group_size > max(c.group_sizes):
+        if max(c.group_sizes) == 1:
+            found.append(f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")
+        else:
+            found.append(f"groups of {setup.group_size} (calibrated up to {max(c.group_sizes)})")
+    return found
+
+
+def trust_note(setup: Setup) -> str | None:
+    """One line for a prediction on a calibrated setup: its interval and what extrapolates (None: uncalibrated)."""
+    c = setup.framework.calibration
+    if not c.runs:
+        return None
+    basis = BASES.get(c.basis, c.basis)
+    note = (
+        f"note: {setup.name} predicts a sync step to ±{c.step_err:.{0 if c.step_err >= 0.1 else 1}%} "
+        f"({c.coverage:.0%} of steps, {basis} over "
+        f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}; other policies' overlap is the model's)"
+    )
+    outside = extrapolations(setup)
+    return note + ("; extrapolates: " + "; ".join(outside) if outside else "; within the calibration span")

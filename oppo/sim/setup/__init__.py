@@ -1,0 +1,1 @@
+"""What a simulation runs on: the presets (:mod:`.presets`) and setup TOML files (:mod:`.toml_file`)."""

@@ -1,0 +1,182 @@
+"""Setups as TOML files: read (``load_setup``: a preset, a bundled setup or a file of overrides on a base) and
+written (``setup_toml``, ``framework_toml``: what ``calibrate-log`` saves). The file format is the module docstring
+of :mod:`oppo.sim.setup.presets`; every TOML key is a field of its dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from oppo.data import data_dir, read_toml
+from oppo.sim.cost.framework import FRAMEWORKS, STAGE_TERMS, Framework, read_layer
+from oppo.sim.cost.gpu import lookup
+from oppo.sim.cost.span import Calibration
+from oppo.sim.cost.stage import StageCost
+from oppo.sim.setup.presets import PRESETS, GpuSpec, Setup, paper_7b_h200
+
+
+def load_setup(name_or_file: str) -> Setup:
+    """A preset by name, or a TOML file (``base`` preset + overrides)."""
+    if name_or_file in PRESETS:
+        return PRESETS[name_or_file]()
+    bundled = data_dir() / "setups" / f"{name_or_file}.toml"  # setups of real runs shipped with the package
+    path = bundled if bundled.is_file() else Path(name_or_file)
+    if path.suffix != ".toml":
+        known = [*PRESETS, *sorted(p.stem for p in (data_dir() / "setups").glob("*.toml"))]
+        raise ValueError(f"unknown setup {name_or_file!r}; choose from {', '.join(known)} or a .toml file")
+    data = read_toml(path, "setup file")
+    for role in MODEL_KEYS:  # a model's config.json (or checkpoint folder) is relative to the TOML naming it
+        if isinstance(data.get(role), str):
+            data[role] = _model_path(data[role], path.parent)
+    framework = data.get("framework")
+    if isinstance(framework, dict) and str(framework.get("base", "")).endswith(".toml"):
+        data["framework"] = read_layer(path.parent / framework.pop("base")) | framework
+    base = data.pop("base", "paper-7b-h200")
+    if base in PRESETS or (data_dir() / "setups" / f"{base}.toml").is_file():
+        return _override(load_setup(base), data, str(path))
+    base_path = path.parent / base  # a setup file, relative to this one (or absolute)
+    if base_path.suffix != ".toml" or base_path.resolve() == path.resolve():
+        raise ValueError(f"{path}: unknown base setup {base!r} (a preset, a bundled setup or another .toml)")
+    return _override(load_setup(str(base_path)), data, str(path))
+
+
+MODEL_KEYS = ("actor", "reward")  # setup keys naming a model: a shape name, "rule" (reward), or a config.json
+
+
+def _model_path(value: str, folder: Path) -> str:
+    """A ``config.json`` file or a checkpoint folder, absolute (relative ones from ``folder``); a shape name or
+    "rule" as it is."""
+    if value.endswith(".json") or (folder / value).is_dir():
+        return str((folder / value).resolve())
+    return value
+
+
+def framework_toml(layer: dict[str, StageCost], comment: str, calibration: Calibration | None = None) -> str:
+    """A fitted framework layer as ``framework.toml``: one table per stage, every term written out (what a setup's
+    ``[framework] base = "framework.toml"`` takes over its own structural settings), and what it was fitted on
+    (``[calibration]``)."""
+    lines = [f"# {line}" for line in comment.splitlines()]
+    for stage, cost in layer.items():
+        lines += ["", f"[{stage}]"] + [f"{t} = {toml_value(float(getattr(cost, t)))}" for t in STAGE_TERMS]
+    if calibration is not None:
+        fields = dataclasses.asdict(calibration)
+        lines += ["", "[calibration]"] + [f"{key} = {toml_value(value)}" for key, value in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+def setup_toml(setup: Setup, base: str) -> str:
+    """A setup as TOML over ``base`` (a preset or a setup file): the fields that differ from it, so the file reads
+    as what was changed (e.g. a calibrated framework layer)."""
+    reference = load_setup(base)
+    lines = [f"base = {toml_value(base)}", f"name = {toml_value(setup.name)}"]
+    tables = []
+    for f in dataclasses.fields(setup):
+        value, old = getattr(setup, f.name), getattr(reference, f.name)
+        if f.name == "name" or value == old:
+            continue
+        if f.name == "reward" and value is None:  # no reward model: a rule scores
+            value = "rule"
+        if dataclasses.is_dataclass(value):
+            tables += _toml_tables(f.name, value, old)
+        else:
+            lines.append(f"{f.name} = {toml_value(value)}")
+    return "\n".join(lines + tables) + "\n"
+
+
+def _toml_tables(name: str, value: Any, old: Any) -> list[str]:
+    """The table of ``value``: its fields that differ from ``old``'s (every field where ``old`` is None)."""
+    own, nested = [f"\n[{name}]"], []
+    for f in dataclasses.fields(value):
+        v, o = getattr(value, f.name), getattr(old, f.name, _UNSET)
+        if v == o:
+            continue
+        if dataclasses.is_dataclass(v):
+            nested += _toml_tables(f"{name}.{f.name}", v, o)
+        else:
+            own.append(f"{f.name} = {toml_value(v)}")
+    return (own if len(own) > 1 else []) + nested
+
+
+_UNSET = object()  # the field of a table the base setup does not have (e.g. its gpu_spec is None)
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    if value is None:
+        raise ValueError("TOML has no null: a setup field set to None cannot be written")
+    return str(value)
+
+
+def _reward_terms_follow_the_scorer(setup: Setup, data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A TOML that switches the scorer (a reward model <-> a rule) or starts ``[framework]`` from a named layer, and
+    sets no ``[framework.reward]``, gets the reward terms of its own scorer (:meth:`Framework.with_reward`), not the
+    base's (a reward model's seconds per micro-batch would be charged per sequence scored by the rule)."""
+    table = data.get("framework") if isinstance(data.get("framework"), dict) else {}
+    rule = changes.get("reward", setup.reward) is None
+    switched = "reward" in changes and rule != (setup.reward is None)
+    if "reward" in table or not (switched or "base" in table):
+        return changes
+    return changes | {"framework": changes.get("framework", setup.framework).with_reward(rule)}
+
+
+def setup_from_dict(data: dict[str, Any], where: str) -> Setup:
+    """A setup stored in a run's ``config.json`` (every field written out, so no preset is needed)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: [setup] must be a table")
+    return _override(paper_7b_h200(), data, where)
+
+
+NAMED_TABLES = {Framework: FRAMEWORKS}  # table types a TOML table may start from by name (``base = NAME``)
+OPTIONAL_TABLES = {"gpu_spec": GpuSpec}  # setup fields that are None unless a table gives every required key
+
+
+def _new_table(cls: type, value: Any, where: str) -> Any:
+    """A table of ``cls`` built from its keys alone (no base value to override)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: must be a table")
+    fields = dataclasses.fields(cls)
+    unknown = set(value) - {f.name for f in fields}
+    missing = [f.name for f in fields if f.name not in value and f.default is dataclasses.MISSING]
+    if unknown or missing:
+        problem = f"unknown key(s) {', '.join(sorted(unknown))}" if unknown else f"missing {', '.join(missing)}"
+        raise ValueError(f"{where}: {problem}; keys: {', '.join(f.name for f in fields)}")
+    return cls(**value)
+
+
+def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    changes = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ValueError(f"{where}: unknown key {key!r}; known: {', '.join(fields)}")
+        if isinstance(obj, Setup) and key == "reward" and value == "rule":
+            value = None  # no reward model: a rule scores the responses
+        current = getattr(obj, key)
+        if current is None and key in OPTIONAL_TABLES and value is not None:  # e.g. [gpu_spec] over none
+            changes[key] = _new_table(OPTIONAL_TABLES[key], value, f"{where} [{key}]")
+            continue
+        named = NAMED_TABLES.get(type(current))
+        if named and isinstance(value, dict) and "base" in value:  # e.g. [framework] base = "roofline" | "trl"
+            value = dict(value)  # start from that named table, not the base setup's
+            current = lookup(named, value.pop("base"), f"{where} [{key}] base")
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: [{key}] must be a table")
+            value = _override(current, value, f"{where} [{key}]")
+        elif isinstance(current, tuple) and isinstance(value, list):  # JSON and TOML arrays
+            value = tuple(value)
+        changes[key] = value
+    if isinstance(obj, Setup):
+        changes = _reward_terms_follow_the_scorer(obj, data, changes)
+    try:
+        return dataclasses.replace(obj, **changes)
+    except TypeError as err:
+        raise ValueError(f"{where}: {err}") from None
