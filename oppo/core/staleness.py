@@ -61,7 +61,11 @@ def assumptions_hold(batch: int, staleness: int, rho: float, lag: float, step_s:
 
 def utilization(batch: int, train_s: float, concurrency: int, group_s: float) -> float:
     """rho = T lambda / B with lambda = C / E[L]: ``train_s`` the trainer's seconds per step, ``group_s`` the mean
-    seconds a group generates, ``concurrency`` the groups generating at once."""
+    seconds a group generates, ``concurrency`` the groups generating at once.
+
+    >>> utilization(batch=8, train_s=30.0, concurrency=16, group_s=200.0)  # 30 s x 16 / 200 s / 8
+    0.3
+    """
     if min(batch, train_s, concurrency, group_s) <= 0:
         raise ValueError("utilization needs batch, train_s, concurrency and group_s > 0")
     return train_s * concurrency / group_s / batch
@@ -71,7 +75,18 @@ def mean_lag(
     batch: int, staleness: int, rho: float, concurrency: int = 0, queue_groups: int = 0, admission: str = "continuous"
 ) -> float:
     """Steady-state mean lag (versions) of the trained samples' first tokens; see the module doc.
-    ``concurrency`` is needed for continuous admission only."""
+    ``concurrency`` is needed for continuous admission only.
+
+    Rollout-bound, 16 groups generating for steps of 8, the trainer busy 30% of the time: C / B + rho = 2.3, under
+    a bound of 4; a bound of 2 binds; trainer-bound, the bound decides:
+
+    >>> mean_lag(batch=8, staleness=4, rho=0.3, concurrency=16)
+    2.3
+    >>> mean_lag(batch=8, staleness=2, rho=0.3, concurrency=16)
+    2.0
+    >>> mean_lag(batch=8, staleness=4, rho=1.5)
+    4.0
+    """
     if admission not in ADMISSIONS:
         raise ValueError(f"unknown admission {admission!r}; choose from {', '.join(ADMISSIONS)}")
     if batch < 1 or staleness < 0 or rho < 0 or queue_groups < 0:
