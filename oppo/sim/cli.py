@@ -175,9 +175,10 @@ def _setup(args: argparse.Namespace) -> Setup:
     return setup
 
 
-def _say_trust(setup: Setup) -> None:
-    """A calibrated setup's interval and what extrapolates, once per command (stderr, beside the records)."""
-    note = trust_note(setup)
+def _say_trust(setup: Setup, schedule: ScheduleConfig) -> None:
+    """A calibrated setup's interval and what extrapolates as ``schedule`` runs it (its batch, cap, algorithm and
+    group size: the flags' values, not the setup's), once per command (stderr, beside the records)."""
+    note = trust_note(setup, schedule)
     if note:
         print(note, file=sys.stderr)
 
@@ -221,7 +222,7 @@ def _run_and_write(args: argparse.Namespace, plots) -> None:
     trackers = trackers_from(args)
     trace = _trace(args)
     (config,) = _configs(args, [args.policy])
-    _say_trust(config.setup)
+    _say_trust(config.setup, config.schedule)
     r = _run(config, trace, config.schedule.policy)
     result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)
@@ -250,7 +251,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     trace = _trace(args)
-    _say_trust(_setup(args))  # a setup no policy can simulate (no device) is one error, not one per policy
+    _setup(args)  # a setup no policy can simulate (no device) is one error, not one per policy
     configs, skipped = [], []
     for policy in policies:  # a policy that cannot run these settings is left out, saying why
         try:
@@ -259,6 +260,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             skipped.append(f"{policy}: {err}")
     if not configs:
         raise ValueError("no policy can run these settings (" + "; ".join(skipped) + ")")
+    _say_trust(configs[0].setup, configs[0].schedule)  # the policies share the batch, cap, algorithm and groups
     summaries = compare_policies(configs, trace, pool_from(args))
     rows = compare_rows(summaries)
     print(format_table(rows))
@@ -291,7 +293,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
     values = [int(v) for v in text.split(",") if v]
     (base,) = _configs(args, [args.policy or ("intra" if knob == "chunk" else "inter")])
-    _say_trust(base.setup)
+    _say_trust(base.setup, base.schedule)
     rows = sweep_config(base, knob, values, _trace(args), pool_from(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -312,10 +314,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise ValueError(f"--fresh-seeds must be >= 0, got {args.fresh_seeds}")
     setup, trace = load_setup(args.setup or DEFAULTS["setup"]), _trace(args)
     setup.gpu_datasheet()  # a gpu = "unknown" setup has no device until calibrated on its log
-    _say_trust(setup)
     schedule = given_options(ScheduleConfig, args, skip=("policy",))
     sized = {k: schedule.pop(k) for k in ("batch", "max_new_tokens") if k in schedule}  # the setup's own knobs
     setup = dataclasses.replace(setup, **sized) if sized else setup
+    _say_trust(setup, setup.schedule(**schedule))
     rungs = planner.Rungs(_ints(args.rung_steps, "--rung-steps"), _ints(args.rung_seeds, "--rung-seeds"))
     seed = _pick(args.seed, DEFAULTS["seed"])
     result = planner.plan(
@@ -342,7 +344,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     write_json(out / "best" / "config.json", with_provenance(planner.best_config(result, setup, trace, schedule, seed)))
     _print_plan(result, rows, key, setup, schedule)
     if args.knobs == "framework":
-        _write_overrides(result, setup, out / "best" / "verl_overrides.txt")
+        _write_overrides(result, setup, setup.schedule(**schedule), out / "best" / "verl_overrides.txt")
     for c in confirmed:
         print(
             f"  vs {c.baseline.label} on {len(fresh)} fresh seeds ({fresh[0]}..{fresh[-1]}): "
@@ -354,7 +356,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     )
 
 
-def _write_overrides(result, setup: Setup, path: Path) -> None:
+def _write_overrides(result, setup: Setup, schedule: ScheduleConfig, path: Path) -> None:
     """The best configuration's framework knobs as verl overrides, one ``key=value`` a line."""
     from oppo.sim.study.knobs import verl_overrides
 
@@ -365,7 +367,7 @@ def _write_overrides(result, setup: Setup, path: Path) -> None:
     print(f"verl overrides of the best ({len(lines)}; none: the run's own knobs are the best found): {path}")
     for line in lines:
         print(f"  {line}")
-    outside = extrapolations(chosen)
+    outside = extrapolations(chosen, schedule)
     if outside:
         print("  the best extrapolates: " + "; ".join(outside))
     if best.candidate.policy not in ("sync", "async"):

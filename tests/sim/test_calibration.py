@@ -224,3 +224,42 @@ def test_the_reshards_software_per_layer_is_named_where_a_setup_pays_it(tmp_path
     assert any("the reshard's software" in phrase for phrase in extrapolations(setup))
     split = dataclasses.replace(setup, placement=dataclasses.replace(setup.placement, rollout_gpus=1, actor_gpus=2))
     assert not any("the reshard's software" in phrase for phrase in extrapolations(split))
+
+
+SHARED_LAYER = Path(__file__).resolve().parents[2] / "oppo" / "data" / "framework" / "verl-shared.toml"
+
+
+@pytest.mark.parametrize("command", ["run", "compare", "sweep", "plan"])
+def test_the_trust_note_reads_the_flags_a_prediction_runs_with(tmp_path, command):
+    """The note of run / compare / sweep / plan names what the prediction runs, not what the setup says: a cap of
+    8,192 and groups of 8 given as flags on a setup calibrated on runs capped at 1,024 with groups of up to 5 are
+    extrapolations (the setup alone lies inside the span)."""
+    path = tmp_path / "s.toml"
+    path.write_text(f'base = "verl-qwen2.5-0.5b-gsm8k"\n[framework]\nbase = "{SHARED_LAYER}"\n')
+    flags = ["--max-new-tokens", "8192", "--algo", "grpo", "--group-size", "8", "--steps", "1"]
+    per_command = {
+        "run": ["--policy", "sync", "--out", str(tmp_path / "r")],
+        "compare": ["--policies", "sync"],
+        "sweep": ["--chunks", "256", "--out", str(tmp_path / "s")],
+        "plan": [
+            "--policies",
+            "sync",
+            "--budget",
+            "2",
+            "--rung-steps",
+            "1",
+            "--rung-seeds",
+            "1",
+            "--out",
+            str(tmp_path / "p"),
+        ],
+    }[command]
+    if command == "plan":
+        flags = flags[:-2]
+    res = invoke.sim(command, "--setup", str(path), *flags, *per_command, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (note,) = [line for line in res.stderr.splitlines() if line.startswith("note:")]
+    assert "responses capped at 8192 tokens (calibrated up to " in note
+    assert "groups of 8 (calibrated up to 5)" in note
+    plain = invoke.sim("run", "--setup", str(path), "--policy", "sync", "--steps", "1", "--out", str(tmp_path / "q"))
+    assert "capped at" not in plain.stderr and "groups of" not in plain.stderr

@@ -15,10 +15,12 @@ work outside [half the least, twice the most] of the runs' (the host's time per 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
+from oppo.core.config import ScheduleConfig
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.cost.fit import SHARED_TERMS
 from oppo.sim.cost.framework import ROLE_STAGES
@@ -138,12 +140,22 @@ def _reshard_extrapolations(setup: Setup, c: Calibration) -> list[str]:
     return [f"the reshard's software, {layer_s:.3g} s a layer, as the calibration runs that timed it paid it"]
 
 
-def extrapolations(setup: Setup) -> list[str]:
-    """The terms of ``setup`` outside the span of its calibration runs, each a phrase (none: inside, or not
-    calibrated)."""
+def as_run(setup: Setup, schedule: ScheduleConfig | None) -> Setup:
+    """``setup`` as a prediction runs it: the batch, response cap, algorithm and group size of its ``schedule`` (the
+    flags and stored config over the setup's own), which the span is checked against."""
+    if schedule is None:
+        return setup
+    sized = {k: getattr(schedule, k) for k in ("batch", "max_new_tokens", "algo", "group_size")}
+    return dataclasses.replace(setup, **sized)
+
+
+def extrapolations(setup: Setup, schedule: ScheduleConfig | None = None) -> list[str]:
+    """The terms of ``setup`` run with ``schedule`` (None: the setup's own) outside the span of its calibration
+    runs, each a phrase (none: inside, or not calibrated)."""
     c = setup.framework.calibration
     if not c.runs:
         return []
+    setup = as_run(setup, schedule)
     found = []
     gpus, node_count, size = setup.total_gpus, nodes(setup), params_b(setup)
     if not c.gpus[0] <= gpus <= c.gpus[1]:
@@ -207,8 +219,9 @@ def extrapolations(setup: Setup) -> list[str]:
     return found
 
 
-def trust_note(setup: Setup) -> str | None:
-    """One line for a prediction on a calibrated setup: its interval and what extrapolates (None: uncalibrated)."""
+def trust_note(setup: Setup, schedule: ScheduleConfig | None = None) -> str | None:
+    """One line for a prediction on a calibrated setup run with ``schedule`` (None: the setup's own): its interval and
+    what extrapolates (None: uncalibrated)."""
     c = setup.framework.calibration
     if not c.runs:
         return None
@@ -218,5 +231,5 @@ def trust_note(setup: Setup) -> str | None:
         f"({c.coverage:.0%} of steps, {basis} over "
         f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}; other policies' overlap is the model's)"
     )
-    outside = extrapolations(setup)
+    outside = extrapolations(setup, schedule)
     return note + ("; extrapolates: " + "; ".join(outside) if outside else "; within the calibration span")
