@@ -28,6 +28,12 @@ class ExploringChunk:
     Steps ``[k*period, k*period + len(candidates)*trials)`` try each candidate in turn for ``trials`` steps; the
     remaining steps of the window use the candidate with the lowest mean observed step time of that exploration
     (ties go to the earlier candidate). Before the first exploration finishes, the first candidate is used.
+
+    >>> policy = ExploringChunk((32, 64, 128), period_steps=10)
+    >>> for step, seconds in zip(range(3), [3.0, 1.0, 2.0]):  # steps 0-2 try each candidate once
+    ...     policy.observe(step, policy.chunk_for(step), seconds)
+    >>> [policy.chunk_for(step) for step in range(12)]  # the fastest (64) until step 10 explores again
+    [32, 64, 128, 64, 64, 64, 64, 64, 64, 64, 32, 64]
     """
 
     def __init__(self, candidates: tuple[int, ...], period_steps: int, trials: int = 1) -> None:
@@ -61,7 +67,14 @@ class ExploringChunk:
 
 
 def make_chunk_policy(config) -> FixedChunk | ExploringChunk:
-    """The chunk policy of a :class:`~oppo.core.config.ScheduleConfig`."""
+    """The chunk policy of a :class:`~oppo.core.config.ScheduleConfig`: a fixed ``--chunk``, else exploration.
+
+    >>> from oppo.core.config import ScheduleConfig
+    >>> make_chunk_policy(ScheduleConfig(chunk="64"))
+    FixedChunk(tokens=64)
+    >>> make_chunk_policy(ScheduleConfig(chunk="auto", chunk_candidates=(128, 256, 512))).candidates
+    (128, 256, 512)
+    """
     if config.fixed_chunk is not None:
         return FixedChunk(config.fixed_chunk)
     return ExploringChunk(config.chunk_candidates, config.explore_period_steps, config.explore_trials)

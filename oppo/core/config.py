@@ -12,8 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-POLICIES = ("sync", "intra", "inter", "oppo", "tppo", "april", "tailbatch", "async")
-DELTA_CONTROLLERS = ("slope", "alg1", "tail")
+from oppo.core.overcommit import DELTA_CONTROLLER_CLASSES
+from oppo.core.policies import POLICIES, PolicySpec, policy_spec
+
+DELTA_CONTROLLERS = DELTA_CONTROLLER_CLASSES.names  # registered in oppo.core.overcommit, in its order
 ALGOS = ("ppo", "grpo")
 SCORERS = ("reward", "reference", "critic")
 
@@ -45,11 +47,7 @@ class ScheduleConfig:
     check_tokens: int = opt(16, "over-commit checks for B finished sequences every this many tokens")
     streamed_scorers: tuple[str, ...] = opt(("reward",), f"scorers fed chunk by chunk: subset of {SCORERS}")
     delta: str = opt("auto", "over-commit Δ in prompts, or 'auto' for the --delta-controller")
-    delta_controller: str = opt(
-        "slope",
-        "Δ controller when --delta auto: slope (paper Eq. 4), alg1 (Alg. 1) or "
-        "tail (from the observed length distribution)",
-    )
+    delta_controller: str = opt("slope", f"Δ controller when --delta auto: {DELTA_CONTROLLER_CLASSES.described()}")
     delta_init: int = opt(4, "initial Δ of the controller (prompts)")
     delta_min: int = opt(0, "lower bound on Δ (prompts)")
     delta_max: int = opt(8, "upper bound on Δ (prompts, <= batch)")
@@ -114,21 +112,30 @@ class ScheduleConfig:
         if self.overcommit and largest > self.batch:
             raise ValueError(f"over-commit Δ up to {largest} exceeds batch {self.batch}; Δ must be <= B")
 
-    # Derived settings: what the policy switches on.
+    # Derived settings: what the policy switches on (its spec, registered in oppo.core.policies).
+    @property
+    def spec(self) -> PolicySpec:
+        return policy_spec(self.policy)
+
     @property
     def streaming(self) -> bool:
         """Scorers prefill chunk by chunk while the actor decodes (intra-step overlap)."""
-        return self.policy in ("intra", "oppo")
+        return self.spec.streaming
 
     @property
     def overcommit(self) -> bool:
         """B+Δ prompts in flight, train on the first B finished (inter-step overlap)."""
-        return self.policy in ("inter", "oppo", "april", "tailbatch")
+        return self.spec.overcommit
 
     @property
     def truncated(self) -> bool:
         """T-PPO: each step generates at most ``window_tokens`` per sequence."""
-        return self.policy == "tppo"
+        return self.spec.truncated
+
+    @property
+    def asynchronous(self) -> bool:
+        """Generation runs ahead of training by at most ``staleness`` policy versions."""
+        return self.spec.asynchronous
 
     @property
     def fixed_chunk(self) -> int | None:
@@ -142,7 +149,17 @@ class ScheduleConfig:
 def schedule_from(defaults: dict[str, Any], **overrides: Any) -> ScheduleConfig:
     """A schedule from a backend's or setup's ``defaults`` with ``overrides`` on top. Default Δ bounds follow a
     smaller batch (``delta_max <= batch``, ``delta_init <= delta_max``); bounds given in ``overrides`` are kept
-    as given, so a contradiction still fails validation."""
+    as given, so a contradiction still fails validation.
+
+    >>> defaults = {"policy": "oppo", "delta_init": 6, "delta_max": 8}
+    >>> schedule = schedule_from(defaults, batch=4)  # the defaults' bounds follow the batch of 4
+    >>> schedule.delta_max, schedule.delta_init
+    (4, 4)
+    >>> schedule_from(defaults, batch=4, delta_init=2, delta_max=6)  # given bounds are kept, and checked
+    Traceback (most recent call last):
+    ...
+    ValueError: over-commit Δ up to 6 exceeds batch 4; Δ must be <= B
+    """
     defaults = dict(defaults)
     batch = overrides.get("batch", defaults.get("batch", ScheduleConfig.batch))
     delta_max = min(defaults.get("delta_max", ScheduleConfig.delta_max), batch)

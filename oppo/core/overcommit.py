@@ -7,15 +7,23 @@ showed of the response lengths (:class:`LengthObservation`).
 The paper disagrees with itself: Eq. 4 raises Δ while the reward trend is positive, Algorithm 1 (lines 21-26)
 lowers it (Δ -= sign(d)·change). ``SlopeDelta`` follows Eq. 4 and is the default; ``Alg1Delta`` is the literal
 algorithm, kept so both can be compared. Both look at the reward only; ``TailDelta`` (ours) looks at the lengths.
+
+The controllers ``--delta-controller`` offers are registered beside their classes (:func:`delta_controller`): that
+registry is what the option's help, the config's check and :func:`make_delta_controller` read, so a new controller
+is one decorated class with a ``from_config`` here.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import numpy as np
+
+from oppo.core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,34 @@ class LengthObservation:
 
     finished: tuple[int, ...]
     censored: tuple[int, ...]
+
+
+class DeltaController(Protocol):
+    value: int
+
+    def update(self, mean_reward: float, lengths: LengthObservation | None = None) -> None: ...
+
+
+DELTA_CONTROLLER_CLASSES: Registry[type] = Registry("delta_controller")  # name -> class with from_config(config)
+C = TypeVar("C", bound=type)
+
+
+def delta_controller(name: str, description: str) -> Callable[[C], C]:
+    """Class decorator: offer the class as ``--delta-controller name`` (``description``: its words in ``--help``).
+    The class builds itself from a config with a classmethod ``from_config(config)``."""
+
+    def register(cls: C) -> C:
+        if not callable(getattr(cls, "from_config", None)):
+            raise TypeError(f"Δ controller {cls.__name__} needs a classmethod from_config(config)")
+        DELTA_CONTROLLER_CLASSES.add(name, cls, description)
+        return cls
+
+    return register
+
+
+def _bounds(config) -> dict[str, int]:
+    """A controller's start and bounds from a config: value, low, high, window."""
+    return dict(value=config.delta_init, low=config.delta_min, high=config.delta_max, window=config.delta_window)
 
 
 def _clip(value: int, low: int, high: int) -> int:
@@ -42,10 +78,18 @@ class FixedDelta:
         pass
 
 
+@delta_controller("slope", "paper Eq. 4")
 @dataclass
 class SlopeDelta:
     """Paper Eq. 4: s_t = mean of (R_i - R_{i-1}) over the last ``window`` differences; Δ += inc if s_t > 0,
-    else Δ -= dec; clipped to [low, high]. Δ holds until ``window`` differences exist."""
+    else Δ -= dec; clipped to [low, high]. Δ holds until ``window`` differences exist.
+
+    >>> ctl = SlopeDelta(value=2, low=0, high=4, window=2)
+    >>> [ctl.update(r) or ctl.value for r in [0.0, 0.5, 1.0, 1.5, 2.0]]  # rising: +1 from the 3rd on, up to 4
+    [2, 2, 3, 4, 4]
+    >>> [ctl.update(r) or ctl.value for r in [2.0, 2.0, 2.0]]  # flat: once the window's trend is 0, Δ decays
+    [4, 3, 2]
+    """
 
     value: int
     low: int
@@ -64,11 +108,23 @@ class SlopeDelta:
         step = self.inc if slope > 0 else -self.dec
         self.value = _clip(self.value + step, self.low, self.high)
 
+    @classmethod
+    def from_config(cls, config) -> SlopeDelta:
+        return cls(**_bounds(config), inc=config.delta_inc, dec=config.delta_dec)
 
+
+@delta_controller("alg1", "Alg. 1")
 @dataclass
 class Alg1Delta:
     """Paper Algorithm 1, literal: every ``window`` (W) steps once 2W rewards exist,
-    d = mean(R[-W:]) - mean(R[-2W:-W]); change = max(1, floor(Δ/4)); Δ = clip(Δ - sign(d)·change)."""
+    d = mean(R[-W:]) - mean(R[-2W:-W]); change = max(1, floor(Δ/4)); Δ = clip(Δ - sign(d)·change).
+
+    >>> ctl = Alg1Delta(value=8, low=0, high=16, window=2)
+    >>> for reward in [0.0, 0.0, 1.0, 1.0]:  # d = 1 - 0 > 0 at the 4th reward: Δ falls by floor(8/4)
+    ...     ctl.update(reward)
+    >>> ctl.value
+    6
+    """
 
     value: int
     low: int
@@ -86,7 +142,12 @@ class Alg1Delta:
         change = max(1, math.floor(self.value / 4))
         self.value = _clip(self.value - sign * change, self.low, self.high)
 
+    @classmethod
+    def from_config(cls, config) -> Alg1Delta:
+        return cls(**_bounds(config))
 
+
+@delta_controller("tail", "from the observed length distribution")
 @dataclass
 class TailDelta:
     """Δ from the observed distribution of response lengths, so that over-commit cuts the tail whatever the cap.
@@ -136,6 +197,16 @@ class TailDelta:
         target = ends[-1] + self.tolerance * (ends[0] - ends[-1])
         self.value = self.low + next(i for i, end in enumerate(ends) if end <= target)
 
+    @classmethod
+    def from_config(cls, config) -> TailDelta:
+        return cls(
+            **_bounds(config),
+            batch=config.batch,
+            confidence=config.tail_confidence,
+            tolerance=config.tail_tolerance,
+            group_size=config.group_size,
+        )
+
     def end_tokens(self, xs: np.ndarray, cdf: np.ndarray, delta: int) -> float:
         """Length by which B of B+Δ fresh groups complete with probability ``confidence``: F⁻¹(u^(1/G)), u the
         ``confidence`` quantile of Beta(B, B+Δ-B+1)."""
@@ -149,7 +220,15 @@ class TailDelta:
 
 def kaplan_meier(finished: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The length distribution from ``finished`` lengths and right-``censored`` ones (still running, longer than
-    their current length): the distinct finished lengths ``xs`` (ascending) and F(xs) = P(length <= x)."""
+    their current length): the distinct finished lengths ``xs`` (ascending) and F(xs) = P(length <= x).
+
+    >>> xs, cdf = kaplan_meier(np.array([10, 10, 30, 30]), np.array([], dtype=np.int64))  # none censored
+    >>> xs.tolist(), cdf.tolist()
+    ([10, 30], [0.5, 1.0])
+    >>> xs, cdf = kaplan_meier(np.array([10, 10]), np.array([20, 20]))  # two still running past 20: F(10) = 1/2
+    >>> xs.tolist(), cdf.tolist()
+    ([10], [0.5])
+    """
     xs, deaths = np.unique(finished, return_counts=True)
     finished, censored = np.sort(finished), np.sort(censored)
     at_risk = (len(finished) - np.searchsorted(finished, xs)) + (len(censored) - np.searchsorted(censored, xs))
@@ -157,24 +236,23 @@ def kaplan_meier(finished: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray
     return xs, 1.0 - survival
 
 
-def make_delta_controller(config) -> FixedDelta | SlopeDelta | Alg1Delta | TailDelta:
-    """The Δ controller of a :class:`~oppo.core.config.ScheduleConfig` (Δ = 0 unless the policy over-commits;
-    ``april`` and ``tailbatch`` over-provision a fixed Δ: ``--delta``, or ``delta_max`` when Δ is auto)."""
+def make_delta_controller(config) -> DeltaController:
+    """The Δ controller of a :class:`~oppo.core.config.ScheduleConfig`: Δ = 0 unless the policy over-commits;
+    ``--delta N`` fixes it; a policy without an adaptive Δ (``april``, ``tailbatch``) over-provisions a fixed
+    ``delta_max`` when Δ is auto; otherwise the registered ``--delta-controller``.
+
+    >>> from oppo.core.config import ScheduleConfig
+    >>> make_delta_controller(ScheduleConfig(policy="intra", delta="5")).value  # intra does not over-commit
+    0
+    >>> make_delta_controller(ScheduleConfig(policy="april", batch=16, delta_init=2, delta_max=6)).value
+    6
+    >>> type(make_delta_controller(ScheduleConfig(policy="oppo", delta_controller="tail"))).__name__
+    'TailDelta'
+    """
     if not config.overcommit:
         return FixedDelta(0)
     if config.fixed_delta is not None:
         return FixedDelta(config.fixed_delta)
-    if config.policy in ("april", "tailbatch"):  # fixed over-provisioning, no controller
+    if not config.spec.adaptive_delta:  # fixed over-provisioning, no controller
         return FixedDelta(config.delta_max)
-    bounds = dict(value=config.delta_init, low=config.delta_min, high=config.delta_max, window=config.delta_window)
-    if config.delta_controller == "alg1":
-        return Alg1Delta(**bounds)
-    if config.delta_controller == "tail":
-        return TailDelta(
-            **bounds,
-            batch=config.batch,
-            confidence=config.tail_confidence,
-            tolerance=config.tail_tolerance,
-            group_size=config.group_size,
-        )
-    return SlopeDelta(**bounds, inc=config.delta_inc, dec=config.delta_dec)
+    return DELTA_CONTROLLER_CLASSES[config.delta_controller].from_config(config)

@@ -123,7 +123,7 @@ class Scheduler:
         default: every earlier step trained (on-policy). A pipelined backend passes an older one."""
         if self.plan is not None:
             raise RuntimeError("plan_step called before the previous step's generation finished")
-        if self.config.policy != "async" and self._pending:
+        if not self.config.asynchronous and self._pending:  # only a pipelined policy plans ahead
             raise RuntimeError("plan_step called before the previous step was closed")
         self.step += 1
         if version is not None and not self.step - self.config.staleness <= version <= self.step:
@@ -132,7 +132,7 @@ class Scheduler:
             )
         cfg, buffer = self.config, self.buffer
         carried = list(buffer.ids)
-        long_round = cfg.policy == "tailbatch" and len(self.long_queue) >= cfg.batch
+        long_round = cfg.spec.aborts and len(self.long_queue) >= cfg.batch
         restarted: list[int] = []
         if long_round:  # a full batch of aborted prompts, no over-provisioning
             for _ in range(cfg.batch):
@@ -357,7 +357,7 @@ class Scheduler:
             self._stop(seq_id, self._decoded(seq_id), finished=False)
         buffer = self.buffer
         buffer.remove(list(compress(trained.column("seq_id"), trained.column("finished"))))
-        if self.config.policy == "tailbatch":  # aborted: every unfinished group waits for a long round
+        if self.config.spec.aborts:  # tailbatch: every unfinished group is aborted, waits for a long round
             for members in [m for m in buffer.groups.values() if not all(map(buffer.finished.__getitem__, m))]:
                 members = list(members)  # the group's list empties as its sequences leave
                 buffer.abort(members)

@@ -8,7 +8,17 @@ import pytest
 
 from oppo import ScheduleConfig
 
-CORE_MODULES = ("async_queue", "buffer", "chunking", "config", "overcommit", "scheduler", "staleness")
+CORE_MODULES = (
+    "async_queue",
+    "buffer",
+    "chunking",
+    "config",
+    "overcommit",
+    "policies",
+    "registry",
+    "scheduler",
+    "staleness",
+)
 
 
 def test_core_imports_stdlib_numpy_scipy_and_the_record_schema_only():
