@@ -80,14 +80,22 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
 
 
 def head_dim(shape: Mapping[str, Any]) -> int:
-    """Width of one attention head: the config's ``head_dim``, else hidden / heads."""
+    """Width of one attention head: the config's ``head_dim``, else hidden / heads.
+
+    >>> head_dim(HF_SHAPES["gemma-2-2b"]), head_dim({"hidden_size": 896, "num_attention_heads": 14})
+    (256, 64)
+    """
     return shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
 
 
 def layer_parameters(shape: Mapping[str, Any]) -> int:
     """Weights of one decoder layer: the q, k, v, o projections (q and o over the attention heads, k and v over the
     key-value heads, each ``head_dim`` wide) and the gated MLP's three matrices; RMSNorm weights (Qwen3's q / k
-    norms too) and attention biases aside."""
+    norms too) and attention biases aside.
+
+    >>> layer_parameters(HF_SHAPES["tiny-cpu"])  # 64 x (4+2+2) x 16 + 4 x 16 x 64 + 3 x 64 x 128
+    36864
+    """
     hidden, heads, kv_heads = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
     width = head_dim(shape)
     attention = hidden * (heads + 2 * kv_heads) * width + heads * width * hidden
@@ -98,7 +106,15 @@ def parameter_count(shape: Mapping[str, Any], score_head: bool = False) -> int:
     """Weights of a model of this shape: its layers, the token embedding (V x H) and its head, an LM head (V x H)
     unless tied to the embedding (``tie_word_embeddings``: one matrix serves both), or with ``score_head`` the
     one-label score head (H) of a critic or reward model. RMSNorm weights and attention biases aside (71,552 of
-    Qwen2.5-0.5B's 494,032,768)."""
+    Qwen2.5-0.5B's 494,032,768).
+
+    >>> parameter_count(HF_SHAPES["qwen2.5-0.5b"])  # tied: one V x H matrix
+    493961216
+    >>> parameter_count(HF_SHAPES["llama-2-7b"])  # untied; 6,738,415,616 with its 65 x 4096 RMSNorm weights
+    6738149376
+    >>> parameter_count(HF_SHAPES["qwen2.5-7b"], score_head=True)  # a critic: a score head (H), no LM head
+    7070289408
+    """
     embedding = shape["vocab_size"] * shape["hidden_size"]
     if score_head:
         head = shape["hidden_size"]
@@ -110,7 +126,12 @@ def parameter_count(shape: Mapping[str, Any], score_head: bool = False) -> int:
 def forward_flops_per_token(shape: Mapping[str, Any], score_head: bool = False) -> float:
     """Forward FLOPs per token of a model of this shape, attention over the context aside: 2 per weight of the
     untied model (embedding, layers, head). A tied head shares the embedding's weights, not its work: its matmul
-    still runs, so a tie changes the parameters and bytes, never the FLOPs."""
+    still runs, so a tie changes the parameters and bytes, never the FLOPs.
+
+    >>> tiny = HF_SHAPES["tiny-cpu"]
+    >>> forward_flops_per_token(tiny), forward_flops_per_token({**tiny, "tie_word_embeddings": True})
+    (163840.0, 163840.0)
+    """
     return 2.0 * parameter_count({**shape, "tie_word_embeddings": False}, score_head)
 
 
@@ -118,7 +139,12 @@ def matmul_flops_per_token(shape: Mapping[str, Any], score_head: bool = False) -
     """Forward FLOPs per token that a GPU computes, attention over the context aside: 2 per weight of the layers'
     matmuls and the head's (the LM head's V x H, or a score head's H). The token embedding is a lookup (a gather of
     one row), no matmul. :func:`forward_flops_per_token` also counts it, as verl's and our MFU do; a roofline needs
-    the work itself: the embedding is 22% of a Qwen2.5-0.5B actor's count, 6-7% of a 7B one's."""
+    the work itself: the embedding is 22% of a Qwen2.5-0.5B actor's count, 6-7% of a 7B one's.
+
+    >>> shape = HF_SHAPES["qwen2.5-0.5b"]
+    >>> round(1 - matmul_flops_per_token(shape) / forward_flops_per_token(shape), 3)  # the embedding's share
+    0.216
+    """
     head = shape["hidden_size"] if score_head else shape["vocab_size"] * shape["hidden_size"]
     return 2.0 * (shape["num_hidden_layers"] * layer_parameters(shape) + head)
 
@@ -126,5 +152,9 @@ def matmul_flops_per_token(shape: Mapping[str, Any], score_head: bool = False) -
 def role_flops_per_token(shapes: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """Forward FLOPs per token of each role's model (role -> its shape), the count both backends report MFU with:
     the actor and the reference are causal LMs, the critic and the reward model one-label sequence classifiers
-    (:data:`SCORE_HEAD_ROLES`). Training a token costs three times its forward."""
+    (:data:`SCORE_HEAD_ROLES`). Training a token costs three times its forward.
+
+    >>> role_flops_per_token({"actor": HF_SHAPES["tiny-cpu"], "critic": HF_SHAPES["tiny-cpu"]})
+    {'actor': 163840.0, 'critic': 155776.0}
+    """
     return {role: forward_flops_per_token(shape, role in SCORE_HEAD_ROLES) for role, shape in shapes.items()}
