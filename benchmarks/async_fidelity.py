@@ -51,9 +51,9 @@ def executor(args, flags: list[str], out: Path, core: int | None) -> None:
 def one_repeat(args, root: Path, repeat: int, ks: list[int]) -> dict[int, dict[str, float]]:
     sync = root / f"r{repeat}-sync"
     if args.calibration == "placement":  # synchronous (K = 0: nothing overlaps) on the placement predicted
-        executor(args, ["--mode", "async", "--staleness", "0", "--rollout-workers", "1"], sync, None)
+        executor(args, ["--policy", "async", "--staleness", "0", "--rollout-workers", "1"], sync, None)
     else:
-        executor(args, ["--mode", "sync", "--threads", "1"], sync, args.core)
+        executor(args, ["--policy", "sync", "--threads", "1"], sync, args.core)
     profile = calibrate(sync, root / f"r{repeat}-profile.json")
     lengths = load_lengths("alpaca_eval", model=args.lengths_model)
     from oppo.fidelity import predict_async  # here, not at the top: a usage error is told before torch loads
@@ -61,7 +61,7 @@ def one_repeat(args, root: Path, repeat: int, ks: list[int]) -> dict[int, dict[s
     out = {}
     for k in ks:
         run = root / f"r{repeat}-async{k}"
-        flags = ["--mode", "async", "--staleness", str(k), "--rollout-workers", "1"]
+        flags = ["--policy", "async", "--staleness", str(k), "--rollout-workers", "1"]
         executor(args, flags + (["--queue-groups", str(args.queue_groups)] if args.queue_groups else []), run, None)
         measured = read_rows(run / "steps.csv", StepRecord)
         steps, trained = predict_async(run, profile, lengths)

@@ -26,9 +26,9 @@ from oppo.cli import at_least, integers
 
 
 def variants(staleness: list[int], workers: int, inflight: bool = False) -> dict[str, list[str]]:
-    out = {"sync": ["--mode", "sync"]}
+    out = {"sync": ["--policy", "sync"]}
     for k in staleness:
-        flags = ["--mode", "async", "--staleness", str(k), "--rollout-workers", str(workers)]
+        flags = ["--policy", "async", "--staleness", str(k), "--rollout-workers", str(workers)]
         out[f"async K={k}, {workers} worker(s)"] = flags
         if inflight:
             out[f"async K={k}, {workers} w., in-flight"] = [*flags, "--inflight-updates"]

@@ -5,7 +5,7 @@ same task for the same number of trained steps over several seeds, with real gra
     python benchmarks/staleness.py --variants sync,async2,async2-decoupled --steps 30 --seeds 2
 
 Each variant is one ``python -m oppo.exec.train --preset tiny-cpu`` run per seed, variants interleaved within a
-seed. ``asyncK`` is ``--mode async --staleness K`` (in one process, generation with the weights of K versions ago:
+seed. ``asyncK`` is ``--policy async --staleness K`` (in one process, generation with the weights of K versions ago:
 the staleness of a rollout running K versions ahead, not its overlap); ``-decoupled`` adds ``--offpolicy
 decoupled``. Every ``--eval-every`` steps each run scores its trained weights on the same held-out prompts
 (``--eval-every`` of the executor: fixed prompts, fixed sampling noise, the run's clock stopped meanwhile).

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from oppo.core.config import ScheduleConfig, schedule_from, to_dict
+
 # Errors that mean "bad input": a config value, a file, a trace. They end the command with exit code 2 and
 # one line; anything else is a bug and keeps its traceback (a KeyError included: an unknown name given by the
 # user is reported where it is looked up, as a ValueError naming the choices).
@@ -65,6 +67,19 @@ def given_options(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = (
         for f in dataclasses.fields(cls)
         if f.name not in skip and getattr(args, f.name, None) is not None
     }
+
+
+def layered_schedule(
+    given: dict[str, Any], stored: ScheduleConfig | None, defaults: Callable[..., ScheduleConfig]
+) -> ScheduleConfig:
+    """The schedule a command runs, in one order for both CLIs: the options ``given`` on its command line over the
+    stored run's schedule (``--config``), whole, or, with none stored, over ``defaults`` (a setup's or preset's
+    values by field name over the core's defaults: :meth:`oppo.sim.setup.presets.Setup.schedule`,
+    :func:`oppo.exec.config.preset_schedule`). Either way Δ bounds left to their defaults follow a smaller batch
+    (:func:`~oppo.core.config.schedule_from`)."""
+    if stored is None:
+        return defaults(**given)
+    return schedule_from(to_dict(stored), **given)
 
 
 def _show(value: Any) -> str:

@@ -101,7 +101,7 @@ def test_both_clis_run_from_another_directory(installed, tmp_path):
             str(installed),
             "-m",
             "oppo.exec.train",
-            "--mode",
+            "--policy",
             "oppo",
             "--steps",
             "2",

@@ -86,7 +86,7 @@ def test_trackers_are_off_by_default(tmp_path):
 
 
 def test_executor_run_is_tracked_with_its_training_metrics(tmp_path):
-    args = ("--preset", "tiny-cpu", "--mode", "sync", "--steps", "2", "--batch", "2", "--out", str(tmp_path / "exec"))
+    args = ("--preset", "tiny-cpu", "--policy", "sync", "--steps", "2", "--batch", "2", "--out", str(tmp_path / "exec"))
     res = cli("oppo.exec.train", *args, "--mlflow", str(tmp_path / "ml"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     client, run = mlflow_run(tmp_path / "ml")
@@ -146,7 +146,7 @@ def test_an_executor_run_logs_each_step_as_it_closes_to_tensorboard_and_wandb(tm
 
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline: nothing leaves the machine
     run = tmp_path / "exec"
-    args = ("--preset", "tiny-cpu", "--mode", "sync", "--steps", "3", "--batch", "2", "--out", str(run))
+    args = ("--preset", "tiny-cpu", "--policy", "sync", "--steps", "3", "--batch", "2", "--out", str(run))
     res = cli("oppo.exec.train", *args, "--tensorboard", str(tmp_path / "tb"), "--wandb", "oppo-test", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     with open(run / "metrics.csv", newline="") as fh:
@@ -172,7 +172,7 @@ def test_a_resumed_run_logs_on_into_the_runs_it_started(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run, tracking = tmp_path / "exec", ("--tensorboard", str(tmp_path / "tb"), "--mlflow", str(tmp_path / "ml"))
-    args = ("--preset", "tiny-cpu", "--mode", "sync", "--batch", "2", "--save-every", "2", "--out", str(run))
+    args = ("--preset", "tiny-cpu", "--policy", "sync", "--batch", "2", "--save-every", "2", "--out", str(run))
     for steps in ("3", "5"):  # 3 steps (a checkpoint after 2), then resumed from it to 5: step 2 is done again
         res = cli("oppo.exec.train", *(args if steps == "3" else ("--resume", str(run))), "--steps", steps, *tracking)
         assert res.returncode == 0, res.stderr

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oppo.core.config import ScheduleConfig, check_positive, opt, schedule_from
+from oppo.exec.algos.aggregation import LOSS_AGGS
+from oppo.exec.algos.kl import KL_ESTIMATORS
 from oppo.exec.tasks.datasets import CHAT_TEMPLATES, TRUNCATIONS
 from oppo.exec.tasks.rewards import REWARD_FN_NAMES, load_reward_fn, reward_file
 from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config
@@ -54,12 +56,8 @@ class ModelConfig:
 
 
 OFFPOLICY = ("none", "decoupled")
-# verl's loss_agg_mode names; TRL's loss_type maps onto them: "dapo" (and PPO's default) -> token-mean, "grpo" ->
-# seq-mean-token-mean, "dr_grpo" -> seq-mean-token-sum-norm divided by the minibatch's rows
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-# per-token estimators of KL(pi || ref) (Schulman, "Approximating KL divergence"); verl's kl_loss_type / kl_penalty
-# names: kl = k1, mse = k2, low_var_kl = k3, abs
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+# The KL estimators and loss aggregations are registries of their functions (oppo.exec.algos.kl, .aggregation), whose
+# names and verl's the options' help and checks read: a new variant is one entry there.
 KL_PLACES = ("auto", "reward", "loss")
 
 
@@ -98,14 +96,14 @@ class PPOConfig:
         0.0, "dual clip C > 1: a negative-advantage token's loss at most -A * C (verl clip_ratio_c, 3 there); 0: off"
     )
     kl_estimator: str = opt(
-        "auto", "k1, k2, k3 or abs (verl kl_loss_type: kl, mse, low_var_kl, abs); auto: k1 in a reward, k3 in a loss"
+        "auto",
+        f"{KL_ESTIMATORS.listed()} (verl kl_loss_type: {', '.join(v.verl or '-' for v in KL_ESTIMATORS)}); "
+        "auto: k1 in a reward, k3 in a loss",
     )
     kl_in: str = opt("auto", "where the KL to the reference goes: reward, loss; auto: reward for PPO, loss for GRPO")
     kl_clamp: float = opt(0.0, "bound each token's KL estimate to [-X, X] (verl clamps k3 at 10); 0: no bound")
     loss_agg: str = opt(
-        "token-mean",
-        "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm (verl loss_agg_mode; "
-        "the -norm divisor is --max-new-tokens)",
+        "token-mean", f"{LOSS_AGGS.listed()} (verl loss_agg_mode; the -norm divisor is --max-new-tokens)"
     )
     entropy_coef: float = opt(0.0, "entropy bonus weight in the actor loss (verl entropy_coeff); the entropy is logged")
     mask_truncated: bool = opt(
@@ -127,14 +125,14 @@ class PPOConfig:
             raise ValueError(f"clip_high must be > 0, got {self.clip_high}")
         if self.dual_clip and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or 0: off), got {self.dual_clip}")
-        if self.kl_estimator not in ("auto", *KL_ESTIMATORS):
+        if self.kl_estimator not in ("auto", *KL_ESTIMATORS.names):
             raise ValueError(
-                f"unknown kl_estimator {self.kl_estimator!r}; choose from auto, {', '.join(KL_ESTIMATORS)}"
+                f"unknown kl_estimator {self.kl_estimator!r}; choose from auto, {', '.join(KL_ESTIMATORS.names)}"
             )
         if self.kl_in not in KL_PLACES:
             raise ValueError(f"unknown kl_in {self.kl_in!r}; choose from {', '.join(KL_PLACES)}")
         if self.loss_agg not in LOSS_AGGS:
-            raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
+            raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose from {', '.join(LOSS_AGGS.names)}")
         if self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {self.top_k} and {self.top_p}")
         if self.kl_clamp < 0 or self.entropy_coef < 0:
@@ -321,7 +319,7 @@ class ExecConfig:
         if self.rollout_workers < 0 or self.queue_groups < 0:
             raise ValueError("rollout_workers and queue_groups must be >= 0")
         if self.rollout_workers and self.schedule.policy != "async":
-            raise ValueError(f"--rollout-workers runs the async policy (--mode async), not {self.schedule.policy}")
+            raise ValueError(f"--rollout-workers runs the async policy (--policy async), not {self.schedule.policy}")
         if self.queue_groups and not self.rollout_workers:
             raise ValueError("--queue-groups bounds the queue of rollout workers: give --rollout-workers too")
         if self.queue_groups and self.queue_groups < self.schedule.batch:

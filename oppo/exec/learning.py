@@ -23,9 +23,9 @@ def variant_options(name: str) -> dict[str, str]:
     """``sync``, ``oppo``, ``asyncK`` or ``asyncK-decoupled`` as executor options (option name -> value)."""
     base, _, correction = name.partition("-")
     if base.startswith("async") and base.removeprefix("async").isdigit():
-        options = {"mode": "async", "staleness": base.removeprefix("async")}
+        options = {"policy": "async", "staleness": base.removeprefix("async")}
     elif base in ("sync", "oppo"):
-        options = {"mode": base}
+        options = {"policy": base}
     else:
         raise ValueError(f"unknown variant {name!r}: sync, oppo, asyncK or asyncK-decoupled")
     if correction not in ("", "decoupled"):
@@ -139,7 +139,7 @@ class TaskStudy:
     def config(self, variant: str, seed: int) -> ExecConfig:
         options = variant_options(variant)
         schedule = default_schedule(
-            policy=options["mode"],
+            policy=options["policy"],
             algo="grpo",
             batch=self.batch,
             group_size=self.group_size,

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from oppo.cli import add_config_args, given_options, run_cli
-from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
+from oppo.cli import add_config_args, given_options, layered_schedule, run_cli
+from oppo.core.config import ScheduleConfig, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 from oppo.exec.tasks.rewards import reward_file, split_reward_spec
 from oppo.records.tracking import Live, Trackers, add_tracking_args, trackers_from
@@ -25,7 +25,7 @@ from oppo.records.tracking import Live, Trackers, add_tracking_args, trackers_fr
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m oppo.exec.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", help=f"scheduling policy: {', '.join(POLICIES)} (default: oppo)")
+    parser.add_argument("--mode", metavar="POLICY", help="the former name of --policy (accepted, with a note)")
     parser.add_argument("--out", help="output directory (required unless --resume)")
     parser.add_argument(
         "--resume", metavar="RUN_DIR", help="go on with a run from its last checkpoint (--save-every), to --steps"
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(parser, ExecConfig)
     for cls in (ModelConfig, PPOConfig, TaskConfig):
         add_config_args(parser, cls)
-    add_config_args(parser, ScheduleConfig, skip=("policy",), shown=to_dict(default_schedule()))
+    add_config_args(parser, ScheduleConfig, shown=to_dict(default_schedule()))
     add_tracking_args(parser)
     return parser
 
@@ -42,16 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from(args: argparse.Namespace) -> ExecConfig:
     """The defaults, or the stored config of ``--config``, with the options given on the command line on top."""
     base = load_config(args.config) if args.config else ExecConfig()
-    given = given_options(ScheduleConfig, args, skip=("policy",))
-    if args.mode is not None:
-        given["policy"] = args.mode
-    schedule = schedule_from(to_dict(base.schedule), **given) if args.config else default_schedule(**given)
+    given = given_options(ScheduleConfig, args) | _mode(args)
+    schedule = layered_schedule(given, base.schedule if args.config else None, default_schedule)
     sections = {
         name: _replace(getattr(base, name), _absolute(given_options(cls, args)))
         for name, cls in SECTIONS.items()
         if name != "schedule"
     }
     return _replace(base, given_options(ExecConfig, args) | sections | {"schedule": schedule})
+
+
+def _mode(args: argparse.Namespace) -> dict:
+    """``--mode``, the former name of ``--policy``: still accepted (scripts call it), with a one-line note."""
+    if args.mode is None:
+        return {}
+    if args.policy is not None and args.policy != args.mode:
+        raise ValueError(f"--mode {args.mode} and --policy {args.policy} disagree: give --policy alone")
+    print("note: --mode is now --policy (same values); --mode stays accepted", file=sys.stderr)
+    return {"policy": args.mode}
 
 
 PATH_OPTIONS = ("actor", "reward", "critic", "reference", "prompts", "lengths", "data", "val_data")

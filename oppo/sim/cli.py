@@ -22,8 +22,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from oppo.catalog.lengths import load_lengths
-from oppo.cli import add_config_args, format_table, given_options, run_cli
-from oppo.core.config import POLICIES, ScheduleConfig, schedule_from, to_dict
+from oppo.cli import add_config_args, format_table, given_options, layered_schedule, run_cli
+from oppo.core.config import POLICIES, ScheduleConfig
 from oppo.records.io import write_json, write_run
 from oppo.records.optrace import cycle_collector_paused
 from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEFAULTS = {"setup": "paper-7b-h200", "steps": 100, "seed": 0, "policy": "oppo"}
+DEFAULTS = {"setup": "paper-7b-h200", "steps": 100, "seed": 0}
 
 
 def _common(parser: argparse.ArgumentParser, policy: bool = True, rollout: bool = True) -> None:
@@ -150,13 +150,10 @@ def _configs(args: argparse.Namespace, policies: list[str | None], async_only: b
     setup = _setup(args)
     rollout_stored = config_from_dict(AsyncConfig, stored.get("rollout", {}), f"{where}: [rollout]")
     rollout = dataclasses.replace(rollout_stored, **given_options(AsyncConfig, args))
+    base = config_from_dict(ScheduleConfig, stored.get("schedule", {}), f"{where}: [schedule]") if stored else None
     configs = []
     for policy in policies:
-        if stored:  # the stored schedule, whole, under the given options
-            base = config_from_dict(ScheduleConfig, stored.get("schedule", {}), f"{where}: [schedule]")
-            schedule = schedule_from(to_dict(base), **given, policy=policy or base.policy)
-        else:
-            schedule = setup.schedule(policy=policy or DEFAULTS["policy"], **given)
+        schedule = layered_schedule(given | ({"policy": policy} if policy else {}), base, setup.schedule)
         # run and sweep take the options as given (refused but for async); compare gives them to async only
         options = rollout if not async_only or schedule.policy == "async" else AsyncConfig()
         configs.append(SimConfig(schedule, setup, steps, seed, options))

@@ -1,4 +1,4 @@
-"""``--mode async --staleness K`` in one process: generation with the weights of K versions ago (no overlap)."""
+"""``--policy async --staleness K`` in one process: generation with the weights of K versions ago (no overlap)."""
 
 from types import SimpleNamespace
 
@@ -83,8 +83,8 @@ def test_an_async_run_resumes_with_its_recent_versions(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--mode", "async", "--staleness", "-1"), "staleness must be >= 0"),
-        (("--mode", "async", "--dp", "2"), "async trains in one process"),
+        (("--policy", "async", "--staleness", "-1"), "staleness must be >= 0"),
+        (("--policy", "async", "--dp", "2"), "async trains in one process"),
     ],
 )
 def test_bad_async_settings_exit_2(tmp_path, args, message):

@@ -344,7 +344,7 @@ def test_a_rank_that_drifts_is_caught():
         executor._check_ranks(3)
 
 
-TRAIN = [sys.executable, "-m", "oppo.exec.train", "--mode", "oppo", "--batch", "4", "--dp", "2"]
+TRAIN = [sys.executable, "-m", "oppo.exec.train", "--policy", "oppo", "--batch", "4", "--dp", "2"]
 
 
 def rank_pids(stderr: str) -> list[int]:

@@ -104,8 +104,8 @@ def test_a_prompts_file_gives_its_last_lines_to_evaluation(tmp_path):
 def test_study_variants_name_their_executor_options():
     from oppo.exec.learning import variant_flags, variant_options
 
-    assert variant_options("async4-decoupled") == {"mode": "async", "staleness": "4", "offpolicy": "decoupled"}
-    assert variant_flags("oppo") == ["--mode", "oppo"]
+    assert variant_options("async4-decoupled") == {"policy": "async", "staleness": "4", "offpolicy": "decoupled"}
+    assert variant_flags("oppo") == ["--policy", "oppo"]
     for bad in ("asyncX", "sync-clipped", "tppo"):
         with pytest.raises(ValueError, match="unknown variant"):
             variant_options(bad)

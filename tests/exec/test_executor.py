@@ -140,7 +140,7 @@ def test_grpo_trains_exactly_the_groups_the_core_selected(monkeypatch):
 
 @pytest.mark.slow
 def test_grpo_learns():
-    """python -m oppo.exec.train --algo grpo --group-size 4 --mode oppo --steps 100: the reward rises."""
+    """python -m oppo.exec.train --algo grpo --group-size 4 --policy oppo --steps 100: the reward rises."""
     _, steps = run("oppo", steps=100, dtype="float32", algo="grpo", group_size=4)
     rewards = [m.mean_reward for _, m in steps]
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 2.0

@@ -62,7 +62,7 @@ def test_random_checkpoints_of_a_real_architecture_load_and_train(tmp_path):
     assert set(HF_SHAPES["qwen2.5-1.5b"]) >= set(SMALL)  # the real shapes have the fields a small one does
     res = train(
         "--preset", "hf", "--actor", paths["actor"], "--reward", paths["reward"], "--dtype", "float32",
-        "--device", "cpu", "--mode", "oppo", "--steps", "2", "--batch", "2", "--max-new-tokens", "8",
+        "--device", "cpu", "--policy", "oppo", "--steps", "2", "--batch", "2", "--max-new-tokens", "8",
         "--out", tmp_path / "run",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr

@@ -114,9 +114,9 @@ def train(*args):
 @pytest.mark.parametrize(
     "flags",
     [
-        ("--mode", "oppo", "--dual-clip", "3", "--clip-low", "0.2", "--clip-high", "0.28", "--kl-estimator", "k3",
+        ("--policy", "oppo", "--dual-clip", "3", "--clip-low", "0.2", "--clip-high", "0.28", "--kl-estimator", "k3",
          "--kl-in", "loss", "--kl-clamp", "10", "--loss-agg", "seq-mean-token-mean", "--entropy-coef", "0.01"),
-        ("--mode", "oppo", "--algo", "grpo", "--group-size", "2", "--no-norm-adv-by-std",
+        ("--policy", "oppo", "--algo", "grpo", "--group-size", "2", "--no-norm-adv-by-std",
          "--loss-agg", "seq-mean-token-sum-norm", "--kl-in", "reward", "--kl-estimator", "k2"),  # Dr. GRPO
     ],
     ids=["ppo-verl-style", "dr-grpo"],

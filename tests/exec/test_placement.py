@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-TRAIN = [sys.executable, "-m", "oppo.exec.train", "--mode", "intra", "--chunk", "4", "--batch", "4"]
+TRAIN = [sys.executable, "-m", "oppo.exec.train", "--policy", "intra", "--chunk", "4", "--batch", "4"]
 
 
 def run(tmp_path, placement, *extra):

@@ -78,7 +78,7 @@ def metrics(run) -> list[dict]:
 
 def test_the_reward_function_scores_each_trained_sample_once_and_is_what_the_step_trains_on(task):
     # forced lengths: every sample ends with EOS, so a step's mean reward is the mean over all its samples
-    res = tiny_run(task, "--mode", "sync", "--steps", "3", "--lengths", "gsm8k", "--max-new-tokens", "16")
+    res = tiny_run(task, "--policy", "sync", "--steps", "3", "--lengths", "gsm8k", "--max-new-tokens", "16")
     assert res.returncode == 0, res.stderr
     judged = calls(task)
     assert len(judged) == 3 * 4  # 3 steps of 2 groups of 2, each judged once
@@ -95,7 +95,7 @@ def test_the_reward_function_scores_each_trained_sample_once_and_is_what_the_ste
 
 def test_held_out_accuracy_is_measured_before_training_and_every_eval_step(task):
     res = tiny_run(
-        task, "--mode", "oppo", "--steps", "2", "--val-data", task / "val.jsonl", "--eval-every", "1",
+        task, "--policy", "oppo", "--steps", "2", "--val-data", task / "val.jsonl", "--eval-every", "1",
         "--eval-prompts", "0", "--eval-samples", "2", "--max-new-tokens", "12",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -110,7 +110,7 @@ def test_held_out_accuracy_is_measured_before_training_and_every_eval_step(task)
 
 def test_a_reward_function_that_fails_mid_run_stops_it_with_one_line_and_keeps_the_records(task, monkeypatch):
     monkeypatch.setenv("FAIL_AFTER", "4")  # step 0 judges 4 samples; the first of step 1 raises
-    res = tiny_run(task, "--mode", "sync", "--steps", "3", "--lengths", "gsm8k", "--max-new-tokens", "16")
+    res = tiny_run(task, "--policy", "sync", "--steps", "3", "--lengths", "gsm8k", "--max-new-tokens", "16")
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr
@@ -121,7 +121,7 @@ def test_a_reward_function_that_fails_mid_run_stops_it_with_one_line_and_keeps_t
 
 def test_a_reward_function_failing_in_the_held_out_evaluation_stops_the_run_with_one_line(task, monkeypatch):
     monkeypatch.setenv("FAIL_AFTER", "0")  # the evaluation before the first step calls it first
-    res = tiny_run(task, "--mode", "sync", "--steps", "2", "--val-data", task / "val.jsonl", "--eval-every", "1")
+    res = tiny_run(task, "--policy", "sync", "--steps", "2", "--val-data", task / "val.jsonl", "--eval-every", "1")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     (line,) = res.stderr.strip().splitlines()
     assert "held-out evaluation: reward function" in line and "on held-out item 0:" in line
@@ -306,7 +306,7 @@ def test_one_grpo_step_of_smollm2_on_a_jsonl_dataset_with_the_gsm8k_reward(tmp_p
     arithmetic.main(["--out", str(tmp_path), "--train", "8", "--val", "0"])
     res = train(
         "--preset", "smollm2", "--data", tmp_path / "train.jsonl", "--reward-fn", "gsm8k", "--algo", "grpo",
-        "--mode", "sync", "--steps", "1", "--batch", "1", "--group-size", "2", "--max-new-tokens", "6",
+        "--policy", "sync", "--steps", "1", "--batch", "1", "--group-size", "2", "--max-new-tokens", "6",
         "--prompt-tokens", "96", "--out", tmp_path / "run",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -321,7 +321,7 @@ def test_one_grpo_step_of_smollm2_on_a_jsonl_dataset_with_the_gsm8k_reward(tmp_p
 def test_with_a_reward_function_intra_streams_to_the_reference_and_trains_as_sync(task):
     runs = {}
     for mode in ("sync", "intra"):
-        res = tiny_run(task, "--mode", mode, "--steps", "2", "--dtype", "float64", "--max-new-tokens", "12")
+        res = tiny_run(task, "--policy", mode, "--steps", "2", "--dtype", "float64", "--max-new-tokens", "12")
         assert res.returncode == 0, res.stderr
         with open(task / "run" / "trace.csv") as fh:
             trace = list(csv.DictReader(fh))

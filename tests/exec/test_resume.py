@@ -19,7 +19,7 @@ from oppo.exec.step.snapshot import load_state
 from tests import invoke
 
 COMMON = (
-    "--preset", "tiny-cpu", "--mode", "inter", "--delta", "2", "--check-tokens", "2", "--batch", "4",
+    "--preset", "tiny-cpu", "--policy", "inter", "--delta", "2", "--check-tokens", "2", "--batch", "4",
     "--max-new-tokens", "24", "--dtype", "float64", "--seed", "5",
 )  # fmt: skip
 

@@ -16,7 +16,7 @@ def test_smoke_run_writes_contract_files(tmp_path):
     res = train(
         "--preset",
         "tiny-cpu",
-        "--mode",
+        "--policy",
         "oppo",
         "--steps",
         "4",
@@ -48,7 +48,7 @@ def test_hf_preset_loads_local_folders(tmp_path):
         str(paths["actor"]),
         "--reward",
         str(paths["reward"]),
-        "--mode",
+        "--policy",
         "sync",
         "--steps",
         "2",
@@ -66,12 +66,12 @@ def test_hf_preset_loads_local_folders(tmp_path):
         (("--preset", "hf", "--actor", "nowhere", "--reward", "nowhere"), "checkpoint folder not found"),
         (("--batch", "0"), "batch must be > 0"),
         (("--chunk", "0"), "chunk must be > 0"),
-        (("--mode", "fast"), "unknown policy"),
+        (("--policy", "fast"), "unknown policy"),
         (("--lengths", "missing.csv"), "not found"),
         (("--algo", "grpo"), "algo grpo needs group_size >= 2"),
-        (("--mode", "async", "--placement", "disaggregated"), "async trains in one process"),
+        (("--policy", "async", "--placement", "disaggregated"), "async trains in one process"),
         (("--device", "nope"), "unknown device 'nope'"),
-        (("--mode", "tppo", "--algo", "grpo", "--group-size", "4"), "tppo trains segments of single sequences"),
+        (("--policy", "tppo", "--algo", "grpo", "--group-size", "4"), "tppo trains segments of single sequences"),
     ],
 )
 def test_bad_input_exit_2_one_line(tmp_path, extra, message):
@@ -117,7 +117,7 @@ def test_prompts_file(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("t5 t6 t7\n\nt9 t10 t11 t12\n")
     out = tmp_path / "p"
-    res = train("--mode", "sync", "--steps", "2", "--batch", "2", "--prompts", str(prompts), "--out", str(out))
+    res = train("--policy", "sync", "--steps", "2", "--batch", "2", "--prompts", str(prompts), "--out", str(out))
     assert res.returncode == 0, res.stderr
     res = train("--steps", "2", "--prompts", str(tmp_path / "none.txt"), "--out", str(tmp_path / "q"))
     assert res.returncode == 2 and "prompts file not found" in res.stderr
@@ -126,7 +126,7 @@ def test_prompts_file(tmp_path):
 def test_config_reruns_the_same_run(tmp_path):
     first, again = tmp_path / "first", tmp_path / "again"
     res = train(
-        "--mode",
+        "--policy",
         "oppo",
         "--steps",
         "4",
@@ -155,6 +155,22 @@ def test_config_reruns_the_same_run(tmp_path):
     # same seed, same records: everything but the measured times
     for name in ("metrics.csv", "sequences.csv", "config.json"):
         assert (again / name).read_bytes() == (first / name).read_bytes(), name
-    res = train("--config", str(first / "config.json"), "--steps", "2", "--mode", "sync", "--out", str(tmp_path / "s"))
+    res = train(
+        "--config", str(first / "config.json"), "--steps", "2", "--policy", "sync", "--out", str(tmp_path / "s")
+    )
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert res.returncode == 0 and summary["steps"] == 2 and summary["policy"] == "sync"
+
+
+def test_mode_is_the_former_name_of_policy(capsys):
+    """``--policy`` names the policy as in the simulator; ``--mode`` (scripts call it) gives the same config with
+    a one-line note, and the two disagreeing is bad input."""
+    from oppo.exec.train import build_parser, config_from
+
+    by_policy = config_from(build_parser().parse_args(["--policy", "sync"]))
+    assert capsys.readouterr().err == ""
+    by_mode = config_from(build_parser().parse_args(["--mode", "sync"]))
+    assert by_mode == by_policy and by_mode.schedule.policy == "sync"
+    assert capsys.readouterr().err == "note: --mode is now --policy (same values); --mode stays accepted\n"
+    with pytest.raises(ValueError, match="--mode inter and --policy sync disagree"):
+        config_from(build_parser().parse_args(["--mode", "inter", "--policy", "sync"]))

@@ -1,4 +1,4 @@
-"""Asynchronous RL with rollout workers (``--mode async --rollout-workers N``): generation on its own devices,
+"""Asynchronous RL with rollout workers (``--policy async --rollout-workers N``): generation on its own devices,
 ahead of the trainer, staleness bounded; with ``--inflight-updates``, generations switch to newer weights
 mid-sequence (PipelineRL).
 
@@ -27,7 +27,7 @@ from oppo.exec.step.runner import Executor, RunAborted
 
 
 class AsyncPipeline(Executor):
-    """``--mode async --rollout-workers N``: generation ahead of training, staleness bounded.
+    """``--policy async --rollout-workers N``: generation ahead of training, staleness bounded.
 
     The driver trains (the actor's old log-probs, the critic, both updates, as one rank in this process); N rollout
     workers, one device each, generate and score what they generated with the roles that never change (reward

@@ -1,4 +1,4 @@
-"""The parts of ``--mode async --rollout-workers N`` that live on a rollout worker or cross to it: the
+"""The parts of ``--policy async --rollout-workers N`` that live on a rollout worker or cross to it: the
 :class:`RolloutWorker` Ray actor (its own copy of the actor and the frozen scorers, on one core or GPU), the weights
 as they travel (:func:`shareable`, :func:`unshared`) and the per-token weight versions it reports
 (:class:`TokenLag`, ``token_lag.csv``). The driver is :mod:`oppo.exec.distributed.async_pipeline`."""

@@ -439,7 +439,7 @@ def exec_flags(schedule: ScheduleConfig) -> list[str]:
     """The ``python -m oppo.exec.train`` options that run ``schedule`` (every field spelt out: the executor's own
     defaults differ from a setup's)."""
     values = dataclasses.asdict(schedule)
-    flags = ["--mode", values.pop("policy")]
+    flags = ["--policy", values.pop("policy")]
     for name, value in values.items():
         text = ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
         flags += [f"--{name.replace('_', '-')}", text]
