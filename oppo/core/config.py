@@ -4,6 +4,11 @@ A config is a frozen dataclass; each field carries its help text in ``metadata["
 is the docstring, the ``--help`` line (:func:`oppo.cli.add_config_args`) and the stored config
 (:mod:`oppo.records.stored_config`). ``__post_init__`` validates and raises
 ``ValueError``; it never rewrites a value.
+
+Each scheduling field's default lives here and nowhere else. A simulator setup or an executor preset overrides a
+field by its name (:meth:`oppo.sim.setup.presets.Setup.schedule`, :data:`oppo.exec.config.PRESET_SCHEDULE`), a flag
+or a stored config overrides both (:func:`oppo.cli.layered_schedule`), and every consumer reads the resolved
+:class:`ScheduleConfig`.
 """
 
 from __future__ import annotations
@@ -41,10 +46,10 @@ class ScheduleConfig:
     batch: int = opt(8, "B: prompt groups trained per step (prompts, not tokens; B x G sequences)")
     max_new_tokens: int = opt(256, "cap on response tokens per sequence, over all the steps it spans")
     chunk: str = opt("auto", "streamed chunk size in tokens, or 'auto' to explore --chunk-candidates")
-    chunk_candidates: tuple[int, ...] = opt((32, 64, 128), "chunk sizes tried by exploration (paper: 128,256,512)")
+    chunk_candidates: tuple[int, ...] = opt((128, 256, 512), "chunk sizes tried by exploration (paper 3.1)")
     explore_period_steps: int = opt(50, "exploration restarts every this many steps (paper: 50)")
     explore_trials: int = opt(1, "steps each candidate chunk is tried for during exploration")
-    check_tokens: int = opt(16, "over-commit checks for B finished sequences every this many tokens")
+    check_tokens: int = opt(32, "over-commit checks for B finished sequences every this many tokens")
     streamed_scorers: tuple[str, ...] = opt(("reward",), f"scorers fed chunk by chunk: subset of {SCORERS}")
     delta: str = opt("auto", "over-commit Δ in prompts, or 'auto' for the --delta-controller")
     delta_controller: str = opt("slope", f"Δ controller when --delta auto: {DELTA_CONTROLLER_CLASSES.described()}")
@@ -57,7 +62,7 @@ class ScheduleConfig:
     tail_confidence: float = opt(0.9, "tail controller: probability that B finish by the length it aims at")
     tail_tolerance: float = opt(0.1, "tail controller: share of the largest tail cut it may give up for a smaller Δ")
     max_deferrals: int = opt(3, "starvation bound (>= 1): a sequence deferred this many steps is waited for")
-    window_tokens: int = opt(64, "tppo: at most this many new tokens per sequence per step")
+    window_tokens: int = opt(256, "tppo: at most this many new tokens per sequence per step")
     staleness: int = opt(
         1,
         "async: generation runs ahead of training by at most this many policy versions (1: one-step-off, 0: "

@@ -225,20 +225,24 @@ class TaskConfig:
             raise ValueError(f"unknown eval_decoding {self.eval_decoding!r}; choose from {', '.join(EVAL_DECODINGS)}")
 
 
+# The executor's presets run small models (on a CPU by default): responses of tens of tokens, not the hundreds the
+# core's defaults are sized for (a 7B model on GPUs, the paper's). They override those fields by name; every other
+# field, and the batch, keeps the core's default (ScheduleConfig, the one home of each).
+PRESET_SCHEDULE = {
+    "max_new_tokens": 48,
+    "chunk_candidates": (4, 8, 16),
+    "explore_period_steps": 30,
+    "check_tokens": 4,
+    "delta_init": 2,
+    "delta_max": 4,
+    "delta_window": 3,
+    "window_tokens": 16,
+}
+
+
 def default_schedule(**overrides) -> ScheduleConfig:
-    """The executor's default schedule: tiny models, short responses, small chunks."""
-    defaults = dict(
-        batch=8,
-        max_new_tokens=48,
-        chunk_candidates=(4, 8, 16),
-        explore_period_steps=30,
-        check_tokens=4,
-        delta_init=2,
-        delta_max=4,
-        delta_window=3,
-        window_tokens=16,
-    )
-    return schedule_from(defaults, **overrides)
+    """The executor's default schedule: the core's defaults under :data:`PRESET_SCHEDULE`, then ``overrides``."""
+    return schedule_from(PRESET_SCHEDULE, **overrides)
 
 
 @dataclass(frozen=True)

@@ -113,21 +113,23 @@ class Setup:
     gpu: str
     actor: str  # model shape of actor, critic and reference: a name in MODELS or a Hugging Face config.json
     reward: str | None  # reward model shape (same forms); None = rule-based reward (no reward model)
-    batch: int  # the paper's B for this setup
-    max_new_tokens: int
+    # The schedule this setup runs by default, by field name over the core's defaults (ScheduleConfig.<field>: the
+    # one home of each default); flags and stored configs override these (oppo.cli.layered_schedule).
+    batch: int  # the paper's B for this setup (or the logged run's)
+    max_new_tokens: int  # the response cap of this setup (or of the logged run)
     gpu_spec: GpuSpec | None = None  # the GPU's figures where the catalog has none (then ``gpu`` is any name)
     reference: bool = True  # a reference model runs (KL penalty); many GRPO runs have none
     critic: bool = True  # a critic runs (PPO); never with algo = "grpo"
-    algo: str = "ppo"  # the schedule's default --algo
-    group_size: int = 1  # the schedule's default --group-size (samples per prompt)
+    algo: str = ScheduleConfig.algo  # the schedule's default --algo
+    group_size: int = ScheduleConfig.group_size  # the schedule's default --group-size (samples per prompt)
     engine: str = "hf"  # generation engine: hf (TRL's generate) or vllm
     cost: str = "fitted"  # fitted (GPU profiles) or analytic (datasheet x default efficiencies)
     ppo_epochs: int = 4  # passes over the batch per step (TRL's default num_ppo_epochs)
     minibatches: int = 1  # optimizer steps per epoch
     reward_threshold: float = 4.0  # time-to-reward target reported in summaries
-    chunk_candidates: tuple[int, ...] = (128, 256, 512)  # paper 3.1
-    window_tokens: int = 256  # T-PPO window
-    check_tokens: int = 32  # over-commit checks for B finished every this many tokens
+    chunk_candidates: tuple[int, ...] = ScheduleConfig.chunk_candidates
+    window_tokens: int = ScheduleConfig.window_tokens  # T-PPO window
+    check_tokens: int = ScheduleConfig.check_tokens  # over-commit checks for B finished every this many tokens
     placement: Placement = field(default_factory=Placement)
     contention: Contention = field(default_factory=Contention)
     cluster: Cluster = field(default_factory=Cluster)  # nodes and the link between them
