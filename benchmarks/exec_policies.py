@@ -3,7 +3,7 @@
     python benchmarks/exec_policies.py --preset tiny-cpu --steps 30
     python benchmarks/exec_policies.py --preset small-cpu --steps 8 --batch 8
     python benchmarks/exec_policies.py --preset smollm2 --data data/add/train.jsonl --reward-fn gsm8k --algo grpo \
-        --group-size 4 --batch 4 --max-new-tokens 48 --prompt-tokens 96 --lengths '' --policies sync,intra,oppo
+        --group-size 4 --batch 4 --max-new-tokens 48 --max-prompt-tokens 96 --lengths '' --policies sync,intra,oppo
 
 Prints per policy: mean / p50 step time, ratio to sync, tokens decoded per second, the per-phase breakdown and
 the deferral histogram. tok/s counts the response tokens of the trained sequences per second. Records of each
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=1)
     parser.add_argument("--data", help="a task with answers (with --reward-fn): prompts from this dataset")
     parser.add_argument("--reward-fn", help="the verifiable reward of --data (e.g. gsm8k)")
-    parser.add_argument("--prompt-tokens", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=8, help="length of the synthetic prompts")
+    parser.add_argument("--max-prompt-tokens", type=int, default=512, help="cap on a --data prompt's tokens")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench-exec")
     args = parser.parse_args(argv)
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         data=args.data,
         reward_fn=args.reward_fn,
         prompt_tokens=args.prompt_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     summaries = {}
     for policy in args.policies.split(","):

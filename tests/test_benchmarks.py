@@ -109,7 +109,7 @@ def test_trl_grpo(tmp_path):
     word_task(tmp_path)
     args = ("--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f", "--eval-every", "1")
     small = ("--preset", "tiny-cpu", "--steps", "2", "--batch", "2", "--group-size", "2", "--max-new-tokens", "6")
-    small += ("--prompt-tokens", "8", "--eval-prompts", "3")
+    small += ("--max-prompt-tokens", "8", "--eval-prompts", "3")
     stdout = bench_here("trl_grpo", *args, *small, "--repeats", "2", "--out", "out", cwd=tmp_path)
     rows = stdout.split("first round")[-1].splitlines()[1:]
     assert [r[:18].strip() for r in rows] == ["TRL GRPOTrainer", "oppo.exec sync", "oppo.exec oppo"]
@@ -127,7 +127,7 @@ def test_real_task_learning(tmp_path):
     word_task(tmp_path)
     args = ["--preset", "tiny-cpu", "--data", "train.jsonl", "--val-data", "val.jsonl", "--reward-fn", "r.py:f"]
     args += ["--variants", "sync,oppo", "--seeds", "1", "--steps", "2", "--batch", "2", "--group-size", "2"]
-    args += ["--max-new-tokens", "6", "--prompt-tokens", "8", "--eval-every", "1", "--eval-prompts", "3"]
+    args += ["--max-new-tokens", "6", "--max-prompt-tokens", "8", "--eval-every", "1", "--eval-prompts", "3"]
     stdout = bench_here("real_task_learning", *args, "--out", "out", cwd=tmp_path)
     table = stdout.split("seconds")[-1].splitlines()[1:]
     assert [r.split()[:3] for r in table] == [["sync", "0.333", "0.333"], ["oppo", "0.333", "0.333"]]  # 1 of 3 "right"

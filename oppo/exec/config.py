@@ -150,7 +150,10 @@ class PPOConfig:
 @dataclass(frozen=True)
 class TaskConfig:
     reward_kind: str = opt("learned", "learned (transformer RM trained on synthetic preferences) or rule")
-    prompt_tokens: int = opt(8, "prompt length in tokens (synthetic prompts; the cap of --prompts and --data)")
+    prompt_tokens: int = opt(8, "length of the synthetic prompts in tokens (no --prompts or --data)")
+    max_prompt_tokens: int = opt(
+        512, "cap on the tokens of a --prompts, --data or --val-data prompt (verl's data.max_prompt_length)"
+    )
     prompts: str | None = opt(
         None, "text file, one prompt per line, tokenized by the actor's tokenizer (default: synthetic prompts)"
     )
@@ -161,7 +164,7 @@ class TaskConfig:
     )
     val_data: str | None = opt(None, "held-out prompts with answers, scored every --eval-every steps (as --data)")
     chat_template: str = opt("auto", "--data prompts: auto (the actor tokenizer's chat template, if any) or none")
-    prompt_truncation: str = opt("error", "--data prompts over --prompt-tokens: error, or left (keep the end)")
+    prompt_truncation: str = opt("error", "--data prompts over --max-prompt-tokens: error, or left (keep the end)")
     reward_fn: str | None = opt(
         None,
         f"verifiable reward: {', '.join(REWARD_FN_NAMES)} or PATH.py:FUNCTION (verl's compute_score(data_source, "
@@ -190,6 +193,7 @@ class TaskConfig:
         if self.reward_kind not in REWARDS:
             raise ValueError(f"unknown reward_kind {self.reward_kind!r}; choose from {', '.join(REWARDS)}")
         check_positive("prompt_tokens", self.prompt_tokens)
+        check_positive("max_prompt_tokens", self.max_prompt_tokens)
         if self.prompts is not None and not Path(self.prompts).is_file():
             raise ValueError(f"prompts file not found: {self.prompts}")
         if self.lengths_model is not None and self.lengths is None:

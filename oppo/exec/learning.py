@@ -128,7 +128,7 @@ class TaskStudy:
     batch: int = 2  # prompts per step
     group_size: int = 8
     max_new_tokens: int = 48
-    prompt_tokens: int = 96
+    max_prompt_tokens: int = 96
     lr: float = 1e-5
     temperature: float = 0.7
     kl_coef: float = 0.05  # k3 in the loss
@@ -150,7 +150,7 @@ class TaskStudy:
             data=self.data,
             val_data=self.val_data,
             reward_fn=self.reward_fn,
-            prompt_tokens=self.prompt_tokens,
+            max_prompt_tokens=self.max_prompt_tokens,
             eval_every=self.eval_every,
             eval_prompts=self.eval_prompts,
             eval_decoding="greedy",

@@ -63,7 +63,7 @@ def task(tmp_path, monkeypatch):
 
 def tiny_run(task, *extra):
     args = ["--preset", "tiny-cpu", "--data", task / "train.jsonl", "--reward-fn", f"{task / 'reward.py'}:judge"]
-    args += ["--algo", "grpo", "--group-size", "2", "--batch", "2", "--prompt-tokens", "8", "--seed", "3"]
+    args += ["--algo", "grpo", "--group-size", "2", "--batch", "2", "--max-prompt-tokens", "8", "--seed", "3"]
     return train(*args, "--out", task / "run", *extra)
 
 
@@ -135,7 +135,7 @@ def test_a_reward_function_failing_in_the_held_out_evaluation_stops_the_run_with
         ({"--reward-fn": "missing.py:judge"}, "reward file not found: missing.py"),
         ({"--reward-fn": "REWARD:nothing"}, "has no function 'nothing'"),
         ({"--data": None}, "--reward-fn scores answers against ground truths: give --data"),
-        ({"--prompt-tokens": "2"}, "prompt 0 has 3 tokens, more than"),
+        ({"--max-prompt-tokens": "2"}, "prompt 0 has 3 tokens, more than"),
         ({"--val-data": "VAL"}, "--val-data is scored every --eval-every steps"),
         ({"--reward-fn": None, "--reward-kind": "rule"}, "--data needs a reward"),
     ],
@@ -148,7 +148,7 @@ def test_bad_task_input_is_one_line_and_exit_2(task, change, message):
         "--algo": "grpo",
         "--group-size": "2",
         "--steps": "1",
-        "--prompt-tokens": "8",
+        "--max-prompt-tokens": "8",
         "--out": str(task / "run"),
     }
     for key, value in change.items():
@@ -203,7 +203,8 @@ def test_each_trained_sample_gets_the_reward_of_its_own_answer(task, monkeypatch
     from oppo.exec.step.runner import Executor
 
     (task / "text.py").write_text(TEXT_REWARD)
-    data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=f"{task / 'text.py'}:text_score", prompt_tokens=8)
+    reward_fn = f"{task / 'text.py'}:text_score"
+    data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=reward_fn, max_prompt_tokens=8)
     algo = {"algo": "ppo", "window_tokens": 4} if policy == "tppo" else {"algo": "grpo", "group_size": 2}
     schedule = default_schedule(policy=policy, batch=2, max_new_tokens=10, chunk=4, **algo)
     # a large learning rate: a restarted sample's new answer differs from its discarded one (same sampling keys)
@@ -238,7 +239,7 @@ def test_a_restarted_sample_forgets_the_verdict_on_its_discarded_answer(task):
     from oppo.exec.step.runner import Executor
     from oppo.exec.tasks.verifiable import Judgement
 
-    data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=f"{task / 'reward.py'}:judge", prompt_tokens=8)
+    data_task = TaskConfig(data=str(task / "train.jsonl"), reward_fn=f"{task / 'reward.py'}:judge", max_prompt_tokens=8)
     schedule = default_schedule(policy="tailbatch", algo="grpo", group_size=2, batch=2, max_new_tokens=8)
     config = ExecConfig(schedule=schedule, model=ModelConfig(dtype="float32"), task=data_task, steps=1)
     executor = Executor.colocated(config, load_roles(config.model, which=("actor", "reference")), Recorder())
@@ -307,7 +308,7 @@ def test_one_grpo_step_of_smollm2_on_a_jsonl_dataset_with_the_gsm8k_reward(tmp_p
     res = train(
         "--preset", "smollm2", "--data", tmp_path / "train.jsonl", "--reward-fn", "gsm8k", "--algo", "grpo",
         "--policy", "sync", "--steps", "1", "--batch", "1", "--group-size", "2", "--max-new-tokens", "6",
-        "--prompt-tokens", "96", "--out", tmp_path / "run",
+        "--max-prompt-tokens", "96", "--out", tmp_path / "run",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     row = metrics(tmp_path / "run")[0]
@@ -341,7 +342,7 @@ def test_a_study_refuses_a_folder_holding_a_run_of_other_knobs(task):
 
     study = TaskStudy(
         data=str(task / "train.jsonl"), val_data=str(task / "val.jsonl"), reward_fn=f"{task / 'reward.py'}:judge",
-        preset="tiny-cpu", steps=1, batch=1, group_size=2, max_new_tokens=4, prompt_tokens=8, eval_every=1,
+        preset="tiny-cpu", steps=1, batch=1, group_size=2, max_new_tokens=4, max_prompt_tokens=8, eval_every=1,
         eval_prompts=2,
     )  # fmt: skip
     rows = study.run("sync", 0, task / "study", train_fn)
@@ -350,3 +351,14 @@ def test_a_study_refuses_a_folder_holding_a_run_of_other_knobs(task):
     other = dataclasses.replace(study, lr=1e-3)
     with pytest.raises(ValueError, match="holds a run of another config"):
         other.run("sync", 0, task / "study", train_fn)
+
+
+def test_data_prompts_are_capped_by_their_own_knob_not_the_synthetic_length(task):
+    """``--prompt-tokens`` is the synthetic prompts' length; a ``--data`` prompt is capped by ``--max-prompt-tokens``
+    (verl's ``max_prompt_length``, 512): a short synthetic length no longer refuses every real prompt."""
+    args = ["--preset", "tiny-cpu", "--data", task / "train.jsonl", "--reward-fn", f"{task / 'reward.py'}:judge"]
+    args += ["--algo", "grpo", "--group-size", "2", "--batch", "2", "--prompt-tokens", "2", "--steps", "1"]
+    res = train(*args, "--out", task / "run")
+    assert res.returncode == 0, res.stderr
+    stored = json.loads((task / "run" / "config.json").read_text())["task"]
+    assert stored["prompt_tokens"] == 2 and stored["max_prompt_tokens"] == 512

@@ -205,10 +205,11 @@ def actor_tokenizer(config: ModelConfig):
 
 def load_prompts(config) -> list[list[int]]:
     """Token ids of each non-empty line of ``config.task.prompts`` (actor's tokenizer, no special tokens),
-    keeping the last ``prompt_tokens`` tokens of a long prompt."""
+    keeping the last ``max_prompt_tokens`` tokens of a long prompt."""
     tokenizer = actor_tokenizer(config.model)
     lines = [line.strip() for line in Path(config.task.prompts).read_text().splitlines() if line.strip()]
-    prompts = [tokenizer(line, add_special_tokens=False)["input_ids"][-config.task.prompt_tokens :] for line in lines]
+    cap = config.task.max_prompt_tokens
+    prompts = [tokenizer(line, add_special_tokens=False)["input_ids"][-cap:] for line in lines]
     prompts = [p for p in prompts if p]
     if not prompts:
         raise ValueError(f"{config.task.prompts}: no prompt with any token")

@@ -179,9 +179,8 @@ class Executor:
         last ``--eval-prompts`` items of ``--data``, left out of training."""
         task = self.config.task
         if task.val_data:
-            held = DatasetPrompts(
-                task.val_data, self.dataset.tokenizer, task.chat_template, task.prompt_tokens, task.prompt_truncation
-            )
+            cap, tokenizer = task.max_prompt_tokens, self.dataset.tokenizer
+            held = DatasetPrompts(task.val_data, tokenizer, task.chat_template, cap, task.prompt_truncation)
             indices = list(range(len(held)))[: task.eval_prompts or None]
         else:
             held, indices = self.dataset, self.dataset.split_last(task.eval_prompts)
@@ -458,7 +457,7 @@ def task_with_answers(config: ExecConfig, eos_id: int) -> tuple[DatasetPrompts |
     if not task.data:
         return None, None
     tokenizer = actor_tokenizer(config.model)
-    dataset = DatasetPrompts(task.data, tokenizer, task.chat_template, task.prompt_tokens, task.prompt_truncation)
+    dataset = DatasetPrompts(task.data, tokenizer, task.chat_template, task.max_prompt_tokens, task.prompt_truncation)
     return dataset, Judge(task.reward_fn, tokenizer, eos_id) if task.reward_fn else None
 
 

@@ -2,7 +2,7 @@
 
     python -m oppo.exec.tasks.arithmetic --out data/add --train 2000 --val 200 --seed 0
     python -m oppo.exec.train --preset smollm2 --data data/add/train.jsonl --val-data data/add/val.jsonl \\
-        --reward-fn gsm8k --algo grpo --eval-every 5 --prompt-tokens 96 --max-new-tokens 48 --out runs/add
+        --reward-fn gsm8k --algo grpo --eval-every 5 --max-prompt-tokens 96 --max-new-tokens 48 --out runs/add
 
 One-step addition word problems in GSM8K's form ("Tom has 12 pens. Tom gets 7 more pens. How many pens does Tom
 have now? Give the final answer after ####."), the answer a bare number scored by verl's gsm8k check (the strict

@@ -1,7 +1,7 @@
 """A task of prompts with answers (``--data``) and its verifiable reward (``--reward-fn``).
 
 :class:`DatasetPrompts` holds a dataset's items and their prompts as the actor's token ids (chat template applied,
-capped at ``--prompt-tokens``), and deals them to the groups of a run in epochs, each epoch a new permutation drawn
+capped at ``--max-prompt-tokens``), and deals them to the groups of a run in epochs, each epoch a new permutation drawn
 from the run's seed (a run's prompts depend on its seed and the group's position alone, as verl's shuffled
 sampler). :class:`Judge` scores a response as verl's reward managers do: the response decoded to text without its
 special tokens, passed with the item's ``data_source``, ``ground_truth`` and ``extra_info`` to the reward function.
@@ -44,7 +44,7 @@ class DatasetPrompts:
                 self.prompts.append(encode_prompt(item, tokenizer, chat_template, max_tokens, truncation, index))
             except ValueError as err:
                 raise ValueError(
-                    f"{self.path}: {err}; raise --prompt-tokens or give --prompt-truncation left"
+                    f"{self.path}: {err}; raise --max-prompt-tokens or give --prompt-truncation left"
                 ) from None
             if not self.prompts[-1]:
                 raise ValueError(f"{self.path}: row {index}: the prompt has no token")
