@@ -326,7 +326,7 @@ class ExecConfig:
             )
         if self.rollout_workers < 0 or self.queue_groups < 0:
             raise ValueError("rollout_workers and queue_groups must be >= 0")
-        if self.rollout_workers and self.schedule.policy != "async":
+        if self.rollout_workers and not self.schedule.asynchronous:
             raise ValueError(f"--rollout-workers runs the async policy (--policy async), not {self.schedule.policy}")
         if self.queue_groups and not self.rollout_workers:
             raise ValueError("--queue-groups bounds the queue of rollout workers: give --rollout-workers too")
@@ -338,7 +338,7 @@ class ExecConfig:
             raise ValueError("--inflight-updates with --staleness 0: no newer weights can come during a generation")
         if self.rollout_workers and self.save_every:
             raise ValueError("--save-every supports one-process runs only (no --rollout-workers)")
-        if self.schedule.policy == "async" and (self.dp > 1 or self.placement != "colocated"):
+        if self.schedule.asynchronous and (self.dp > 1 or self.placement != "colocated"):
             raise ValueError(
                 "async trains in one process (its rollout in --rollout-workers): --dp 1 and colocated placement only"
             )

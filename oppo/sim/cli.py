@@ -24,6 +24,7 @@ from tqdm import tqdm
 from oppo.catalog.lengths import load_lengths
 from oppo.cli import add_config_args, format_table, given_options, layered_schedule, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig
+from oppo.core.policies import policy_spec
 from oppo.records.io import write_json, write_run
 from oppo.records.optrace import cycle_collector_paused
 from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
@@ -155,7 +156,7 @@ def _configs(args: argparse.Namespace, policies: list[str | None], async_only: b
     for policy in policies:
         schedule = layered_schedule(given | ({"policy": policy} if policy else {}), base, setup.schedule)
         # run and sweep take the options as given (refused but for async); compare gives them to async only
-        options = rollout if not async_only or schedule.policy == "async" else AsyncConfig()
+        options = rollout if not async_only or schedule.asynchronous else AsyncConfig()
         configs.append(SimConfig(schedule, setup, steps, seed, options))
     return configs
 
@@ -245,8 +246,7 @@ def compare_policies(configs: list[SimConfig], trace, pool: Pool = IN_PROCESS) -
 def cmd_compare(args: argparse.Namespace) -> None:
     policies = [p for p in args.policies.split(",") if p]
     for p in policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+        policy_spec(p)  # an unknown name: one line naming the registered ones
     trace = _trace(args)
     _setup(args)  # a setup no policy can simulate (no device) is one error, not one per policy
     configs, skipped = [], []
@@ -305,8 +305,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
     policies = tuple(p for p in args.policies.split(",") if p)
     for p in policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+        policy_spec(p)  # an unknown name: one line naming the registered ones
     if args.fresh_seeds < 0:
         raise ValueError(f"--fresh-seeds must be >= 0, got {args.fresh_seeds}")
     setup, trace = load_setup(args.setup or DEFAULTS["setup"]), _trace(args)

@@ -144,7 +144,7 @@ class Executor:
         self.dataset, self.judge = task_with_answers(config, token_ids[1])  # --data, --reward-fn (else None)
         self.judged: dict[int, Judgement] = {}  # --reward-fn: each sequence's, from when it finished
         self.history = None  # async: the actor's recent versions (one process: the group's one rank)
-        if config.schedule.policy == "async" and not config.rollout_workers:
+        if config.schedule.asynchronous and not config.rollout_workers:
             self.history = WeightHistory(group.rank.roles.actor, config.schedule.staleness)
         self.held_out = self._held_out(token_ids) if config.task.eval_every else None
         self.precomputed: dict[str, dict[int, torch.Tensor]] = {}  # role -> seq id -> outputs scored elsewhere

@@ -84,7 +84,7 @@ class AsyncConfig:
         """Refuse what the policy or the engine cannot run (ValueError, one line)."""
         if self.is_default:
             return
-        if schedule.policy != "async":
+        if not schedule.asynchronous:
             raise ValueError(f"queue, concurrency, in-flight and push options are async's, not {schedule.policy}'s")
         if self.push == "before_step" and schedule.staleness < 1:
             raise ValueError("push before_step generates a step while the one before trains: needs staleness >= 1")

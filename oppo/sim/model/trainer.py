@@ -203,7 +203,7 @@ class Trainer(Generation):
         # one process, beside chunk prefillers on devices of their own (the scorers' passes run in parallel
         # processes, one per device); async's learner runs beside generation, sharing its devices unless
         # generation has rollout GPUs of its own.
-        actor.shared = schedule.policy == "async" and any(self.device[r] is actor for r in self.roles)
+        actor.shared = schedule.asynchronous and any(self.device[r] is actor for r in self.roles)
         self.handoff_s = setup.contention.chunk_handoff_s if streamed else 0.0
         self.push_after_update = True  # else the async pipeline pushes (AsyncConfig.push = "before_step")
         self.engine = setup.engine_spec
@@ -211,9 +211,9 @@ class Trainer(Generation):
         self._fixed_s: dict[tuple[str, tuple[str, ...]], float] = {}  # a role's per-step stage seconds
         self.lengths = SeqLengths()  # every admitted sequence's response (EOS position) and prompt lengths
         # async: the rollout devices score with the frozen roles what they generated (the trainer does not)
-        scored = config.rollout.rollout_scores and schedule.policy == "async"
+        scored = config.rollout.rollout_scores and schedule.asynchronous
         self.scored_by_rollout = {r for r in FROZEN if r in self.roles} if scored else set()
-        if schedule.policy == "async":  # generation runs ahead on its own devices, training follows
+        if schedule.asynchronous:  # generation runs ahead on its own devices, training follows
             self.process = start_pipeline(self).process
         else:
             self.process = env.process(self.training())

@@ -22,6 +22,7 @@ from typing import Any
 from oppo.catalog.gpus import GPU
 from oppo.catalog.shapes import SCORE_HEAD_ROLES
 from oppo.core.config import ScheduleConfig, schedule_from
+from oppo.core.policies import policy_spec
 from oppo.records.metrics import device_count
 from oppo.sim.cost.engine import ENGINES, CostModel, RooflineCost, model_shape
 from oppo.sim.cost.framework import (
@@ -84,7 +85,7 @@ class Placement:
 
     def rollout_for(self, policy: str) -> int:
         """GPUs generating only, for ``policy`` (0: generation on the training GPUs)."""
-        if self.rollout_gpus or policy != "async" or self.actor_gpus < 2:
+        if self.rollout_gpus or not policy_spec(policy).asynchronous or self.actor_gpus < 2:
             return self.rollout_gpus
         return (self.actor_gpus + 1) // 2
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from oppo.core.config import ScheduleConfig
+from oppo.core.policies import policy_spec
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.cost.framework import ADAM_STATE_BYTES_PER_PARAM
 from oppo.sim.setup.presets import Setup
@@ -151,8 +152,8 @@ def verl_overrides(setup: Setup, chosen: Setup, policy: str) -> list[str]:
             sizes["critic.forward"] = after.forward_micro_batch_of("critic") or sizes["critic.ppo"]
         for key, size in sizes.items():  # verl refuses a global and a per-GPU size set together
             lines += [f"{key}_micro_batch_size=null", f"{key}_micro_batch_size_per_gpu={size}"]
-    if policy == "async":
-        rollout = chosen.placement.rollout_for("async")
+    if policy_spec(policy).asynchronous:
+        rollout = chosen.placement.rollout_for(policy)
         lines += [
             f"trainer.n_gpus_per_node={chosen.placement.actor_gpus - rollout}",
             f"rollout.n_gpus_per_node={rollout}",

@@ -296,7 +296,7 @@ def _summary(item) -> dict:
     :data:`LAG`."""
     config, trace = item
     run = run_config(config, trace)
-    warm_up = config.schedule.staleness if config.schedule.policy == "async" else 0
+    warm_up = config.schedule.staleness if config.schedule.asynchronous else 0
     return run.summary | {LAG: steady_lag(run.result.trained, config.steps, warm_up)}
 
 
