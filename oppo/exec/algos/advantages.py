@@ -126,7 +126,7 @@ def egae(rewards, values, mask, finished, gamma, lam) -> tuple[torch.Tensor, tor
 
 @ADVANTAGE_ESTIMATORS.register("grpo", verl="grpo", trl="group")
 def grpo(score, groups) -> torch.Tensor:
-    """GRPO: (r - mean_g) / (std_g + eps) over each prompt group (:func:`group_advantages`)."""
+    """GRPO: (r - mean_g) / (std_g + eps) over each prompt group, std_g the sample standard deviation."""
     return group_advantages(score, groups)
 
 

@@ -19,15 +19,18 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainerCallback
 
+from oppo.exec.algos import advantages
+from oppo.exec.algos.advantages import ADVANTAGE_ESTIMATORS
+from oppo.exec.algos.aggregation import LOSS_AGGS
 from oppo.exec.baselines.trl_ppo import AS_OPPO_TRAINS, trl_dtype
 from oppo.exec.config import ExecConfig
 from oppo.exec.step.evaluation import HeldOut
 from oppo.exec.tasks.verifiable import DatasetPrompts, Judge
 
-# oppo's loss aggregations as TRL 1.12's loss_type: token-mean over each minibatch is "bnpo" (TRL's "dapo" divides by
-# the whole generation's tokens over steps_per_generation: the same where one minibatch is the whole step); the
-# others have no counterpart there
-LOSS_TYPES = {"token-mean": "bnpo", "seq-mean-token-mean": "grpo"}
+# oppo's loss aggregations as TRL 1.12's loss_type: each LOSS_AGGS entry's TRL name. Token-mean over each minibatch
+# is "bnpo" (TRL's "dapo" divides by the whole generation's tokens over steps_per_generation: the same where one
+# minibatch is the whole step); the aggregations without a TRL name have no counterpart there. GRPOTrainer's KL is
+# k3 in the loss (beta), its advantages group-relative, scaled or not (scale_rewards: an estimator's TRL name).
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,12 @@ def grpo_args(config: ExecConfig, out: str):
     from trl import GRPOConfig
 
     cfg, sched = config.ppo, config.schedule
+    loss_type = LOSS_AGGS[cfg.loss_agg].trl
+    scale_rewards = ADVANTAGE_ESTIMATORS[advantages.select("grpo", False, cfg.norm_adv_by_std)].trl
     unsupported = [
         name
         for name, bad in (
-            ("loss_agg " + cfg.loss_agg, cfg.loss_agg not in LOSS_TYPES),
+            ("loss_agg " + cfg.loss_agg, loss_type is None),
             ("kl_in reward", cfg.kl_in == "reward"),
             ("kl_estimator " + cfg.kl_estimator, cfg.kl_estimator not in ("auto", "k3")),
             ("dual_clip", cfg.dual_clip > 0),
@@ -79,8 +84,8 @@ def grpo_args(config: ExecConfig, out: str):
         weight_decay=0.0,
         max_grad_norm=cfg.max_grad_norm,
         beta=cfg.kl_coef,  # k3 in the loss, as oppo's GRPO default
-        loss_type=LOSS_TYPES[cfg.loss_agg],  # TRL's default "dapo" is token-mean
-        scale_rewards="group" if cfg.norm_adv_by_std else "none",
+        loss_type=loss_type,  # TRL's default "dapo" is token-mean
+        scale_rewards=scale_rewards,  # "group" (GRPO) or "none" (Dr. GRPO)
         epsilon=cfg.clip if cfg.clip_low is None else cfg.clip_low,
         epsilon_high=cfg.clip if cfg.clip_high is None else cfg.clip_high,
         temperature=cfg.temperature,

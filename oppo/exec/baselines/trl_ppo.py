@@ -18,6 +18,7 @@ import torch
 from transformers import TrainerCallback
 
 from oppo.catalog.lengths import LengthTrace
+from oppo.exec.algos.kl import KL_ESTIMATORS
 from oppo.exec.config import ExecConfig
 from oppo.exec.models.roles import resolve_dtype
 from oppo.exec.step.runner import derived_seed, forced_length
@@ -119,15 +120,16 @@ TRL_LACKS = (
 
 
 def trl_kl_estimator(ppo) -> str:
-    """TRL's ``kl_estimator`` for these options ("k1" or "k3", KL in the reward); options TRL cannot run are an
-    error naming them."""
+    """TRL's ``kl_estimator`` for these options (the estimator's TRL name in :data:`KL_ESTIMATORS`, KL in the
+    reward; auto is k1 there); options TRL cannot run are an error naming them."""
     default = type(ppo)()
     lacking = [name for name in TRL_LACKS if getattr(ppo, name) != getattr(default, name)]
     lacking += ["kl_in loss"] if ppo.kl_in == "loss" else []
-    lacking += [f"kl_estimator {ppo.kl_estimator}"] if ppo.kl_estimator not in ("auto", "k1", "k3") else []
+    estimator = KL_ESTIMATORS["k1" if ppo.kl_estimator == "auto" else ppo.kl_estimator]
+    lacking += [f"kl_estimator {ppo.kl_estimator}"] if estimator.trl is None else []
     if lacking:
         raise ValueError(f"TRL's PPOTrainer has no counterpart for {', '.join(lacking)}: the baseline cannot run them")
-    return "k1" if ppo.kl_estimator == "auto" else ppo.kl_estimator
+    return estimator.trl
 
 
 def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=None) -> list[TRLStep]:

@@ -4,7 +4,8 @@ The driver turns the step's trained sequences into one batch with its targets (:
 and group statistics over the whole batch), cuts ``epochs`` x ``minibatches`` minibatches and deals each one's
 rows to the data-parallel ranks (:func:`deal`). Each rank's :class:`Learner` takes its share: the loss is divided
 by the minibatch's token count over all ranks and the gradients are summed over the ranks (all-reduce), so N
-ranks take exactly the step one rank takes alone. Math in :mod:`oppo.exec.algos.ppo`.
+ranks take exactly the step one rank takes alone. Math in :mod:`oppo.exec.algos` (the advantage estimators, KL
+estimators and loss aggregations: registries, read by name).
 """
 
 from __future__ import annotations
@@ -16,20 +17,11 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from oppo.exec.algos.ppo import (
-    Aggregate,
-    behaviour_weight,
-    entropy,
-    gae,
-    group_advantages,
-    kl_estimate,
-    kl_shaped_rewards,
-    masked_mean,
-    masked_whiten,
-    policy_loss,
-    sampled_logprobs,
-    value_loss,
-)
+from oppo.exec.algos import advantages
+from oppo.exec.algos.advantages import ADVANTAGE_ESTIMATORS, masked_whiten
+from oppo.exec.algos.aggregation import Aggregate, masked_mean
+from oppo.exec.algos.kl import kl_estimate, kl_shaped_rewards
+from oppo.exec.algos.ppo import behaviour_weight, entropy, policy_loss, sampled_logprobs, value_loss
 from oppo.exec.compute.sharding import full, is_sharded, local_digest
 from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, PPOConfig
@@ -133,6 +125,12 @@ def kl_use(config: ExecConfig) -> tuple[str, str]:
     place = config.ppo.kl_in if config.ppo.kl_in != "auto" else "loss" if grpo else "reward"
     estimator = config.ppo.kl_estimator if config.ppo.kl_estimator != "auto" else "k3" if place == "loss" else "k1"
     return estimator, place
+
+
+def advantage_estimator(config: ExecConfig) -> str:
+    """The advantage estimator the options select (:func:`oppo.exec.algos.advantages.select`): GAE, T-PPO's EGAE,
+    GRPO's or Dr. GRPO's group-relative advantages."""
+    return advantages.select(config.schedule.algo, config.schedule.truncated, config.ppo.norm_adv_by_std)
 
 
 def minibatch_totals(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:
@@ -281,7 +279,8 @@ def ppo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) -
     rewards = kl_shaped_rewards(
         scores["score"].to(dtype), old_lp, ref_lp, mask, kl_coef, finished, estimator, cfg.kl_clamp
     )
-    adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam, ~finished if truncated else None)  # EGAE
+    estimate = ADVANTAGE_ESTIMATORS[advantage_estimator(config)].fn  # GAE, or EGAE where segments are truncated
+    adv, returns = estimate(rewards, old_values, mask, finished, cfg.gamma, cfg.lam)
     value_mask = mask * finished[:, None] if truncated else mask  # T-PPO: the critic learns from finished ones
     targets = {
         "old_lp": old_lp,
@@ -306,7 +305,7 @@ def grpo_targets(config: ExecConfig, trained, scores: dict, mask: torch.Tensor) 
     if place == "reward":
         score = score - cfg.kl_coef * (kl_estimate(old_lp, ref_lp, estimator, cfg.kl_clamp) * mask).sum(1)
     groups = torch.tensor([t.group_id for t in trained])
-    adv = group_advantages(score, groups, norm_by_std=cfg.norm_adv_by_std)  # (B,)
+    adv = ADVANTAGE_ESTIMATORS[advantage_estimator(config)].fn(score, groups)  # (B,): GRPO, or Dr. GRPO's
     return {"old_lp": old_lp, "ref_lp": ref_lp, "adv": adv[:, None] * mask, "mask": mask}
 
 
