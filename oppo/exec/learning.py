@@ -180,7 +180,7 @@ class TaskStudy:
             raise ValueError(f"{out} holds a run of another config: give the study another output folder")
         summary = out / "summary.json"
         if not (summary.is_file() and json.loads(summary.read_text())["steps"] >= config.steps):
-            code = train(config, out, resume=(out / "checkpoint" / "state.pkl").is_file())
+            code = train(config, out, resume=(out / "checkpoint" / "manifest.json").is_file())
             if code:
                 raise SystemExit(code)
         return read_run(out)

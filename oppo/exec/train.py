@@ -95,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def resume_dir(args: argparse.Namespace) -> Path:
     """The run ``--resume`` names; its stored config becomes the base of the options given beside it."""
-    from oppo.exec.step.snapshot import latest, load_state
+    from oppo.exec.step.snapshot import latest
 
     run_dir = Path(args.resume)
     if args.config or (args.out and Path(args.out).resolve() != run_dir.resolve()):
         raise ValueError("--resume RUN_DIR goes on in RUN_DIR with its own config: drop --config and --out")
-    load_state(latest(run_dir) / "state.pkl")  # no checkpoint, or one of another oppo: refused before any change
+    latest(run_dir)  # no checkpoint, or none that verifies: refused before any change
     args.config = str(run_dir / "config.json")
     return run_dir
 
@@ -151,7 +151,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
             from oppo.exec.distributed.rollout_worker import TokenLag
 
             log.tables["token_lag.csv"] = (executor.token_lags, TokenLag)  # the weights version of every token
-        done = snapshot.restore(snapshot.latest(out), executor, log, recorder) if resume else 0
+        done = snapshot.restore(snapshot.latest(out, say=False), executor, log, recorder) if resume else 0
     except BaseException:
         executor.close()
         raise

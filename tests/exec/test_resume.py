@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from oppo.exec.step.snapshot import load_state
+from oppo.exec.step.snapshot import latest, load_state, verify
 from tests import invoke
 
 COMMON = (
@@ -76,9 +76,9 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_the_run_goes_on(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120
-        while not (run / "checkpoint" / "state.pkl").exists() and time.monotonic() < deadline:
+        while not (run / "checkpoint" / "manifest.json").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert (run / "checkpoint" / "state.pkl").exists(), "no checkpoint written"
+        assert (run / "checkpoint" / "manifest.json").exists(), "no checkpoint written"
         os.kill(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -94,7 +94,7 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_the_run_goes_on(tmp_path):
 
 
 def test_a_resume_that_would_be_another_run_is_refused(cut_run):
-    before = (cut_run / "checkpoint" / "state.pkl").read_bytes()
+    before = (cut_run / "checkpoint" / "state.json").read_bytes()
     config_before = (cut_run / "config.json").read_bytes()
     for args, message in [
         (("--seed", "9"), "seed differ from the run's; only --steps may change"),
@@ -102,78 +102,83 @@ def test_a_resume_that_would_be_another_run_is_refused(cut_run):
     ]:
         res = train("--resume", str(cut_run), "--steps", "4", *args)
         assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert (cut_run / "checkpoint" / "state.pkl").read_bytes() == before  # nothing written
+    assert (cut_run / "checkpoint" / "state.json").read_bytes() == before  # nothing written
     assert (cut_run / "config.json").read_bytes() == config_before
 
 
-def test_a_checkpoint_of_another_version_is_refused(tmp_path, cut_run):
-    """A state.pkl pickles the scheduler's internals as they were: one of another layout is refused, naming it."""
+def checkpoint_copy(tmp_path, cut_run):
     cut = tmp_path / "cut"
     shutil.copytree(cut_run, cut)
-    state_pkl = cut / "checkpoint" / "state.pkl"
-    state = pickle.loads(state_pkl.read_bytes())
-    del state.__dict__["format"]  # as written before the field existed
-    state_pkl.write_bytes(pickle.dumps(state))
-    res = train("--resume", str(cut), "--steps", "4")
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert f"{state_pkl} was written by another version of oppo" in res.stderr
-    assert "state format 1; this one reads format 3" in res.stderr
+    return cut, cut / "checkpoint"
 
 
-# Where the classes of a state.pkl lived before the core, the records and the catalog had packages of their own.
-OLD_PATHS = {f"oppo.core.{m}": f"oppo.{m}" for m in ("buffer", "chunking", "config", "overcommit", "scheduler")}
-OLD_PATHS |= {"oppo.core.async_queue": "oppo.async_queue", "oppo.records.schema": "oppo.records"}
-
-
-def test_a_checkpoint_from_before_the_core_moved_is_refused_naming_its_writer(tmp_path, cut_run):
-    """A format-2 state.pkl names its classes at their old module paths: refused in one line that says which oppo
-    wrote it (from the run's provenance: it predates the checkpoint's own note)."""
-    cut = tmp_path / "cut"
-    shutil.copytree(cut_run, cut)
-    state_pkl = cut / "checkpoint" / "state.pkl"
-    state = pickle.loads(state_pkl.read_bytes())
-    state.format = 2
-    del state.__dict__["written_by"]  # format 2 had no such field
-    raw = pickle.dumps(state, protocol=2)  # protocol 2 names each class as text: "c<module>\n<name>\n"
-    for new, old in OLD_PATHS.items():
-        raw = raw.replace(f"c{new}\n".encode(), f"c{old}\n".encode())
-    assert b"coppo.scheduler\n" in raw and b"coppo.core." not in raw
-    state_pkl.write_bytes(raw)
-    with pytest.raises(ValueError, match="state format 2"):
-        load_state(state_pkl)
+def test_a_checkpoint_of_another_format_is_refused_naming_its_writer(tmp_path, cut_run):
+    cut, checkpoint = checkpoint_copy(tmp_path, cut_run)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest | {"format": 5, "written_by": "oppo 9.9 (commit x)"}))
     config_before = (cut / "config.json").read_bytes()
-    commit = json.loads(config_before)["provenance"]["commit"] or "unknown"
     res = train("--resume", str(cut), "--steps", "4")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert f"(oppo 0.1.0 (commit {commit}), state format 2; this one reads format 3)" in res.stderr
+    assert "written by oppo 9.9 (commit x) in state format 5; this oppo reads 4" in res.stderr
     assert (cut / "config.json").read_bytes() == config_before  # refused before anything is written
 
 
-def test_a_checkpoint_from_before_the_executor_had_rooms_resumes(tmp_path, cut_run):
-    """A format-3 state.pkl saved while the executor's modules stood side by side (oppo.exec.snapshot.Saved,
-    oppo.exec.runner.SeqData) is read where those classes live now, and the run goes on."""
-    from oppo.exec.step.snapshot import MOVED_MODULES
+class Payload:
+    """Unpickled, it creates the file its argument names: what a pickle sent by someone else could do."""
 
-    cut = tmp_path / "cut"
-    shutil.copytree(cut_run, cut)
-    state_pkl = cut / "checkpoint" / "state.pkl"
-    raw = pickle.dumps(load_state(state_pkl), protocol=2)  # protocol 2 names each class as text
-    for old, new in MOVED_MODULES.items():
-        raw = raw.replace(f"c{new}\n".encode(), f"c{old}\n".encode())
-    assert b"coppo.exec.snapshot\nSaved\n" in raw and b"coppo.exec.runner\nSeqData\n" in raw
-    state_pkl.write_bytes(raw)
-    again = load_state(state_pkl)
-    assert (
-        type(again).__module__ == "oppo.exec.step.snapshot"
-        and again.steps == load_state(cut_run / "checkpoint" / "state.pkl").steps
-    )
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def test_a_pickled_checkpoint_is_refused_without_running_it(tmp_path, cut_run):
+    """A checkpoint of oppo's pickle era (state.pkl, optimizers.pt), here carrying a payload that would create a file
+    if unpickled: refused in one line naming the oppo that wrote the run, and the file is never created."""
+    cut, checkpoint = checkpoint_copy(tmp_path, cut_run)
+    ran = tmp_path / "payload-ran"
+    for name in ("manifest.json", "state.json", "arrays.safetensors"):
+        (checkpoint / name).unlink()
+    (checkpoint / "state.pkl").write_bytes(pickle.dumps(Payload(ran)))
+    (checkpoint / "optimizers.pt").write_bytes(pickle.dumps(Payload(ran)))
+    assert pickle.loads((checkpoint / "state.pkl").read_bytes()) and ran.exists()  # the payload does run...
+    ran.unlink()
+    res = train("--resume", str(cut), "--steps", "4")  # ...but not here
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "as a pickle (state format 3 or earlier), which this oppo does not open" in res.stderr
+    commit = json.loads((cut / "config.json").read_text())["provenance"]["commit"] or "unknown"
+    assert f"written by oppo 0.1.0 (commit {commit})" in res.stderr
+    assert not ran.exists()
+
+
+def test_a_checkpoint_cut_short_falls_back_to_the_previous_one_and_says_so(tmp_path, cut_run):
+    """A save cut between its renames leaves checkpoint.old whole; a checkpoint whose file does not match its
+    manifest is skipped, named, and the older one resumes."""
+    cut, checkpoint = checkpoint_copy(tmp_path, cut_run)
+    shutil.copytree(checkpoint, cut / "checkpoint.old")
+    state = checkpoint / "state.json"
+    state.write_bytes(state.read_bytes()[:-40])  # cut short
+    assert latest(cut, say=False) == cut / "checkpoint.old"
     res = train("--resume", str(cut), "--steps", "4")
     assert res.returncode == 0, res.stderr
+    assert f"note: skipped {checkpoint}: state.json does not match its manifest" in res.stderr
+    (cut / "checkpoint.old" / "arrays.safetensors").unlink()
+    (cut / "checkpoint" / "state.json").write_text("{}")  # the resumed run saved again: damage both
+    with pytest.raises(ValueError, match="no checkpoint to resume from: .*arrays.safetensors is missing"):
+        latest(cut)
 
 
-def test_a_checkpoint_names_the_oppo_that_wrote_it(cut_run):
-    state = load_state(cut_run / "checkpoint" / "state.pkl")
-    assert state.format == 3 and state.written_by.startswith("oppo 0.1.0 (commit ")
+def test_a_checkpoint_is_data_and_names_the_oppo_that_wrote_it(cut_run):
+    checkpoint = cut_run / "checkpoint"
+    assert verify(checkpoint) is None and not list(checkpoint.rglob("*.pkl")) and not list(checkpoint.rglob("*.pt"))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert manifest["format"] == 4 and manifest["written_by"].startswith("oppo 0.1.0 (commit ")
+    assert {"state.json", "arrays.safetensors", "actor/model.safetensors", "critic/model.safetensors"} <= set(
+        manifest["files"]
+    )
+    state = load_state(checkpoint)
+    assert state["saved"].written_by == manifest["written_by"] and len(state["saved"].steps) == 3
 
 
 def test_no_checkpoint_or_an_unsupported_run_is_bad_input(tmp_path):
@@ -183,12 +188,3 @@ def test_no_checkpoint_or_an_unsupported_run_is_bad_input(tmp_path):
     assert res.returncode == 2 and "--save-every supports one-process runs only" in res.stderr
     res = train("--steps", "2")
     assert res.returncode == 2 and "--out is required" in res.stderr
-
-
-def test_a_damaged_checkpoint_of_this_format_is_called_unreadable_not_another_version(tmp_path, cut_run):
-    state_pkl = tmp_path / "checkpoint" / "state.pkl"
-    state_pkl.parent.mkdir()
-    state_pkl.write_bytes((cut_run / "checkpoint" / "state.pkl").read_bytes()[:-40])  # cut short
-    with pytest.raises(ValueError, match="unreadable checkpoint") as refused:
-        load_state(state_pkl)
-    assert "another version" not in str(refused.value)

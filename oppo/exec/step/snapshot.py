@@ -1,65 +1,44 @@
 """Runs that outlive a session: ``--save-every N`` writes ``RUN_DIR/checkpoint/``, ``--resume RUN_DIR`` goes on.
 
-A checkpoint holds what the next step depends on:
+A checkpoint holds what the next step depends on, as data (nothing in it is unpickled, nothing names code):
 
-- ``actor/``, ``critic/``: the trained models (``save_pretrained``; the reference and reward model are frozen and
-  load from the run's config as at its start);
-- ``optimizers.pt``: the optimizers' states and torch's random state;
-- ``state.pkl``: the scheduling core (buffer, controllers, the carried sequences), the executor's sequences (their
-  tokens and behaviour log-probs), the records so far (steps, trained sequences, metrics, trace) and, for
-  ``async``, the actor's recent versions, pickled.
+- ``actor/``, ``critic/``: the trained models (``save_pretrained``: safetensors and config.json; the reference
+  and reward model are frozen and load from the run's config as at its start);
+- ``state.json`` and ``arrays.safetensors``: the scheduling core (buffer, controllers, the carried sequences), the
+  executor's sequences (their tokens and behaviour log-probs), the records so far (steps, trained sequences,
+  metrics, trace), the optimizers' states, torch's random state and, for ``async``, the actor's recent versions
+  (:mod:`oppo.exec.step.state_codec`: JSON for the structure, safetensors for the arrays);
+- ``manifest.json``, written last: the format, the oppo that wrote it and each file's sha256.
 
 KV caches are not saved: the decoder prefills every sequence it decodes at the start of each step anyway, and a
 streamed scorer that lacks a carried sequence's cache prefills its tokens again (float64: within 1e-12 of the
-cache it had). A checkpoint replaces the previous one only once it is complete (written beside it, then renamed),
-so Ctrl-C or a crash at any moment leaves the last complete one.
+cache it had). A checkpoint is written beside the previous one, each file flushed to disk, and replaces it by two
+renames; ``--resume`` takes the newest whose manifest verifies (``checkpoint``, else ``checkpoint.old`` left by a
+save cut between its renames), naming what it skipped, so a kill at any instant leaves one to go on from.
 """
 
 from __future__ import annotations
 
-import pickle
+import hashlib
+import json
+import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from oppo import __version__
+from oppo.exec.step.state_codec import decode, encode
 
 CHECKPOINT = "checkpoint"
 TRAINED = ("actor", "critic")
-# The layout of state.pkl's pickled objects (classes are pickled by module path): 2: the buffer keeps its sequences
-# by column; 3: the core's classes live in oppo.core, the records' in oppo.records.schema.
-STATE_FORMAT = 3
-# Where the executor's modules went when it was split into rooms (tasks/, models/, step/, ...): a state.pkl saved
-# before names its classes by the old paths (oppo.exec.snapshot.Saved, oppo.exec.runner.SeqData), read through this map;
-# the layout is unchanged, so STATE_FORMAT is too.
-MOVED_MODULES = {
-    "oppo.exec.task": "oppo.exec.tasks.synthetic",
-    "oppo.exec.datasets": "oppo.exec.tasks.datasets",
-    "oppo.exec.rewards": "oppo.exec.tasks.rewards",
-    "oppo.exec.verifiable": "oppo.exec.tasks.verifiable",
-    "oppo.exec.arithmetic": "oppo.exec.tasks.arithmetic",
-    "oppo.exec.models": "oppo.exec.models.roles",
-    "oppo.exec.tiny": "oppo.exec.models.tiny",
-    "oppo.exec.pretrained": "oppo.exec.models.pretrained",
-    "oppo.exec.checkpoints": "oppo.exec.models.random_checkpoints",
-    "oppo.exec.generation": "oppo.exec.engines.hf",
-    "oppo.exec.ppo": "oppo.exec.algos.ppo",
-    "oppo.exec.rollout": "oppo.exec.compute.rollout",
-    "oppo.exec.scoring": "oppo.exec.compute.scoring",
-    "oppo.exec.update": "oppo.exec.compute.update",
-    "oppo.exec.sharding": "oppo.exec.compute.sharding",
-    "oppo.exec.timing": "oppo.exec.compute.timing",
-    "oppo.exec.runner": "oppo.exec.step.runner",
-    "oppo.exec.rank": "oppo.exec.step.rank",
-    "oppo.exec.parts": "oppo.exec.step.parts",
-    "oppo.exec.evaluation": "oppo.exec.step.evaluation",
-    "oppo.exec.snapshot": "oppo.exec.step.snapshot",
-    "oppo.exec.placement": "oppo.exec.distributed.placement",
-    "oppo.exec.async_pipeline": "oppo.exec.distributed.async_pipeline",
-    "oppo.exec.rollout_worker": "oppo.exec.distributed.rollout_worker",
-    "oppo.exec.trl_baseline": "oppo.exec.baselines.trl_ppo",
-    "oppo.exec.trl_grpo": "oppo.exec.baselines.trl_grpo",
-}
+MANIFEST, STATE, ARRAYS = "manifest.json", "state.json", "arrays.safetensors"
+# The layout of a checkpoint: 1-3 pickled the state (state.pkl, optimizers.pt; never read now: unpickling runs
+# code); 4: state.json, arrays.safetensors and manifest.json.
+STATE_FORMAT = 4
 
 
 @dataclass
@@ -88,8 +67,6 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         model = getattr(rank.roles, role)
         if model is not None:
             model.save_pretrained(tmp / role)
-    optimizers = [opt.state_dict() for opt in rank.learner.optimizers]
-    torch.save({"optimizers": optimizers, "torch_rng": torch.get_rng_state()}, tmp / "optimizers.pt")
     state = Saved(
         executor.scheduler,
         executor.data,
@@ -104,34 +81,122 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         _this_oppo(),
         log.held_out_start,
     )
-    with open(tmp / "state.pkl", "wb") as fh:
-        pickle.dump(state, fh)
+    optimizers = [opt.state_dict() for opt in rank.learner.optimizers]
+    data, arrays = encode({"saved": state, "optimizers": optimizers, "torch_rng": torch.get_rng_state()})
+    save_file(arrays, tmp / ARRAYS)
+    _write(tmp / STATE, json.dumps(data, separators=(",", ":")).encode())
+    files = sorted(str(f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
+    manifest = {
+        "format": STATE_FORMAT,
+        "oppo": __version__,
+        "written_by": state.written_by,
+        "files": {f: _sha256(tmp / f) for f in files},
+    }
+    for path in [*(tmp / f for f in files), *(d for d in tmp.rglob("*") if d.is_dir())]:
+        _fsync(path)
+    _write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+    _fsync(tmp)
     if final.exists():  # the previous checkpoint stays whole until the new one has its name
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
     tmp.rename(final)
+    _fsync(run_dir)
     shutil.rmtree(old, ignore_errors=True)
 
 
-def latest(run_dir: Path) -> Path:
-    """The run's last complete checkpoint (the previous one if a save was cut off between its two renames)."""
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path`` (a file, or a folder's entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def latest(run_dir: Path, say: bool = True) -> Path:
+    """The run's newest checkpoint whose manifest verifies (``checkpoint``, else ``checkpoint.old``, which a save
+    cut between its two renames leaves); each one skipped is named on stderr (``say``) with why, and none is one
+    line."""
+    skipped = []
     for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
-        if (run_dir / name / "state.pkl").is_file():
-            return run_dir / name
+        folder = run_dir / name
+        if not folder.is_dir():
+            continue
+        problem = verify(folder)
+        if problem is None:
+            for line in skipped if say else ():
+                print(f"note: skipped {line}", file=sys.stderr)
+            return folder
+        skipped.append(f"{folder}: {problem}")
+    if skipped:
+        raise ValueError("no checkpoint to resume from: " + "; ".join(skipped))
     raise FileNotFoundError(f"no checkpoint in {run_dir} (a run saves one with --save-every N)")
+
+
+def verify(folder: Path) -> str | None:
+    """Why ``folder`` is no checkpoint this oppo resumes from (None: its manifest holds and every file matches)."""
+    if (folder / "state.pkl").exists() and not (folder / MANIFEST).exists():
+        return (
+            f"written by {_writer_from_config(folder.parent / 'config.json')} as a pickle (state format 3 or "
+            f"earlier), which this oppo does not open (unpickling runs code): resume it with that version, or "
+            "start again"
+        )
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files, found = manifest["files"], manifest["format"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"no readable manifest ({type(err).__name__}: {err})"
+    if found != STATE_FORMAT:
+        return f"written by {manifest.get('written_by')} in state format {found}; this oppo reads {STATE_FORMAT}"
+    if not isinstance(files, dict) or not {STATE, ARRAYS} <= set(files):
+        return "its manifest lists no state"
+    for name, digest in files.items():
+        path = folder / name
+        if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
+            return f"{name} is missing"
+        if _sha256(path) != digest:
+            return f"{name} does not match its manifest (cut short or changed)"
+    return None
+
+
+def load_state(folder: Path) -> dict:
+    """A verified checkpoint's state: ``{"saved": Saved, "optimizers": [...], "torch_rng": tensor}``."""
+    try:
+        data = json.loads((folder / STATE).read_text())
+        state = decode(data, load_file(folder / ARRAYS))
+    except (OSError, ValueError, TypeError, RuntimeError) as err:  # RuntimeError: a device this machine lacks
+        raise ValueError(f"{folder}: unreadable checkpoint state ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("saved"), Saved):
+        raise ValueError(f"{folder}: unreadable checkpoint state (not a run's state)")
+    return state
 
 
 def restore(checkpoint: Path, executor, log, recorder) -> int:
     """Load ``checkpoint`` into a freshly built executor, run log and recorder; returns the steps done."""
-    state = load_state(checkpoint / "state.pkl")
+    blob = load_state(checkpoint)
+    state = blob["saved"]
     rank = executor.group.rank
     with torch.no_grad():
         for role in TRAINED:
             model = getattr(rank.roles, role)
             if model is not None:
-                saved = type(model).from_pretrained(checkpoint / role, dtype=rank.roles.dtype)
+                saved = type(model).from_pretrained(checkpoint / role, dtype=rank.roles.dtype, use_safetensors=True)
                 model.load_state_dict(saved.state_dict())
-    blob = torch.load(checkpoint / "optimizers.pt", weights_only=False)
     for optimizer, saved_state in zip(rank.learner.optimizers, blob["optimizers"], strict=True):
         optimizer.load_state_dict(saved_state)
     torch.set_rng_state(blob["torch_rng"])
@@ -147,72 +212,11 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
     return len(state.steps)
 
 
-def load_state(path: Path) -> Saved:
-    """A checkpoint's ``state.pkl``; refused in one line naming its format and the oppo that wrote it, where that
-    is not this one's (its scheduler's internals are pickled as they were, under the module paths of then)."""
-    problem = None
-    try:
-        with open(path, "rb") as fh:
-            state = _StateUnpickler(fh).load()
-    except Exception as err:  # noqa: BLE001 - a damaged pickle raises almost anything (ValueError, KeyError, ...)
-        state, problem = None, f"{type(err).__name__}: {err}"
-    if isinstance(state, Saved) and state.format == STATE_FORMAT:
-        return state
-    found, writer = _format_and_writer(path)
-    if found in ("unknown", str(STATE_FORMAT)):  # not another layout: a damaged file or a library that moved
-        raise ValueError(f"{path}: unreadable checkpoint ({problem or 'not a checkpoint'})")
-    raise ValueError(
-        f"{path} was written by another version of oppo ({writer}, state format {found}; this one reads format "
-        f"{STATE_FORMAT}): resume it with that version, or start again"
-    )
-
-
 def _this_oppo() -> str:
     from oppo.records.provenance import provenance
 
     here = provenance()
     return f"oppo {here['oppo']} (commit {here['commit'] or 'unknown'})"
-
-
-class _Unknown:
-    """Stands for a class a checkpoint names that this oppo lacks (moved or gone): read, never used."""
-
-    def __new__(cls, *args, **kwargs):
-        return object.__new__(cls)
-
-    def __setstate__(self, state) -> None:
-        pass
-
-
-class _StateUnpickler(pickle.Unpickler):
-    """Reads a class a state names by its path of then (:data:`MOVED_MODULES`) from where it lives now."""
-
-    def find_class(self, module: str, name: str):
-        return super().find_class(MOVED_MODULES.get(module, module), name)
-
-
-class _TolerantUnpickler(_StateUnpickler):
-    def find_class(self, module: str, name: str):
-        try:
-            return super().find_class(module, name)
-        except (ImportError, AttributeError):
-            return _Unknown
-
-
-def _format_and_writer(path: Path) -> tuple[str, str]:
-    """The state format a ``state.pkl`` records and the oppo that wrote it (its own note, else the provenance the
-    run's ``config.json`` holds: the last process that resumed it, or the one that started it)."""
-    try:
-        with open(path, "rb") as fh:
-            state = _TolerantUnpickler(fh).load()
-    except Exception:  # noqa: BLE001 - any unreadable file is one we cannot name a writer for
-        return "unknown", ""
-    if not isinstance(state, Saved):
-        return "unknown", ""
-    fields = vars(state)
-    if fields.get("written_by"):
-        return str(fields.get("format", 1)), fields["written_by"]
-    return str(fields.get("format", 1)), _writer_from_config(path.parent.parent / "config.json")
 
 
 def _writer_from_config(config_json: Path) -> str:
