@@ -140,7 +140,7 @@ def run_trl_grpo(config: ExecConfig, eval_every: int = 0, progress=None) -> list
     path = role_paths(config.model)["actor"]
     tokenizer = AutoTokenizer.from_pretrained(path)
     pad_id, eos_id, _ = token_ids(config.model)
-    data = DatasetPrompts(task.data, tokenizer, task.chat_template, task.prompt_tokens, task.prompt_truncation)
+    data = DatasetPrompts(task.data, tokenizer, task.chat_template, task.max_prompt_tokens, task.prompt_truncation)
     judge = Judge(task.reward_fn, tokenizer, eos_id)
     templated = task.chat_template == "auto" and getattr(tokenizer, "chat_template", None)
     rows = {
@@ -171,7 +171,7 @@ def run_trl_grpo(config: ExecConfig, eval_every: int = 0, progress=None) -> list
 
 def _held_out(config: ExecConfig, model, tokenizer, judge: Judge, ids: tuple[int, int]) -> HeldOut:
     task = config.task
-    val = DatasetPrompts(task.val_data, tokenizer, task.chat_template, task.prompt_tokens, task.prompt_truncation)
+    val = DatasetPrompts(task.val_data, tokenizer, task.chat_template, task.max_prompt_tokens, task.prompt_truncation)
     indices = list(range(len(val)))[: task.eval_prompts or None]
 
     def score(answers):
