@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import sys
 import types
 import typing
@@ -18,6 +19,9 @@ from oppo.core.config import ScheduleConfig, schedule_from, to_dict
 # one line; anything else is a bug and keeps its traceback (a KeyError included: an unknown name given by the
 # user is reported where it is looked up, as a ValueError naming the choices).
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+# A write the disk refused (full, a file-size limit, a quota): the command ends with exit code 1 and one line; every
+# file is written beside its name and renamed once complete, so those written before stay whole.
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -33,10 +37,20 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.errno not in DISK_FULL:
+            raise
+        print(f"error: {disk_full(err)}; the files written before it are kept", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:
         said = str(err) if isinstance(err, Interrupted) else "records written so far are kept"
         print(f"interrupted: {said}", file=sys.stderr)
         return 130
+
+
+def disk_full(err: OSError) -> str:
+    """One line for a write the disk refused."""
+    return f"writing {err.filename or 'a file'} failed: {err.strerror or err}"
 
 
 def add_config_args(

@@ -16,10 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-from oppo.cli import add_config_args, given_options, layered_schedule, run_cli
+from oppo.cli import DISK_FULL, add_config_args, disk_full, given_options, layered_schedule, run_cli
 from oppo.core.config import ScheduleConfig, to_dict
 from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
 from oppo.exec.tasks.rewards import reward_file, split_reward_spec
+from oppo.records.io import one_writer
 from oppo.records.tracking import Live, Trackers, add_tracking_args, trackers_from
 
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from(args)  # validates before anything is loaded or written
     if args.resume:
         check_resumable(config, load_config(out / "config.json"), out)
-    return train(config, out, resume=bool(args.resume), trackers=trackers_from(args))
+    with one_writer(out):  # a second process given this --out is refused while this one lives
+        return train(config, out, resume=bool(args.resume), trackers=trackers_from(args))
 
 
 def resume_dir(args: argparse.Namespace) -> Path:
@@ -179,6 +181,12 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
     except RunAborted as err:
         print(f"error: {err}; records of {len(log.steps)} steps kept in {out}", file=sys.stderr)
         code = 1
+    except OSError as err:
+        if err.errno not in DISK_FULL:
+            raise
+        saved = " and the last checkpoint" if config.save_every else ""
+        print(f"error: {disk_full(err)}; the records last written{saved} kept in {out}", file=sys.stderr)
+        return 1  # nothing more is written: the disk refused
     finally:
         executor.close()
     if not log.steps:  # stopped before its first step closed: config.json is all there is

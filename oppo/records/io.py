@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
 import json
 import operator
 import os
@@ -48,15 +49,53 @@ def write_rows(path: str | Path, rows: Iterable[Any], cls: type) -> None:
 
 @contextmanager
 def _replacing(path: str | Path) -> Iterator[TextIO]:
-    """A text file written beside ``path`` and renamed onto it once complete (removed if writing fails)."""
+    """A text file written beside ``path``, flushed to disk and renamed onto it once complete (removed if writing
+    fails): a kill or a power cut at any instant leaves the old file or the new one, never a part."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w", newline="") as fh:
             yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_folder(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync_folder(folder: str | Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+LOCK = ".oppo.lock"
+
+
+@contextmanager
+def one_writer(folder: str | Path) -> Iterator[None]:
+    """Hold ``folder`` (created if needed) for this process while it writes there: a second process given the same
+    folder is refused in one line (``ValueError``) while this one lives. The lock is the kernel's (``flock`` on
+    ``folder/.oppo.lock``): it dies with its process, SIGKILL included, so a folder a killed run left is taken over."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"{folder} is being written by another process (pid {holder}): give another --out") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -25,7 +25,7 @@ from oppo.catalog.lengths import load_lengths
 from oppo.cli import add_config_args, format_table, given_options, layered_schedule, run_cli
 from oppo.core.config import POLICIES, ScheduleConfig
 from oppo.core.policies import policy_spec
-from oppo.records.io import write_json, write_run
+from oppo.records.io import one_writer, write_json, write_run
 from oppo.records.optrace import cycle_collector_paused
 from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
 from oppo.records.tracking import add_tracking_args, track_run, trackers_from
@@ -69,43 +69,56 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sweep)
     sweep.add_argument("--chunks", help="comma-separated chunk sizes (tokens)")
     sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
-    sweep.add_argument("--out", required=True, help="directory for sweep.csv and sweep.png")
+    sweep.add_argument(
+        "--out",
+        help="directory for sweep.csv and sweep.png (and the journal of finished simulations --resume reads: "
+        "journal.jsonl, command.json)",
+    )
+    _resume_arg(sweep, "sweep")
     add_pool_args(sweep)
     plan = sub.add_parser(
         "plan", help="search policies, chunk, Δ bound and controller, staleness and GPU split for the most work / s"
     )
     _common(plan, policy=False, rollout=False)  # the planner searches the async split, not the rollout options
-    plan.add_argument("--policies", default=",".join(POLICIES), help="policies searched (default: all)")
+    # the plan's own options default to None, their defaults set by _plan_defaults: --resume tells an option given
+    # (compared with the interrupted command's) from one left out (the interrupted command's value)
+    plan.add_argument("--policies", help="policies searched (default: all)")
     plan.add_argument(
         "--knobs",
         choices=("schedule", "framework"),
-        default="schedule",
         help="schedule: the policies' knobs; framework: also the rollout engine's tensor-parallel size and memory "
         "share and the update's micro-batch, each configuration screened for memory, and the best's verl "
         "overrides written to DIR/best/verl_overrides.txt (default: schedule)",
     )
-    plan.add_argument("--objective", default="samples", help="samples (finished samples / s) or tokens (tokens / s)")
+    plan.add_argument(
+        "--objective", help="samples (finished samples / s) or tokens (tokens / s) (default: samples)"
+    )
     plan.add_argument(
         "--max-lag",
         type=float,
         help="bound on the steady mean policy lag (versions) of the samples trained in the second half of the steps",
     )
-    plan.add_argument("--budget", type=int, default=400, help="simulations at most, all rungs and seeds (default: 400)")
-    plan.add_argument("--rung-steps", default="40,100,200", help="steps simulated at each rung (default: 40,100,200)")
-    plan.add_argument("--rung-seeds", default="1,2,3", help="seeds simulated at each rung (default: 1,2,3)")
+    plan.add_argument("--budget", type=int, help="simulations at most, all rungs and seeds (default: 400)")
+    plan.add_argument("--rung-steps", help="steps simulated at each rung (default: 40,100,200)")
+    plan.add_argument("--rung-seeds", help="seeds simulated at each rung (default: 1,2,3)")
     plan.add_argument(
         "--no-memory-screen",
         action="store_true",
+        default=None,
         help="keep configurations the GPU-memory estimate would skip (a run known to fit, e.g. with offload)",
     )
     plan.add_argument(
         "--fresh-seeds",
         type=int,
-        default=3,
         help="re-simulate the best and the baselines on this many seeds the search never used, for a gain that "
         "was not chosen on its own noise (0: none; default: 3; outside --budget: up to 3 x N more simulations)",
     )
-    plan.add_argument("--out", required=True, help="directory for plan.csv, pareto.png and best/config.json")
+    plan.add_argument(
+        "--out",
+        help="directory for plan.csv, pareto.png and best/config.json (and the journal of finished simulations "
+        "--resume reads: journal.jsonl, command.json)",
+    )
+    _resume_arg(plan, "plan")
     add_pool_args(plan)
     sub.add_parser("fit-gpus", help="fit GPU efficiencies to the operator profiles; print held-out error")
     add_log_commands(sub)
@@ -465,9 +478,18 @@ COMMANDS = {
 } | LOG_COMMANDS
 
 
+# Commands whose --out is a folder of their own: one process writes it at a time.
+FOLDER_COMMANDS = ("run", "compare", "sweep", "plan", "calibrate-log", "validate-log")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    COMMANDS[args.command](args)
+    folder = getattr(args, "out", None) or getattr(args, "resume", None)
+    if args.command in FOLDER_COMMANDS and folder:
+        with one_writer(folder):
+            COMMANDS[args.command](args)
+    else:
+        COMMANDS[args.command](args)
     return 0
 
 

@@ -22,12 +22,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from oppo import __version__
@@ -59,10 +63,38 @@ class Saved:
 
 def save(run_dir: Path, executor, log, recorder) -> None:
     """Write ``run_dir/checkpoint`` for the steps done so far."""
-    rank = executor.group.rank
     tmp, final, old = run_dir / f"{CHECKPOINT}.tmp", run_dir / CHECKPOINT, run_dir / f"{CHECKPOINT}.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        with _io_errors_as_os_errors(tmp):
+            _write_checkpoint(tmp, executor, log, recorder)
+    except BaseException:  # a full disk, Ctrl-C: the half-written folder goes, the last complete one stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():  # the previous checkpoint stays whole until the new one has its name
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    _fsync(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _io_errors_as_os_errors(folder: Path) -> Iterator[None]:
+    """safetensors' writer (Rust; also under ``save_pretrained``) reports a full disk as its own error: raise it as
+    the ``OSError`` it is, so that a full disk ends the run in one line like any other write."""
+    try:
+        yield
+    except SafetensorError as err:
+        code = re.search(r"os error (\d+)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(folder)) from err
+
+
+def _write_checkpoint(tmp: Path, executor, log, recorder) -> None:
+    rank = executor.group.rank
     for role in TRAINED:
         model = getattr(rank.roles, role)
         if model is not None:
@@ -96,12 +128,6 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         _fsync(path)
     _write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     _fsync(tmp)
-    if final.exists():  # the previous checkpoint stays whole until the new one has its name
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    _fsync(run_dir)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write(path: Path, data: bytes) -> None:
