@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from oppo.catalog.lengths import LengthTrace
 from oppo.catalog.shapes import role_flops_per_token
 from oppo.core.config import to_dict
@@ -19,6 +21,7 @@ from oppo.records.schema import StepRecord
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.model.trainer import SimConfig, SimResult, simulate
 from oppo.sim.setup.presets import Setup
+from oppo.sim.study.journal import Journal, digest
 from oppo.sim.study.pool import IN_PROCESS, Pool, evaluate
 
 
@@ -152,12 +155,19 @@ def sweep(
 
 
 def sweep_config(
-    base: SimConfig, knob: str, values: Iterable, trace: LengthTrace | None = None, pool: Pool = IN_PROCESS
+    base: SimConfig,
+    knob: str,
+    values: Iterable,
+    trace: LengthTrace | None = None,
+    pool: Pool = IN_PROCESS,
+    journal: Journal | None = None,
 ) -> list[dict]:
-    """:func:`sweep` from a whole config: ``knob`` set to each value in turn (simulated where ``pool`` says)."""
+    """:func:`sweep` from a whole config: ``knob`` set to each value in turn (simulated where ``pool`` says; with a
+    ``journal``, each result recorded as it comes back and those it holds not simulated again)."""
     values = list(values)
     configs = [dataclasses.replace(base, schedule=dataclasses.replace(base.schedule, **{knob: str(v)})) for v in values]
-    summaries = evaluate(summarize_config, [(c, trace) for c in configs], pool, desc=f"sweep {knob}")
+    items = [(c, trace) for c in configs]
+    summaries = evaluate_sims(_sweep_point, items, pool, f"sweep {knob}", journal, "sweep")
     return [
         {
             knob: value,
@@ -168,6 +178,48 @@ def sweep_config(
         }
         for value, summary in zip(values, summaries)
     ]
+
+
+SWEEP_KEYS = ("policy", "mean_step_s", "mean_utilization", "final_reward")  # what a sweep's row reads of a summary
+
+
+def _sweep_point(item: tuple[SimConfig, LengthTrace | None]) -> dict:
+    """What a sweep's row reads of one simulation's summary, as plain values (a pool's unit of work)."""
+    summary = run_config(*item).summary
+    return {key: plain_value(summary[key]) for key in SWEEP_KEYS}
+
+
+def plain_value(value):
+    """A summary's scalar as Python's (numpy's float64 as float): the same value, simulated or read back from a
+    journal."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def evaluate_sims(
+    fn: Callable, items: list, pool: Pool, desc: str, journal: Journal | None = None, what: str = ""
+) -> list:
+    """``[fn(item) for item in items]`` over (config, trace) items, where ``pool`` says; through ``journal`` where
+    one is given (results keyed by ``what`` and each simulation's config: :mod:`oppo.sim.study.journal`)."""
+    if journal is None:
+        return evaluate(fn, items, pool, desc=desc)
+    keys, labels = sim_keys(what, items)
+    return journal.evaluate(fn, items, keys, labels, pool, desc)
+
+
+def sim_keys(what: str, items: list) -> tuple[list[str], list[str]]:
+    """Each (config, trace) item's journal key (the digest of ``what`` and the config as ``config.json`` stores it,
+    the trace's content digest included) and a label naming it for a reader."""
+    sources: dict[int, dict] = {}  # a trace's source, digested once (it reads the trace's file)
+    keys, labels = [], []
+    for config, trace in items:
+        if trace is not None and id(trace) not in sources:
+            sources[id(trace)] = trace.source()
+        source = sources[id(trace)] if trace is not None else LengthTrace.NO_SOURCE
+        keys.append(digest({"what": what, "config": config_dict(config, None) | source}))
+        s = config.schedule
+        knobs = "".join(f" {k}={getattr(s, k)}" for k in ("chunk", "delta", "delta_max", "staleness"))
+        labels.append(f"{s.policy}{knobs} steps={config.steps} seed={config.seed}")
+    return keys, labels
 
 
 def summarize_config(item: tuple[SimConfig, LengthTrace | None]) -> dict:

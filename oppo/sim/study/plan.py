@@ -23,9 +23,10 @@ from oppo.core.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.model.trainer import SimConfig
 from oppo.sim.setup.presets import Setup
-from oppo.sim.study.experiments import config_dict, run_config
+from oppo.sim.study.experiments import config_dict, evaluate_sims, plain_value, run_config
+from oppo.sim.study.journal import Journal
 from oppo.sim.study.knobs import colocated_bytes, framework_grid, training_bytes, with_framework_knobs
-from oppo.sim.study.pool import IN_PROCESS, Pool, evaluate
+from oppo.sim.study.pool import IN_PROCESS, Pool
 
 OBJECTIVES = {"samples": "samples_per_s", "tokens": "tokens_per_s"}
 LAG = "steady_policy_lag"  # what the planner ranks, bounds and reports as a configuration's lag (see steady_lag)
@@ -252,10 +253,13 @@ def plan(
     rungs: Rungs = Rungs(),  # noqa: B008
     pool: Pool = IN_PROCESS,
     memory_screen: bool = True,
+    journal: Journal | None = None,
 ) -> Plan:
     """Search ``space`` on ``setup`` within ``budget`` simulations (a simulation: one config, one seed);
     ``memory_screen`` False keeps configurations :func:`fits_memory` would skip (a run known to fit by means the
-    estimate does not see)."""
+    estimate does not see). With a ``journal`` (``plan --out DIR``), each simulation's :data:`PLAN_KEYS` are
+    recorded as it comes back and those it holds already are read back, not simulated: each rung decides from the
+    same results, so a resumed plan takes the decisions of an uninterrupted one."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
     schedule = schedule or {}
@@ -282,7 +286,8 @@ def plan(
     used = 0
     for rung, (steps, seeds) in enumerate(zip(rungs.steps, rungs.seeds)):
         items = [(sim_config(setup, c, schedule, steps, s), trace) for c in alive for s in range(seed, seed + seeds)]
-        summaries = evaluate(_summary, items, pool, desc=f"plan rung {rung + 1}/{len(rungs.steps)}")
+        desc = f"plan rung {rung + 1}/{len(rungs.steps)}"
+        summaries = evaluate_sims(_summary if journal is None else _plan_point, items, pool, desc, journal, "plan")
         used += len(items)
         for i, c in enumerate(alive):
             evaluated[c] = Evaluated(c, steps, summaries[i * seeds : (i + 1) * seeds], rung, searched=c in searched)
@@ -298,6 +303,19 @@ def _summary(item) -> dict:
     run = run_config(config, trace)
     warm_up = config.schedule.staleness if config.schedule.asynchronous else 0
     return run.summary | {LAG: steady_lag(run.result.trained, config.steps, warm_up)}
+
+
+# What the planner reads of a summary (ranking, bound, plan.csv, the gains): a journal records these alone.
+PLAN_KEYS = (
+    "samples_per_s", "tokens_per_s", "mean_policy_lag", LAG, "p99_policy_lag", "mean_step_s", "mean_utilization",
+    "final_reward",
+)  # fmt: skip
+
+
+def _plan_point(item) -> dict:
+    """:data:`PLAN_KEYS` of a simulation's :func:`_summary`, as plain values."""
+    summary = _summary(item)
+    return {key: plain_value(summary[key]) for key in PLAN_KEYS}
 
 
 def steady_lag(trained, steps: int, warm_up: int = 0) -> float:
@@ -413,9 +431,10 @@ def confirm(
     schedule: dict,
     seeds: list[int],
     pool: Pool = IN_PROCESS,
+    journal: Journal | None = None,
 ) -> list[Confirmed]:
     """Re-simulate the best configuration and each baseline the search ran to its last rung on ``seeds``, at the
-    last rung's steps; the per-seed gains over each baseline."""
+    last rung's steps; the per-seed gains over each baseline (through ``journal`` as :func:`plan`)."""
     best, _ = result.best()
     others = [b.candidate for b in map(result.baseline, baselines(setup, schedule)) if b is not None]
     others = [c for c in others if c != best.candidate]
@@ -424,7 +443,8 @@ def confirm(
     runs = [best.candidate, *others]
     items = [(sim_config(setup, c, schedule, best.steps, s), trace) for c in runs for s in seeds]
     key = OBJECTIVES[result.objective]
-    values = [s[key] for s in evaluate(_summary, items, pool, desc="fresh seeds")]
+    fn = _summary if journal is None else _plan_point
+    values = [s[key] for s in evaluate_sims(fn, items, pool, "fresh seeds", journal, "plan")]
     per_run = [values[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(runs))]
     return [Confirmed(c, tuple(b / o for b, o in zip(per_run[0], v))) for c, v in zip(others, per_run[1:])]
 

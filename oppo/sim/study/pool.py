@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,38 +41,52 @@ IN_PROCESS = Pool()
 
 def add_pool_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("where the simulations run (same rows whichever)")
-    group.add_argument("--workers", type=int, default=1, help="local worker processes (default: 1, this process)")
+    group.add_argument("--workers", type=int, help="local worker processes (default: 1, this process)")
     group.add_argument(
         "--ray-address", metavar="ADDR", help="run the simulations as Ray tasks on this cluster ('auto' or host:port)"
     )
 
 
 def pool_from(args: argparse.Namespace) -> Pool:
-    return Pool(args.workers, args.ray_address)
+    return Pool(1 if args.workers is None else args.workers, args.ray_address)  # None: left out
 
 
-def evaluate(fn: Callable[[Any], Any], items: Sequence[Any], pool: Pool = IN_PROCESS, desc: str = "sims") -> list:
-    """``[fn(item) for item in items]``, computed where ``pool`` says, in the items' order. Ctrl-C cancels what is
-    queued and stops what runs (worker processes are ended), raising :class:`~oppo.cli.Interrupted`."""
+def evaluate(
+    fn: Callable[[Any], Any],
+    items: Sequence[Any],
+    pool: Pool = IN_PROCESS,
+    desc: str = "sims",
+    done: Callable[[int, Any], None] | None = None,
+) -> list:
+    """``[fn(item) for item in items]``, computed where ``pool`` says, in the items' order. ``done(i, result)`` is
+    called in this thread as each result comes back, in the order they finish (a journal of finished simulations:
+    :mod:`oppo.sim.study.journal`). Ctrl-C cancels what is queued and stops what runs (worker processes are ended),
+    raising :class:`~oppo.cli.Interrupted`."""
     finished = _Count()  # results computed (the bar counts nothing when it is disabled: no terminal)
     with tqdm(total=len(items), desc=desc, unit="sim", disable=None, leave=False) as bar:
         progress = finished.then(bar.update)
         try:
             if pool.ray_address:
-                return _on_ray(fn, items, pool.ray_address, progress)
+                return _on_ray(fn, items, pool.ray_address, progress, done or _ignore)
             if pool.workers == 1 or len(items) < 2:
                 results = []
-                for item in items:
+                for i, item in enumerate(items):
                     results.append(fn(item))
                     progress()
+                    if done is not None:
+                        done(i, results[-1])
                 return results
-            return _on_processes(fn, items, min(pool.workers, len(items)), progress)
+            return _on_processes(fn, items, min(pool.workers, len(items)), progress, done or _ignore)
         except KeyboardInterrupt:
             done = finished.n
             raise Interrupted(
                 f"{done} of {len(items)} simulations had finished, the other {len(items) - done} were cancelled; "
                 "nothing written (the command writes its files once all are done)"
             ) from None
+
+
+def _ignore(i: int, result: Any) -> None:
+    pass
 
 
 class _Count:
@@ -89,7 +103,7 @@ class _Count:
         return one
 
 
-def _on_processes(fn, items, workers: int, progress: Callable[[], None]) -> list:
+def _on_processes(fn, items, workers: int, progress: Callable[[], None], done: Callable[[int, Any], None]) -> list:
     # forkserver: workers start from a clean interpreter (no inherited threads or open plots), once each. They
     # ignore SIGINT: a Ctrl-C reaches the whole process group, and this process alone decides, ending them all.
     context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
@@ -103,6 +117,9 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None]) -> list
             futures = [executor.submit(fn, item) for item in items]
             for future in futures:  # counted when a result came back, not when cancelled or broken
                 future.add_done_callback(lambda f: None if f.cancelled() or f.exception() else progress())
+        index = {future: i for i, future in enumerate(futures)}
+        for future in as_completed(futures):  # a simulation's error is raised as soon as it comes back
+            done(index[future], future.result())
         results = [future.result() for future in futures]  # in order: the items' rows whichever finished first
     except BaseException:  # Ctrl-C, or a simulation's error: cancel what is queued, stop what runs
         workers_left = list(executor._processes.values())  # no public handle on them before 3.14; stable since 3.8
@@ -141,7 +158,7 @@ def _sigint_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _on_ray(fn, items, address: str, progress: Callable[[], None]) -> list:
+def _on_ray(fn, items, address: str, progress: Callable[[], None], done: Callable[[int, Any], None]) -> list:
     import ray
 
     check_reachable(address)
@@ -154,12 +171,14 @@ def _on_ray(fn, items, address: str, progress: Callable[[], None]) -> list:
     try:
         task = ray.remote(num_cpus=1)(fn)
         refs = [task.remote(item) for item in items]
+        index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         try:
             while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                for _ in done:
+                finished, pending = ray.wait(pending, num_returns=1)
+                for ref in finished:
                     progress()
+                    done(index[ref], ray.get(ref))
         except KeyboardInterrupt:
             for ref in pending:  # queued ones never start, running ones are stopped (on a cluster we did not start)
                 ray.cancel(ref, force=True)
