@@ -89,7 +89,7 @@ def layered_schedule(
     """The schedule a command runs, in one order for both CLIs: the options ``given`` on its command line over the
     stored run's schedule (``--config``), whole, or, with none stored, over ``defaults`` (a setup's or preset's
     values by field name over the core's defaults: :meth:`oppo.sim.setup.presets.Setup.schedule`,
-    :func:`oppo.exec.config.preset_schedule`). Either way Δ bounds left to their defaults follow a smaller batch
+    :func:`oppo.exec.config.default_schedule`). Either way Δ bounds left to their defaults follow a smaller batch
     (:func:`~oppo.core.config.schedule_from`)."""
     if stored is None:
         return defaults(**given)

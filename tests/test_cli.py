@@ -37,3 +37,18 @@ def test_run_cli_one_line_for_bad_input_traceback_for_a_bug(raised, code, stderr
         assert res.stderr == stderr
     else:
         assert "Traceback (most recent call last)" in res.stderr and res.stderr.rstrip().endswith(stderr)
+
+
+def test_every_default_schedule_explores_chunks_and_windows_under_its_cap():
+    """The core's defaults, the executor's presets' and each simulator setup's hold together: exploration tries a
+    chunk shorter than the response cap (one at the cap streams nothing before the end), and a T-PPO window
+    truncates (a window at the cap would be sync)."""
+    from oppo.core.config import ScheduleConfig
+    from oppo.exec.config import default_schedule
+    from oppo.sim.setup.presets import PRESETS
+    from oppo.sim.setup.toml_file import load_setup
+
+    schedules = {"core": ScheduleConfig(), "executor": default_schedule()}
+    schedules |= {name: load_setup(name).schedule() for name in PRESETS}
+    for name, s in schedules.items():
+        assert min(s.chunk_candidates) < s.max_new_tokens and s.window_tokens < s.max_new_tokens, name

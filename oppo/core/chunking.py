@@ -72,8 +72,13 @@ def make_chunk_policy(config) -> FixedChunk | ExploringChunk:
     >>> from oppo.core.config import ScheduleConfig
     >>> make_chunk_policy(ScheduleConfig(chunk="64"))
     FixedChunk(tokens=64)
-    >>> make_chunk_policy(ScheduleConfig(chunk="auto", chunk_candidates=(128, 256, 512))).candidates
-    (128, 256, 512)
+    >>> explore = make_chunk_policy(ScheduleConfig(chunk="auto", chunk_candidates=(128, 256), explore_period_steps=4))
+    >>> [explore.chunk_for(step) for step in (0, 1)]  # a window opens trying each candidate
+    [128, 256]
+    >>> explore.observe(0, 128, step_s=2.0)
+    >>> explore.observe(1, 256, step_s=1.0)
+    >>> [explore.chunk_for(step) for step in (2, 3, 4)]  # the fastest for the rest of the window, then again
+    [256, 256, 128]
     """
     if config.fixed_chunk is not None:
         return FixedChunk(config.fixed_chunk)

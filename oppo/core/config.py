@@ -44,7 +44,7 @@ class ScheduleConfig:
     )
     group_size: int = opt(1, "G: samples per prompt; the prompt group is the unit of admission and training")
     batch: int = opt(8, "B: prompt groups trained per step (prompts, not tokens; B x G sequences)")
-    max_new_tokens: int = opt(256, "cap on response tokens per sequence, over all the steps it spans")
+    max_new_tokens: int = opt(1024, "cap on response tokens per sequence, over all the steps it spans")
     chunk: str = opt("auto", "streamed chunk size in tokens, or 'auto' to explore --chunk-candidates")
     chunk_candidates: tuple[int, ...] = opt((128, 256, 512), "chunk sizes tried by exploration (paper 3.1)")
     explore_period_steps: int = opt(50, "exploration restarts every this many steps (paper: 50)")

@@ -393,8 +393,13 @@ SECTIONS = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, 
 
 def load_config(path: str | Path) -> ExecConfig:
     """The config a run stored beside its records (``config.json``), checked to describe the same inputs: a
-    lengths or prompts file whose content changed since the run is an error (``sources`` digests)."""
+    lengths or prompts file whose content changed since the run is an error (``sources`` digests). A config from
+    before ``--max-prompt-tokens`` re-runs as it ran: its ``prompt_tokens`` was the cap of its file prompts too."""
     raw = load_stored_config(path)
+    task = raw.get("task")
+    if isinstance(task, dict) and "max_prompt_tokens" not in task and "prompt_tokens" in task:
+        # written before --max-prompt-tokens: --prompt-tokens capped the --prompts / --data prompts too
+        raw["task"] = task | {"max_prompt_tokens": task["prompt_tokens"]}
     kwargs = {name: config_from_dict(cls, raw.get(name, {}), f"{path}: [{name}]") for name, cls in SECTIONS.items()}
     top = {k: v for k, v in raw.items() if k not in SECTIONS and k != "sources"}
     config = config_from_dict(ExecConfig, top, str(path), **kwargs)

@@ -1,7 +1,7 @@
 """``python -m oppo.exec.train``: PPO training with real models, scheduled by the oppo core.
 
-    python -m oppo.exec.train --preset tiny-cpu --mode oppo --steps 200 --batch 8 --seed 0 --out runs/exec-oppo
-    python -m oppo.exec.train --preset hf --actor ckpt/actor --reward ckpt/rm --mode oppo --out runs/hf
+    python -m oppo.exec.train --preset tiny-cpu --policy oppo --steps 200 --batch 8 --seed 0 --out runs/exec-oppo
+    python -m oppo.exec.train --preset hf --actor ckpt/actor --reward ckpt/rm --policy oppo --out runs/hf
     python -m oppo.exec.train --config runs/exec-oppo/config.json --out runs/again     # the same run again
 
 Writes summary.json, steps.csv, trace.csv, sequences.csv, metrics.csv, config.json and curves.png to --out.

@@ -80,8 +80,10 @@ LOCK = ".oppo.lock"
 def one_writer(folder: str | Path) -> Iterator[None]:
     """Hold ``folder`` (created if needed) for this process while it writes there: a second process given the same
     folder is refused in one line (``ValueError``) while this one lives. The lock is the kernel's (``flock`` on
-    ``folder/.oppo.lock``): it dies with its process, SIGKILL included, so a folder a killed run left is taken over."""
+    ``folder/.oppo.lock``): it dies with its process, SIGKILL included, so a folder a killed run left is taken over.
+    A command that fails before writing anything in a folder it created leaves no folder behind."""
     folder = Path(folder)
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -94,6 +96,11 @@ def one_writer(folder: str | Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield
+    except BaseException:
+        if created and {p.name for p in folder.iterdir()} <= {LOCK}:  # refused before writing: leave no folder
+            (folder / LOCK).unlink(missing_ok=True)
+            folder.rmdir()
+        raise
     finally:
         os.close(fd)  # releases the lock
 

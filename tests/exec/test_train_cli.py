@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -174,3 +175,16 @@ def test_mode_is_the_former_name_of_policy(capsys):
     assert capsys.readouterr().err == "note: --mode is now --policy (same values); --mode stays accepted\n"
     with pytest.raises(ValueError, match="--mode inter and --policy sync disagree"):
         config_from(build_parser().parse_args(["--mode", "inter", "--policy", "sync"]))
+
+
+def test_a_config_from_before_max_prompt_tokens_reruns_with_its_old_cap(tmp_path):
+    """Before --max-prompt-tokens, --prompt-tokens also capped the --prompts / --data prompts: a stored config without
+    the new field reads its cap from the old one, so a --config re-run is the run it was."""
+    from oppo.exec.config import ExecConfig, TaskConfig, load_config
+    from oppo.records.io import write_json
+
+    stored = json.loads(json.dumps(dataclasses.asdict(ExecConfig(task=TaskConfig(prompt_tokens=96)))))
+    del stored["task"]["max_prompt_tokens"]
+    write_json(tmp_path / "config.json", stored)
+    task = load_config(tmp_path / "config.json").task
+    assert (task.prompt_tokens, task.max_prompt_tokens) == (96, 96)

@@ -263,3 +263,17 @@ def test_the_trust_note_reads_the_flags_a_prediction_runs_with(tmp_path, command
     assert "groups of 8 (calibrated up to 5)" in note
     plain = invoke.sim("run", "--setup", str(path), "--policy", "sync", "--steps", "1", "--out", str(tmp_path / "q"))
     assert "capped at" not in plain.stderr and "groups of" not in plain.stderr
+
+
+def test_the_trust_note_checks_the_gpus_the_policy_sets_aside_for_generation(tmp_path):
+    """async splits the actor's GPUs when the setup sets none aside: its prediction pushes weights to rollout GPUs
+    (no calibration run did) and pays no reshard, and the phrases say so; sync on the same setup reshards."""
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'base = "verl-gemma-2-2b-gsm8k"\n[framework]\nbase = "{SHARED_LAYER}"\nrollout_tensor_parallel = 1\n'
+    )
+    setup = load_setup(str(path))
+    split = " | ".join(extrapolations(setup, setup.schedule(policy="async")))
+    together = " | ".join(extrapolations(setup, setup.schedule(policy="sync")))
+    assert "weights pushed to rollout GPUs of their own" in split and "the reshard's software" not in split
+    assert "weights pushed" not in together and "the reshard's software" in together

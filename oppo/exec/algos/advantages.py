@@ -4,7 +4,7 @@ critic's values, GRPO's and Dr. GRPO's group-relative advantages from sequence s
 As in verl, the two kinds take different inputs: a critic's estimator maps (rewards, values, mask, finished, gamma,
 lam), all (B, T) but ``finished`` (B,) bool, to (advantages, returns), both (B, T); a group-relative one maps
 (score, group ids), both (B,), to advantages (B,). The run's options select one (:func:`select`): ``--algo``, a
-truncating policy (``--mode tppo``) and ``--no-norm-adv-by-std``.
+truncating policy (``--policy tppo``) and ``--no-norm-adv-by-std``.
 """
 
 from __future__ import annotations

@@ -142,11 +142,13 @@ def _reshard_extrapolations(setup: Setup, c: Calibration) -> list[str]:
 
 def as_run(setup: Setup, schedule: ScheduleConfig | None) -> Setup:
     """``setup`` as a prediction runs it: the batch, response cap, algorithm and group size of its ``schedule`` (the
-    flags and stored config over the setup's own), which the span is checked against."""
+    flags and stored config over the setup's own) and the GPUs its policy sets aside for generation, which the span
+    is checked against."""
     if schedule is None:
         return setup
     sized = {k: getattr(schedule, k) for k in ("batch", "max_new_tokens", "algo", "group_size")}
-    return dataclasses.replace(setup, **sized)
+    rollout = setup.placement.rollout_for(schedule.policy)  # async splits the actor's GPUs where none are set aside
+    return dataclasses.replace(setup, placement=dataclasses.replace(setup.placement, rollout_gpus=rollout), **sized)
 
 
 def extrapolations(setup: Setup, schedule: ScheduleConfig | None = None) -> list[str]:
