@@ -2,12 +2,17 @@
 simulator's cost model, the executor's MFU). Dense figures, no sparsity, from the vendors' datasheets:
 NVIDIA A100 (40 / 80 GB SXM), H100 SXM, H200 SXM, GH200 (96 GB HBM3), HGX B200 (per GPU), H20 (96 GB: 148
 TFLOP/s dense BF16, 4.0 TB/s, NVLink 4), A800 and H800 (80 GB SXM: the A100's and H100's compute and memory, NVLink
-at 400 GB/s), A40, L40S; AMD Instinct MI300X.
+at 400 GB/s), A40, L40S; AMD Instinct MI300X. Cards research RL also runs on (a TinyZero reproduction on one RTX
+4090): GeForce RTX 4090 and RTX 3090 (the Ada and Ampere GA102 whitepapers' dense FP16/BF16 tensor figures with FP32
+accumulate, as PyTorch runs them: 165.2 and 71 TFLOP/s), L4 (121 TFLOP/s dense BF16, 300 GB/s, 24 GB), A10G (AWS's
+variant of the A10, which has no datasheet of its own: the A10's 125 TFLOP/s, 600 GB/s, 24 GB [assumed]) and T4
+(65 TFLOP/s FP16: Turing has no BF16, so a BF16 run there runs FP16 or FP32; 320 GB/s, 16 GB).
 
 The link is the GPU-to-GPU bandwidth within a node, per GPU and per direction (half the bidirectional figure the
 datasheets print): NVLink 3 (A100) 600 GB/s, NVLink 4 (H100, H200, GH200, H20) 900 GB/s, NVLink 5 (B200) 1.8 TB/s,
 A800 and H800 400 GB/s,
-MI300X Infinity Fabric 896 GB/s over its seven peer links; A40 and L40S talk over PCIe 4.0 x16 (64 GB/s).
+MI300X Infinity Fabric 896 GB/s over its seven peer links; A40, L40S, L4, A10G and the GeForce cards talk over PCIe
+4.0 x16 (32 GB/s a direction; the RTX 3090's two-card NVLink bridge aside), T4 over PCIe 3.0 x16 (16 GB/s).
 Between nodes each GPU has a network card of its own in the vendors' reference systems (``nic_bytes_per_s``, per GPU
 per direction): DGX H100 / H200 / GH200 NVL and DGX B200 one ConnectX-7 400 Gb/s NDR per GPU (50 GB/s); DGX A100 one
 ConnectX-6 200 Gb/s HDR per GPU (25 GB/s); MI300X platforms (AMD Instinct MI300X platform guide) one 400 Gb/s NIC per
@@ -91,6 +96,12 @@ GPUS = {
         GPU("a800", 2.039e12, 312e12, 80e9, 200e9, 25e9, host_bytes_per_s=PCIE4),
         GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9, host_bytes_per_s=PCIE4),
         GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9, host_bytes_per_s=PCIE4),
+        # cards of workstations and clouds: one PCIe slot each, no network card of a reference system
+        GPU("rtx4090", 1.008e12, 165.2e12, 24e9, PCIE4, host_bytes_per_s=PCIE4),
+        GPU("rtx3090", 0.936e12, 71e12, 24e9, PCIE4, host_bytes_per_s=PCIE4),
+        GPU("l4", 0.300e12, 121e12, 24e9, PCIE4, host_bytes_per_s=PCIE4),
+        GPU("a10g", 0.600e12, 125e12, 24e9, PCIE4, host_bytes_per_s=PCIE4),  # the A10's datasheet [assumed]
+        GPU("t4", 0.320e12, 65e12, 16e9, PCIE4 / 2, host_bytes_per_s=PCIE4 / 2),  # FP16; PCIe 3.0 x16
         # One CPU core of this project's development machine running the executor's tiny models (float32):
         # "bandwidth" and "FLOP/s" here are effective figures to be replaced by a calibrated profile; its "link"
         # is the cores' shared memory.
@@ -112,6 +123,11 @@ DEVICE_NAMES = (
     ("A800", "a800"),
     ("L40S", "l40s"),
     ("A40", "a40"),
+    ("RTX 4090", "rtx4090"),
+    ("RTX 3090", "rtx3090"),
+    ("A10G", "a10g"),
+    ("L4", "l4"),  # after L40S, whose name contains it
+    ("T4", "t4"),
 )
 
 
