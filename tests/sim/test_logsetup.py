@@ -274,3 +274,12 @@ def test_hybrid_sharding_is_listed_as_not_modelled(tmp_path):
     assert ignored and all("HSDP" in why for why in ignored)
     default = setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").ignored
     assert not [why for key, _, why in default if key.endswith("fsdp_config.fsdp_size") and "HSDP" in why]
+
+
+def test_a_mini_batch_larger_than_the_batch_is_one_mini_batch_as_verl_of_early_2025_ran_it(tmp_path):
+    """verl of early 2025 split the batch by ppo_mini_batch_size without checking it: a mini-batch larger than the
+    batch trained the whole batch as one (later versions refuse it at launch). Read as it ran, not refused."""
+    path = edited_log(tmp_path, "'ppo_mini_batch_size': 256,", "'ppo_mini_batch_size': 2048,")
+    path.write_text(path.read_text().replace("actor.ppo_mini_batch_size=256", "actor.ppo_mini_batch_size=2048"))
+    assert setup_from_log(path).setup().minibatches == 1
+    assert setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").setup().minibatches == 4  # 1024 / 256

@@ -257,6 +257,9 @@ def _batch(r: _Reader) -> None:
     r.out.set("engine", ENGINE_OF[name], f"{ARA}.rollout.name", origin)
     r.take("ppo_epochs", f"{ARA}.actor.ppo_epochs", 1, int)
     mini, origin = r.number(f"{ARA}.actor.ppo_mini_batch_size", 256)
+    if mini > batch > 0:  # verl of early 2025 split the batch by it into one mini-batch (later ones refuse it)
+        r.out.set("minibatches", 1, "ppo_mini_batch_size > data.train_batch_size: one, as verl split it", origin)
+        return
     if mini <= 0 or batch % mini:
         raise ValueError(f"{r.config.source}: ppo_mini_batch_size {mini} does not divide train_batch_size {batch}")
     split = "async_training.require_batches" if fully_async(r.config) else "data.train_batch_size / ppo_mini_batch_size"
