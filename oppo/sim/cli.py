@@ -400,7 +400,8 @@ def _table(args: argparse.Namespace, command: str) -> _Table:
         raise ValueError(f"{where}: --out {args.out} is another folder (leave --out out)")
     left_out = ("command", "resume", "out", *FREE_ON_RESUME)
     changed = [
-        f"--{k.replace('_', '-')} {_shown(v)} (began with {_shown(stored.get(k))})"
+        f"--{k.replace('_', '-')} {_shown(v)} (began "
+        + ("without it)" if stored.get(k) is None else f"with {_shown(stored.get(k))})")
         for k, v in vars(args).items()
         if k not in left_out and v is not None and _json(v) != _json(stored.get(k))
     ]

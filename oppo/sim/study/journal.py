@@ -108,7 +108,7 @@ class Journal:
         if todo:
             first = list(todo.values())
             self._open()
-            recorded = self.simulated
+            held = len(self.results)
 
             def record(j: int, result: Any) -> None:
                 self.append(keys[first[j]], labels[first[j]], result)
@@ -116,10 +116,11 @@ class Journal:
             try:
                 evaluate(fn, [items[i] for i in first], pool, desc, done=record)
             except Interrupted:
-                done = self.simulated - recorded
+                kept = len(read_journal(self.path)[0])  # on disk: Ctrl-C may stop the bookkeeping of a line written
+                done = kept - held
                 raise Interrupted(
                     f"{done} of {len(first)} simulations had finished, the other {len(first) - done} were cancelled; "
-                    f"nothing of the table is written yet: the {len(self.results)} finished are kept in {self.path}"
+                    f"nothing of the table is written yet: the {kept} finished are kept in {self.path}"
                     + (f", `{self.resume}` finishes it" if self.resume else "")
                 ) from None
         return [self.results[key] for key in keys]

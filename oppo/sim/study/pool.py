@@ -11,9 +11,11 @@ import argparse
 import contextlib
 import multiprocessing
 import os
+import select
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -107,9 +109,7 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None], done: C
     # forkserver: workers start from a clean interpreter (no inherited threads or open plots), once each. They
     # ignore SIGINT: a Ctrl-C reaches the whole process group, and this process alone decides, ending them all.
     context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
-    executor = ProcessPoolExecutor(
-        workers, mp_context=context, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
-    )
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(os.getpid(),))
     try:
         # submit() takes the pool's locks and spawns workers: a Ctrl-C raised in there can leave a lock held or a
         # worker unregistered, and the pool's thread, which the interpreter joins at exit, waiting on it forever
@@ -137,6 +137,39 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None], done: C
         raise
     executor.shutdown()
     return results  # a worker that dies mid-task (killed, out of memory) raises BrokenProcessPool: no hang
+
+
+def _worker_start(leader: int) -> None:
+    """A worker ignores SIGINT (see :func:`_on_processes`) and ends once the process that started the pool is gone:
+    killed (SIGKILL: no handler of its runs), it leaves no worker waiting on a queue nobody writes, nor simulating
+    for nobody (a killed sweep's ``--resume`` would share the cores with them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_end_with, args=(leader,), daemon=True, name="oppo-leader-watch").start()
+
+
+def _end_with(leader: int) -> None:
+    """Wait for process ``leader`` to end, then end this one."""
+    if hasattr(os, "pidfd_open"):  # Linux: readable once the process has ended
+        try:
+            fd = os.pidfd_open(leader)
+        except OSError:  # already gone, or pidfds unavailable (an old kernel, a sandbox)
+            fd = None
+            if not _alive(leader):
+                os._exit(1)
+        if fd is not None:
+            select.select([fd], [], [])
+            os._exit(1)
+    while _alive(leader):  # elsewhere: look twice a second
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone (PermissionError: another user's process took its pid)
+        return False
+    return True
 
 
 @contextlib.contextmanager
