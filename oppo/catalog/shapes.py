@@ -65,18 +65,23 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not a decoder-only model config, missing {', '.join(missing)}")
     shape = {k: raw[k] for k in SHAPE_KEYS}
     shape["num_key_value_heads"] = raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    for key, value in shape.items():  # before head_dim divides by the heads
+        _positive_integer(path, key, value)
     shape["head_dim"] = head_dim(raw)
-    for key, value in shape.items():
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+    _positive_integer(path, "head_dim", shape["head_dim"])
     shape["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
-    if shape["dtype"] not in BYTES_PER_PARAM:
+    if not isinstance(shape["dtype"], str) or shape["dtype"] not in BYTES_PER_PARAM:
         raise ValueError(f"{path}: unknown dtype {shape['dtype']!r}; known: {', '.join(BYTES_PER_PARAM)}")
     tied = raw.get("tie_word_embeddings", top.get("tie_word_embeddings", raw.get("model_type") in TIED_BY_DEFAULT))
     if not isinstance(tied, bool):
         raise ValueError(f"{path}: tie_word_embeddings must be true or false, got {tied!r}")
     shape["tie_word_embeddings"] = tied
     return shape
+
+
+def _positive_integer(path: Path, key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
 
 
 def head_dim(shape: Mapping[str, Any]) -> int:

@@ -46,9 +46,13 @@ def read_toml(path: Path, what: str) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path}: invalid TOML ({err})") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ValueError(f"{path}: invalid TOML (nested too deep)") from None
 
 
 def read_config_json(path: str | Path, what: str) -> dict[str, Any]:

@@ -35,6 +35,9 @@ from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Cluster, Efficiency, gpu_effici
 from oppo.sim.workload import LengthModel, RewardCurve
 
 PLACEMENTS = ("disaggregated", "colocated")
+# GPUs a placement may have: beyond any cluster a setup describes, and the cost model walks its GPUs one by one (a
+# setup of 2**40 GPUs would never finish building its costs)
+MAX_GPUS = 1 << 17
 UNKNOWN_GPU = "unknown"  # a setup's gpu when its log does not name it: read back from the log (oppo.sim.logs.device)
 
 
@@ -82,6 +85,8 @@ class Placement:
             raise ValueError("placement needs actor_gpus >= 1 and reward_gpus >= 0")
         if not 0 <= self.rollout_gpus < self.actor_gpus:
             raise ValueError("placement needs 0 <= rollout_gpus < actor_gpus (some actor GPUs must train)")
+        if self.actor_gpus + self.reward_gpus > MAX_GPUS:
+            raise ValueError(f"placement needs actor_gpus + reward_gpus <= {MAX_GPUS}")
 
     def rollout_for(self, policy: str) -> int:
         """GPUs generating only, for ``policy`` (0: generation on the training GPUs)."""

@@ -5,6 +5,10 @@ of :mod:`oppo.sim.setup.presets`; every TOML key is a field of its dataclasses."
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,8 @@ def load_setup(name_or_file: str) -> Setup:
     if isinstance(framework, dict) and str(framework.get("base", "")).endswith(".toml"):
         data["framework"] = read_layer(path.parent / framework.pop("base")) | framework
     base = data.pop("base", "paper-7b-h200")
+    if not isinstance(base, str):
+        raise ValueError(f"{path}: base must be a preset's name or a .toml file, got {base!r}")
     if base in PRESETS or (data_dir() / "setups" / f"{base}.toml").is_file():
         return _override(load_setup(base), data, str(path))
     base_path = path.parent / base  # a setup file, relative to this one (or absolute)
@@ -146,9 +152,43 @@ def _new_table(cls: type, value: Any, where: str) -> Any:
     unknown = set(value) - {f.name for f in fields}
     missing = [f.name for f in fields if f.name not in value and f.default is dataclasses.MISSING]
     if unknown or missing:
-        problem = f"unknown key(s) {', '.join(sorted(unknown))}" if unknown else f"missing {', '.join(missing)}"
+        shown = (k if k.isprintable() else repr(k) for k in sorted(unknown))  # a line break in a key: one line
+        problem = f"unknown key(s) {', '.join(shown)}" if unknown else f"missing {', '.join(missing)}"
         raise ValueError(f"{where}: {problem}; keys: {', '.join(f.name for f in fields)}")
-    return cls(**value)
+    hints = _hints(cls)
+    values = {key: _typed(v, hints[key], f"{where} {key}") for key, v in value.items()}
+    try:
+        return cls(**values)
+    except ValueError as err:  # its own checks name no file
+        raise ValueError(f"{where}: {err}") from None
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _typed(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as a field declared ``hint`` takes it (an array as a tuple), or ValueError naming ``where``: an
+    integer (not a boolean), a finite number, a string, a boolean, an array of these, or null where the field may
+    be None (a stored config's JSON)."""
+    if isinstance(hint, types.UnionType):  # e.g. str | None
+        if value is None and type(None) in typing.get_args(hint):
+            return value
+        hint = next(h for h in typing.get_args(hint) if h is not type(None))
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{where} must be an array, got {value!r}")
+        item = typing.get_args(hint)[0]
+        return tuple(_typed(v, item, f"{where} item") for v in value)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int and not (number and isinstance(value, int)):
+        raise ValueError(f"{where} must be an integer, got {value!r}")
+    if hint is float and not (number and math.isfinite(value)):
+        raise ValueError(f"{where} must be a finite number, got {value!r}")
+    if hint in (str, bool) and not isinstance(value, hint):
+        raise ValueError(f"{where} must be {'a string' if hint is str else 'true or false'}, got {value!r}")
+    return value
 
 
 def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
@@ -166,17 +206,20 @@ def _override(obj: Any, data: dict[str, Any], where: str) -> Any:
         named = NAMED_TABLES.get(type(current))
         if named and isinstance(value, dict) and "base" in value:  # e.g. [framework] base = "roofline" | "trl"
             value = dict(value)  # start from that named table, not the base setup's
-            current = lookup(named, value.pop("base"), f"{where} [{key}] base")
+            name = value.pop("base")
+            if not isinstance(name, str):
+                raise ValueError(f"{where} [{key}]: base must be a name ({', '.join(named)}), got {name!r}")
+            current = lookup(named, name, f"{where} [{key}] base")
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: [{key}] must be a table")
             value = _override(current, value, f"{where} [{key}]")
-        elif isinstance(current, tuple) and isinstance(value, list):  # JSON and TOML arrays
-            value = tuple(value)
+        else:
+            value = _typed(value, _hints(type(obj))[key], f"{where}: {key}")
         changes[key] = value
     if isinstance(obj, Setup):
         changes = _reward_terms_follow_the_scorer(obj, data, changes)
     try:
         return dataclasses.replace(obj, **changes)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:  # a table's own checks (its __post_init__) name no file
         raise ValueError(f"{where}: {err}") from None
