@@ -130,7 +130,7 @@ def load_run_log(path: str | Path) -> TrainingLog:
     elif name.endswith((".jsonl", ".json")):
         rows = _jsonl_rows(path, text)
     else:
-        rows = _console_rows(text)
+        rows = _console_rows(path, text)
     return _run_log(path, rows)
 
 
@@ -154,7 +154,7 @@ def _key(name: str) -> str:
     return re.sub(r"[/\-.]", "_", name.strip()).lower()
 
 
-def _console_rows(text: str) -> list[dict[str, str]]:
+def _console_rows(path: Path, text: str) -> list[dict[str, str]]:
     """Metrics of every verl ``step:N - name:value - ...`` line and every OpenRLHF ``Global step N: {...}`` line;
     lines of one step are merged (verl prints test scores on a line of their own)."""
     steps: dict[int, dict[str, str]] = {}
@@ -164,7 +164,11 @@ def _console_rows(text: str) -> list[dict[str, str]]:
             continue
         metrics = _dict_metrics(match.group(2)) if match.re is GLOBAL_STEP_LINE else _dash_metrics(match.group(2))
         if metrics:
-            steps.setdefault(int(match.group(1)), {"step": match.group(1)}).update(metrics)
+            try:
+                step = int(match.group(1))
+            except ValueError:  # thousands of digits: past Python's limit on converting them
+                raise ValueError(f"{path}: a step number of {len(match.group(1))} digits") from None
+            steps.setdefault(step, {"step": match.group(1)}).update(metrics)
     return list(steps.values())
 
 
