@@ -93,6 +93,9 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     import datasets  # not a dependency of the core: only reading prompt files needs it
 
     datasets.disable_progress_bars()  # a file read in a second: no bar for it
+    verbosity = datasets.logging.get_verbosity()
+    # its json reader logs the parser's error before raising it: the one line of the ValueError below says it
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
 
     # A throwaway cache: the rows are kept in memory and nothing is left under the user's home.
     with tempfile.TemporaryDirectory(prefix="oppo-datasets-") as cache_dir:
@@ -100,9 +103,11 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             dataset = datasets.load_dataset(
                 builder, data_files=str(path), split="train", keep_in_memory=True, cache_dir=cache_dir
             )
+            rows = dataset.to_list()  # a string column's bytes are decoded here (UnicodeDecodeError)
         except Exception as exc:  # the readers raise many kinds (ArrowInvalid, DatasetGenerationError, ...)
             raise ValueError(f"{path}: cannot read as {builder}: {_reason(exc)}") from exc
-        rows = dataset.to_list()
+        finally:
+            datasets.logging.set_verbosity(verbosity)
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
@@ -123,7 +128,7 @@ def _item(row: dict[str, Any], path: Path, index: int) -> PromptItem:
         elif row.get("question") is not None and row.get("answer") is not None:
             if not isinstance(row["question"], str):
                 raise ValueError(f"question must be a string, got {type(row['question']).__name__}")
-            messages, ground_truth = (("user", row["question"]),), _text(row["answer"])
+            messages, ground_truth = (("user", row["question"]),), _text(row["answer"], "answer")
         else:
             raise ValueError("neither verl's prompt/reward_model nor question/answer")
         return PromptItem(messages, _data_source(row, path), ground_truth, _extra_info(row.get("extra_info")))
@@ -149,12 +154,20 @@ def _messages(prompt: Any) -> tuple[tuple[str, str], ...]:
 def _verl_ground_truth(reward_model: Any) -> str:
     if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
         raise ValueError("verl's row has no reward_model.ground_truth")
-    return _text(reward_model["ground_truth"])
+    return _text(reward_model["ground_truth"], "reward_model.ground_truth")
 
 
-def _text(value: Any) -> str:
-    """A ground truth as a string: strings as they are, numbers and lists as JSON (42 -> "42")."""
-    return value if isinstance(value, str) else json.dumps(value)
+def _text(value: Any, what: str) -> str:
+    """A ground truth as a string: strings as they are, numbers and lists as JSON (42 -> "42"); ValueError naming
+    ``what`` for a value JSON does not hold (bytes, a date: Parquet has them) or a NaN or infinite number."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError(f"{what} holds a NaN or infinite number: {value!r:.60}") from None
+    except TypeError:
+        raise ValueError(f"{what} must be a string, a number or a list, got {type(value).__name__}") from None
 
 
 def _data_source(row: dict[str, Any], path: Path) -> str:
