@@ -47,15 +47,24 @@ def score_value(result: object) -> float:
     """
     if isinstance(result, Mapping):
         if "score" not in result:
-            keys = ", ".join(map(str, result)) or "none"
-            raise ValueError(f"a reward dict must carry a 'score' key (its keys: {keys})")
+            shown = (str(k) if str(k).isprintable() else repr(k) for k in result)  # a line break in a key: one line
+            raise ValueError(f"a reward dict must carry a 'score' key (its keys: {', '.join(shown) or 'none'})")
         result = result["score"]
     if not isinstance(result, Real):
         raise ValueError(f"a reward must be a number or a dict with a 'score' number, got {type(result).__name__}")
-    value = float(result)
-    if not math.isfinite(value):
-        raise ValueError(f"a reward must be finite, got {value}")
-    return value
+    return finite(result, "a reward")
+
+
+def finite(value: Any, what: str) -> float:
+    """``value`` as a float, or ValueError naming ``what``: NaN, an infinity or a number too large for a float (a
+    huge integer or fraction) is no reward."""
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{what} must be finite, got a number too large for a float") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be finite, got {number}")
+    return number
 
 
 # -- gsm8k -------------------------------------------------------------------------------------------------------

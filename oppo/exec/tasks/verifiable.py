@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from oppo.exec.tasks.datasets import PromptItem, encode_prompt, load_items
-from oppo.exec.tasks.rewards import SHAPING_ONLY, load_reward_fn, score_value
+from oppo.exec.tasks.rewards import SHAPING_ONLY, finite, load_reward_fn, score_value
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception's text ("" where its own ``__str__`` fails: a user's class may break it)."""
+    try:
+        return (str(err).splitlines() or [""])[0]
+    except Exception:
+        return ""
 
 
 class RewardFailed(RuntimeError):
@@ -89,8 +97,13 @@ class Judge:
                 extra_info=item.extra_info,
             )
             reward = score_value(result)
-            correct = float(result["acc"]) if isinstance(result, dict) and "acc" in result else reward
+            correct = (
+                finite(result["acc"], "a reward dict's 'acc'")
+                if isinstance(result, dict) and "acc" in result
+                else reward
+            )
         except Exception as err:  # a user's function may raise anything: the run stops with one line naming it
-            first = (str(err).splitlines() or [""])[0]
-            raise RewardFailed(f"reward function {self.spec} on {sample}: {type(err).__name__}: {first}") from err
+            raise RewardFailed(
+                f"reward function {self.spec} on {sample}: {type(err).__name__}: {_first_line(err)}"
+            ) from err
         return Judgement(reward, math.nan if self.shaping_only else correct)
