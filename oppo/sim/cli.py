@@ -46,6 +46,8 @@ from oppo.sim.study.pool import IN_PROCESS, Pool, add_pool_args, evaluate, pool_
 
 # schedule fields whose default comes from the setup (Setup.schedule)
 SCHEDULE_FROM_SETUP = (
+    "algo",
+    "group_size",
     "batch",
     "max_new_tokens",
     "chunk_candidates",
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", help="optional directory for compare.csv and plots")
     add_pool_args(compare)
     sweep = sub.add_parser("sweep", help="step time against fixed chunk sizes or fixed Δ")
-    _common(sweep)
+    _common(sweep, policy_shown="intra with --chunks, inter with --deltas")
     sweep.add_argument("--chunks", help="comma-separated chunk sizes (tokens)")
     sweep.add_argument("--deltas", help="comma-separated Δ values (prompts)")
     sweep.add_argument(
@@ -85,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan", help="search policies, chunk, Δ bound and controller, staleness and GPU split for the most work / s"
     )
-    _common(plan, policy=False, rollout=False)  # the planner searches the async split, not the rollout options
+    # the planner searches the async split, not the rollout options, on the setup given (runs re-run with run --config)
+    _common(plan, policy=False, rollout=False, config=False)
     # the plan's own options default to None, their defaults set by _plan_defaults: --resume tells an option given
     # (compared with the interrupted command's) from one left out (the interrupted command's value)
     plan.add_argument("--policies", help="policies searched (default: all)")
@@ -135,11 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
 DEFAULTS = {"setup": "paper-7b-h200", "steps": 100, "seed": 0}
 
 
-def _common(parser: argparse.ArgumentParser, policy: bool = True, rollout: bool = True) -> None:
-    parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
-    parser.add_argument("--setup", help=f"preset ({', '.join(PRESETS)}) or a .toml file (default: paper-7b-h200)")
-    parser.add_argument("--steps", type=int, help="PPO steps to simulate (default: 100)")
-    parser.add_argument("--seed", type=int, help="random seed for lengths and reward noise (default: 0)")
+def _common(
+    parser: argparse.ArgumentParser,
+    policy: bool = True,
+    rollout: bool = True,
+    config: bool = True,
+    policy_shown: str | None = None,
+) -> None:
+    if config:
+        parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
+    parser.add_argument("--setup", help=f"preset ({', '.join(PRESETS)}) or a .toml file (default: {DEFAULTS['setup']})")
+    parser.add_argument("--steps", type=int, help=f"PPO steps to simulate (default: {DEFAULTS['steps']})")
+    parser.add_argument(
+        "--seed", type=int, help=f"random seed for lengths and reward noise (default: {DEFAULTS['seed']})"
+    )
     parser.add_argument(
         "--lengths",
         help="response-length trace: a CSV file (plain or .gz; column response_tokens) "
@@ -148,14 +160,16 @@ def _common(parser: argparse.ArgumentParser, policy: bool = True, rollout: bool 
     parser.add_argument("--lengths-model", help="keep only trace rows whose 'model' column equals this")
     parser.add_argument("--timeline-steps", default="0,1,2", help="steps drawn in timeline.png")
     skip = () if policy else ("policy",)
-    add_config_args(parser, ScheduleConfig, skip=skip, shown=dict.fromkeys(SCHEDULE_FROM_SETUP, "the setup's"))
+    shown = dict.fromkeys(SCHEDULE_FROM_SETUP, "the setup's") | ({"policy": policy_shown} if policy_shown else {})
+    add_config_args(parser, ScheduleConfig, skip=skip, shown=shown)
     if rollout:
         add_config_args(parser, AsyncConfig)
 
 
 def _stored(args: argparse.Namespace) -> dict:
     """The stored config of ``--config`` (empty without one)."""
-    return load_stored_config(args.config) if args.config else {}
+    path = getattr(args, "config", None)  # plan takes none
+    return load_stored_config(path) if path else {}
 
 
 def _configs(args: argparse.Namespace, policies: list[str | None], async_only: bool = False) -> list[SimConfig]:
@@ -190,10 +204,11 @@ def _setup(args: argparse.Namespace) -> Setup:
     return setup
 
 
-def _say_trust(setup: Setup, schedule: ScheduleConfig) -> None:
-    """A calibrated setup's interval and what extrapolates as ``schedule`` runs it (its batch, cap, algorithm and
-    group size: the flags' values, not the setup's), once per command (stderr, beside the records)."""
-    note = trust_note(setup, schedule)
+def _say_trust(setup: Setup, *schedules: ScheduleConfig) -> None:
+    """A calibrated setup's interval and what extrapolates as ``schedules`` run it (their batch, cap, algorithm and
+    group size: the flags' values, not the setup's; the GPUs each policy sets aside), once per command (stderr,
+    beside the records)."""
+    note = trust_note(setup, *schedules)
     if note:
         print(note, file=sys.stderr)
 
@@ -274,7 +289,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             skipped.append(f"{policy}: {err}")
     if not configs:
         raise ValueError("no policy can run these settings (" + "; ".join(skipped) + ")")
-    _say_trust(configs[0].setup, configs[0].schedule)  # the policies share the batch, cap, algorithm and groups
+    _say_trust(configs[0].setup, *(c.schedule for c in configs))
     summaries = compare_policies(configs, trace, pool_from(args))
     rows = compare_rows(summaries)
     print(format_table(rows))

@@ -277,3 +277,6 @@ def test_the_trust_note_checks_the_gpus_the_policy_sets_aside_for_generation(tmp
     together = " | ".join(extrapolations(setup, setup.schedule(policy="sync")))
     assert "weights pushed to rollout GPUs of their own" in split and "the reshard's software" not in split
     assert "weights pushed" not in together and "the reshard's software" in together
+    both = trust_note(setup, setup.schedule(policy="sync"), setup.schedule(policy="async"))  # compare's note
+    assert "(calibrated on at most" not in both and "weights pushed to rollout GPUs of their own" in both
+    assert both.count("(async)") == 1 and both.endswith("the push's link at its prior) (async)")

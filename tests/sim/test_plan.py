@@ -263,3 +263,9 @@ def test_the_gain_is_confirmed_on_seeds_the_search_never_used(tmp_path):
     res = sim(*PLAN_ARGS, "--budget", "40", "--fresh-seeds", "2", "--out", str(tmp_path / "p"))
     assert res.returncode == 0, res.stderr
     assert "on the seeds it was chosen with (optimistic)" in res.stdout and "on 2 fresh seeds (2..3)" in res.stdout
+
+
+def test_the_planner_searches_the_setup_given_and_takes_no_stored_run():
+    """A stored run's config would be read for its lengths alone (its setup and schedule left aside): refused."""
+    res = sim("plan", "--config", "runs/x/config.json", "--out", "unused")
+    assert res.returncode == 2 and "unrecognized arguments: --config" in res.stderr

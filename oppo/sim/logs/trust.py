@@ -221,8 +221,9 @@ def extrapolations(setup: Setup, schedule: ScheduleConfig | None = None) -> list
     return found
 
 
-def trust_note(setup: Setup, schedule: ScheduleConfig | None = None) -> str | None:
-    """One line for a prediction on a calibrated setup run with ``schedule`` (None: the setup's own): its interval and
+def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: ScheduleConfig) -> str | None:
+    """One line for a prediction on a calibrated setup run with ``schedule`` (None: the setup's own) and any
+    ``others`` (compare's other policies: what only they extrapolate on is named with the policy): its interval and
     what extrapolates (None: uncalibrated)."""
     c = setup.framework.calibration
     if not c.runs:
@@ -234,4 +235,6 @@ def trust_note(setup: Setup, schedule: ScheduleConfig | None = None) -> str | No
         f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}; other policies' overlap is the model's)"
     )
     outside = extrapolations(setup, schedule)
+    for other in others:
+        outside += [f"{phrase} ({other.policy})" for phrase in extrapolations(setup, other) if phrase not in outside]
     return note + ("; extrapolates: " + "; ".join(outside) if outside else "; within the calibration span")

@@ -20,6 +20,7 @@ import numpy as np
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.core.config import DELTA_CONTROLLERS, POLICIES, ScheduleConfig
+from oppo.core.policies import PolicySpec, policy_spec
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.model.trainer import SimConfig
 from oppo.sim.setup.presets import Setup
@@ -93,25 +94,30 @@ def candidates(setup: Setup, space: Space) -> list[Candidate]:
     splits = (
         [r for r in range(1, setup.placement.actor_gpus) if r % tp == 0] if setup.placement.actor_gpus > 1 else [None]
     )
-    per_policy = {
-        "sync": [Candidate("sync")],
-        "intra": [Candidate("intra", chunk=c) for c in chunks],
-        "inter": [Candidate("inter", delta_max=d, delta_controller=k) for d in bounds for k in space.controllers],
-        "oppo": [
-            Candidate("oppo", chunk=c, delta_max=d, delta_controller=k)
-            for c in chunks
-            for d in bounds
-            for k in space.controllers
-        ],
-        "tppo": [Candidate("tppo", window_tokens=w) for w in windows],
-        "april": [Candidate("april", delta_max=d) for d in bounds],
-        "tailbatch": [Candidate("tailbatch", delta_max=d) for d in bounds],
-        "async": [Candidate("async", staleness=k, rollout_gpus=r) for k in space.staleness for r in splits],
-    }
-    found = [c for p in space.policies for c in per_policy[p]]
+    found = [
+        c for p in space.policies for c in _policy_candidates(policy_spec(p), chunks, bounds, windows, splits, space)
+    ]
     if not space.framework:
         return found
     return [dataclasses.replace(c, **knobs) for c in found for knobs in framework_grid(setup, c.rollout_gpus)]
+
+
+def _policy_candidates(spec: PolicySpec, chunks, bounds, windows, splits, space: Space) -> list[Candidate]:
+    """A policy's configurations, from what it switches on: the staleness bound and the rollout split of an
+    asynchronous one, the window of a truncating one, the chunk of a streaming one, and over-commit's bound (with the
+    Δ controller where Δ adapts)."""
+    name = spec.name
+    if spec.asynchronous:
+        return [Candidate(name, staleness=k, rollout_gpus=r) for k in space.staleness for r in splits]
+    if spec.truncated:
+        return [Candidate(name, window_tokens=w) for w in windows]
+    streamed = chunks if spec.streaming else [None]
+    if not spec.overcommit:
+        return [Candidate(name, chunk=c) for c in streamed]
+    controllers = space.controllers if spec.adaptive_delta else [None]
+    return [
+        Candidate(name, chunk=c, delta_max=d, delta_controller=k) for c in streamed for d in bounds for k in controllers
+    ]
 
 
 def sim_config(setup: Setup, candidate: Candidate, schedule: dict, steps: int, seed: int) -> SimConfig:
