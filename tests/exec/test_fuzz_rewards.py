@@ -53,26 +53,10 @@ class Odd(Exception):
         raise RuntimeError("no text")
 
 
-errors = st.one_of(
-    st.builds(
-        lambda t, m: t(m),
-        st.sampled_from(
-            [
-                ValueError,
-                KeyError,
-                RuntimeError,
-                ZeroDivisionError,
-                TypeError,
-                AssertionError,
-                Exception,
-                MemoryError,
-                RecursionError,
-            ]
-        ),
-        st.text(max_size=20) | st.sampled_from(["", "\n", "first\nsecond", "\n\nthird"]),
-    ),  # fmt: skip
-    st.just(Odd()),
-)
+KINDS = [ValueError, KeyError, RuntimeError, ZeroDivisionError, TypeError, AssertionError, Exception, MemoryError,
+         RecursionError, SystemExit]  # fmt: skip
+messages = st.text(max_size=20) | st.sampled_from(["", "\n", "first\nsecond", "\n\nthird"])
+errors = st.builds(lambda kind, message: kind(message), st.sampled_from(KINDS), messages) | st.just(Odd())
 
 
 class WordTokenizer:
@@ -264,6 +248,20 @@ def test_a_judge_refuses_an_answer_check_that_is_no_finite_number(result, messag
     assert judge_of(lambda **kw: {"score": 1.0, "acc": True})(ITEM, [3, EOS], "sequence 0").correct == 1.0
 
 
+def test_a_judge_stops_on_a_reward_function_that_calls_sys_exit():
+    def leaving(**kw):
+        raise SystemExit(3)  # was: the process ended with code 3, not a word said
+
+    with pytest.raises(RewardFailed, match=r"^reward function gsm8k on sequence 0: SystemExit: 3$"):
+        judge_of(leaving)(ITEM, [3, EOS], "sequence 0")
+
+
+def test_a_reward_file_that_calls_sys_exit_at_import_is_refused_in_one_line(tmp_path):
+    (tmp_path / "reward.py").write_text("import sys\nsys.exit(3)\n")  # was SystemExit out of load_reward_fn
+    with pytest.raises(ValueError, match=r"^importing reward file .*reward.py failed: SystemExit: 3$"):
+        load_reward_fn(f"{tmp_path / 'reward.py'}:judge")
+
+
 def test_a_judge_names_an_exception_whose_text_fails():
     def broken(**kw):
         raise Odd()  # was: the RuntimeError of its __str__, raised from the judge's own handler
@@ -306,7 +304,9 @@ def test_a_reward_function_whose_answer_check_is_nan_stops_the_run_in_one_line(t
     assert "reward function" in line and "'acc' must be finite, got nan" in line, line
 
 
-@pytest.mark.parametrize("source", ["def judge(\n", "raise RuntimeError('at import\\nsecond')\n", "judge = 3\n"])
+@pytest.mark.parametrize(
+    "source", ["def judge(\n", "raise RuntimeError('at\\nimport')\n", "judge = 3\n", "import sys\nsys.exit(3)\n"]
+)
 def test_a_reward_file_that_cannot_give_its_function_ends_with_exit_2_and_one_line(tmp_path, source):
     (tmp_path / "reward.py").write_text(source)
     (tmp_path / "data.jsonl").write_text('{"question": "t5 t6", "answer": "t3"}\n')

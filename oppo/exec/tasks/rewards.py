@@ -289,7 +289,7 @@ def _import_file(path: Path) -> Any:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # sys.exit() at import would end the command without a word
         del sys.modules[name]
         first_line = (str(error).splitlines() or [""])[0]
         raise ValueError(f"importing reward file {path} failed: {type(error).__name__}: {first_line}") from error

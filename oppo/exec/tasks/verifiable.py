@@ -102,7 +102,7 @@ class Judge:
                 if isinstance(result, dict) and "acc" in result
                 else reward
             )
-        except Exception as err:  # a user's function may raise anything: the run stops with one line naming it
+        except (Exception, SystemExit) as err:  # whatever a user's function raises, sys.exit() too: one line
             raise RewardFailed(
                 f"reward function {self.spec} on {sample}: {type(err).__name__}: {_first_line(err)}"
             ) from err
