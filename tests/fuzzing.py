@@ -66,3 +66,9 @@ def outcome(call, *args, **kwargs):
 def assert_one_line(message: str) -> None:
     lines = message.strip().splitlines()
     assert len(lines) == 1 and lines[0].strip(), f"not one line: {message!r}"
+
+
+def one_grpo_step(data, reward_fn, out, *extra) -> list:
+    """The executor's options of one GRPO step of the tiny preset on ``data`` scored by ``reward_fn``."""
+    head = ["--preset", "tiny-cpu", "--data", data, "--reward-fn", reward_fn, "--algo", "grpo", "--group-size", "2"]
+    return [*head, "--steps", "1", *extra, "--out", out]

@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerFast
 
 from oppo.exec.tasks.datasets import PromptItem, load_items
 from oppo.exec.tasks.verifiable import DatasetPrompts
-from tests.fuzzing import fuzz_settings, outcome
+from tests.fuzzing import fuzz_settings, one_grpo_step, outcome
 from tests.invoke import train
 
 WORDS = ["[UNK]", "<s>", "</s>", "<|user|>", "<|assistant|>", "\n", "what", "is", "2", "+", "?", "a", "b"]
@@ -257,22 +257,7 @@ def test_the_json_readers_own_error_line_is_not_printed_beside_the_error(tmp_pat
 def test_bad_rows_end_the_run_with_exit_2_and_one_line(tmp_path, content):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
-    res = train(
-        "--preset",
-        "tiny-cpu",
-        "--data",
-        path,
-        "--reward-fn",
-        "gsm8k",
-        "--algo",
-        "grpo",
-        "--group-size",
-        "2",
-        "--steps",
-        "1",
-        "--out",
-        tmp_path / "run",
-    )
+    res = train(*one_grpo_step(path, "gsm8k", tmp_path / "run"))
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith(f"error: {path}: "), res.stderr
     assert not [p for p in (tmp_path / "run").rglob("*") if not p.name.startswith(".")]  # nothing written

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from oppo.exec.tasks.datasets import PromptItem
 from oppo.exec.tasks.rewards import REWARD_FNS, load_reward_fn, score_value
 from oppo.exec.tasks.verifiable import Judge, Judgement, RewardFailed
-from tests.fuzzing import assert_one_line, fuzz_settings, outcome, within
+from tests.fuzzing import assert_one_line, fuzz_settings, one_grpo_step, outcome, within
 from tests.invoke import train
 
 numbers = st.one_of(
@@ -279,26 +279,9 @@ NAN_ACC = (
 def test_a_reward_function_whose_answer_check_is_nan_stops_the_run_in_one_line(tmp_path):
     (tmp_path / "reward.py").write_text(NAN_ACC)  # was: trained on, its NaN accuracy in the records
     (tmp_path / "data.jsonl").write_text('{"question": "t5 t6", "answer": "t3"}\n' * 2)
-    res = train(
-        "--preset",
-        "tiny-cpu",
-        "--data",
-        tmp_path / "data.jsonl",
-        "--reward-fn",
-        f"{tmp_path / 'reward.py'}:judge",
-        "--algo",
-        "grpo",
-        "--group-size",
-        "2",
-        "--batch",
-        "1",
-        "--steps",
-        "1",
-        "--max-new-tokens",
-        "4",
-        "--out",
-        tmp_path / "run",
-    )
+    reward_fn = f"{tmp_path / 'reward.py'}:judge"
+    extra = ("--batch", "1", "--max-new-tokens", "4")
+    res = train(*one_grpo_step(tmp_path / "data.jsonl", reward_fn, tmp_path / "run", *extra))
     assert res.returncode == 1 and "Traceback" not in res.stderr  # a run stopped by its reward: records kept
     (line,) = res.stderr.strip().splitlines()
     assert "reward function" in line and "'acc' must be finite, got nan" in line, line
@@ -310,21 +293,6 @@ def test_a_reward_function_whose_answer_check_is_nan_stops_the_run_in_one_line(t
 def test_a_reward_file_that_cannot_give_its_function_ends_with_exit_2_and_one_line(tmp_path, source):
     (tmp_path / "reward.py").write_text(source)
     (tmp_path / "data.jsonl").write_text('{"question": "t5 t6", "answer": "t3"}\n')
-    res = train(
-        "--preset",
-        "tiny-cpu",
-        "--data",
-        tmp_path / "data.jsonl",
-        "--reward-fn",
-        f"{tmp_path / 'reward.py'}:judge",
-        "--algo",
-        "grpo",
-        "--group-size",
-        "2",
-        "--steps",
-        "1",
-        "--out",
-        tmp_path / "run",
-    )
+    res = train(*one_grpo_step(tmp_path / "data.jsonl", f"{tmp_path / 'reward.py'}:judge", tmp_path / "run"))
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("error: "), res.stderr
