@@ -17,8 +17,9 @@ class Calibration:
     algorithms, group sizes, the rollout engines' per-step resets, the engines, their tensor-parallel degrees
     (min, max), whether they reshard and whether the training passes shard their parameters, the training backends
     and their tensor- and pipeline-parallel degrees and update micro-batches (min, max), the roles they offloaded,
-    whether they pushed weights to a rollout engine of its own, and the work of a forward micro-batch (min, max).
-    Empty (no runs): an uncalibrated layer."""
+    whether they pushed weights to a rollout engine of its own, and the work of a forward micro-batch (min, max);
+    and what its interval rests on: each run's median step error, and per axis of the span the largest of those of
+    the runs that lay outside the other runs' span on it. Empty (no runs): an uncalibrated layer."""
 
     runs: tuple[str, ...] = ()
     basis: str = ""
@@ -46,3 +47,7 @@ class Calibration:
     offloads: tuple[str, ...] = ()  # each run's offloaded roles, comma-joined (":each": every micro-batch; "none")
     weight_pushes: tuple[bool, ...] = ()  # whether a run pushed weights to a rollout engine on GPUs of its own
     forward_gflop: tuple[float, ...] = ()  # (min, max) work of a scoring forward micro-batch on one GPU, GFLOP
+    # empty in a record written before intervals were measured: no coverage said, and every extrapolation unbounded
+    run_step_err: tuple[float, ...] = ()  # each run's median step error as ``basis`` predicted it, in ``runs`` order
+    axes: tuple[str, ...] = ()  # the axes on which some run lay outside the others' span (``outside_span``'s axes)
+    axis_err: tuple[float, ...] = ()  # per axis, the largest median step error of a run that lay outside there

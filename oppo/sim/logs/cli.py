@@ -17,7 +17,7 @@ import numpy as np
 from oppo.cli import format_table
 from oppo.records.io import write_json
 from oppo.sim.logs.read import load_run_log
-from oppo.sim.logs.trust import calibration, trust_note
+from oppo.sim.logs.trust import calibration, interval, trust_note
 from oppo.sim.setup.presets import Setup
 from oppo.sim.setup.toml_file import load_setup, setup_toml
 
@@ -133,9 +133,11 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         {
             "runs": report,
             "summary": overall,
-            "interval": {"basis": basis, "coverage": record.coverage, "step_err": record.step_err}
-            | {"coverage_by_run": coverage}
-            | {"stage_err": dict(zip(record.stages, record.stage_err, strict=True))},
+            # the contract's keys (step, coverage: the share of runs whose median step error lies inside it, the
+            # axes a prediction extrapolates on: none for the runs themselves, stages), and how it was made
+            "interval": interval(record_setup(runs[0].setup, record)).as_dict()
+            | {"basis": basis, "quantile": record.coverage, "coverage_by_run_steps": coverage}
+            | {"axes": dict(zip(record.axes, record.axis_err, strict=True))},
             "fitted_terms": fitted_terms(runs),
             "fit_frac": args.fit_frac,
         },
@@ -154,9 +156,11 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     for kind, measures in overall.items():
         figures = (f"{m} median {v['median']:.1%} worst {v['worst']:.1%}" for m, v in measures.items())
         print(f"{kind}: " + ", ".join(figures))
+    inside = sum(e <= record.step_err for e in record.run_step_err)
     print(
         f"interval: ±{record.step_err:.1%} of a step holds {record.coverage:.0%} of the steps predicted "
-        f"{basis.replace('_', '-')} (by run: {', '.join(f'{v:.0%}' for v in coverage.values())})"
+        f"{basis.replace('_', '-')} (by run: {', '.join(f'{v:.0%}' for v in coverage.values())}); "
+        f"{inside} of {len(runs)} runs' median step error inside it"
     )
     print(
         f'-> {out / "framework.toml"} (a setup takes it with [framework] base = "{out / "framework.toml"}"), '
@@ -183,6 +187,7 @@ def _log_fidelity(setup, log, first: int, out: Path, replayed=None) -> dict:
     note = trust_note(setup)
     if note:
         report["prediction_note"] = note
+        report["interval"] = interval(setup).as_dict()
     write_json(out / "fidelity.json", report | {"log": log.source, "setup": setup.name})
     plots.plot_fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
     rows = [
@@ -247,6 +252,11 @@ LOG_COMMANDS = {
     "calibrate-log": cmd_calibrate_log,
     "validate-log": cmd_validate_log,
 }
+
+
+def record_setup(setup: Setup, record) -> Setup:
+    """``setup`` carrying the calibration ``record`` (what a calibrated setup file holds)."""
+    return dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, calibration=record))
 
 
 def _step_rows(report: dict) -> list[tuple[str, dict]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,6 +34,9 @@ BASES = {  # what the interval's errors are, in words
     "leave_one_out": "each run predicted without itself (its siblings kept: no run had a run outside its group)",
     "within": "its own validated steps",
 }
+# Phrases that say how a term is priced (a stage priced by its family's terms, the reshard's software as timed), not
+# an axis on which the prediction leaves the runs: the calibration runs' own errors were measured priced so.
+PRICING_NOTES = ("untimed stage", "reshard software")
 MODEL_SPAN = 2.0  # a model this many times larger than the largest (or smaller than the smallest) extrapolates
 
 
@@ -60,19 +64,38 @@ def calibration(
     setups: list[Setup], errors: dict[str, list[np.ndarray]], basis: str, coverage: float = COVERAGE
 ) -> Calibration:
     """The record of a calibration on ``setups`` whose predictions missed by ``errors`` (stage, with "step" -> per
-    run, the absolute relative error of each predicted step)."""
+    run, the absolute relative error of each predicted step): the span of the runs, the intervals, and what widens
+    the interval where a prediction extrapolates. An axis's widening is the largest median step error of the runs
+    that lay outside the span of the other runs on it (each run against all the others, its siblings included)."""
     stages = tuple(stage for stage in errors if stage != "step")
+    run_err = [float(np.median(e)) for e in errors["step"]]
+    widen: dict[str, float] = {}
+    for k, setup in enumerate(setups):
+        others = setups[:k] + setups[k + 1 :]
+        if others:
+            for axis in {a for a, _ in outside_span(setup, _span(others))} - set(PRICING_NOTES):
+                widen[axis] = max(widen.get(axis, 0.0), run_err[k])
+    return dataclasses.replace(
+        _span(setups),
+        basis=basis,
+        coverage=coverage,
+        step_err=weighted_quantile(errors["step"], coverage),
+        stages=stages,
+        stage_err=tuple(weighted_quantile(errors[stage], coverage) for stage in stages),
+        run_step_err=tuple(run_err),
+        axes=tuple(sorted(widen)),
+        axis_err=tuple(widen[a] for a in sorted(widen)),
+    )
+
+
+def _span(setups: list[Setup]) -> Calibration:
+    """The span of ``setups`` (no errors): the values or (min, max) a calibration records."""
 
     def span(values):
         return (min(values), max(values))
 
     return Calibration(
         runs=tuple(s.name for s in setups),
-        basis=basis,
-        coverage=coverage,
-        step_err=weighted_quantile(errors["step"], coverage),
-        stages=stages,
-        stage_err=tuple(weighted_quantile(errors[stage], coverage) for stage in stages),
         gpus=span([s.total_gpus for s in setups]),
         nodes=span([nodes(s) for s in setups]),
         params_b=span([round(params_b(s), 3) for s in setups]),
@@ -155,34 +178,38 @@ def extrapolations(setup: Setup, schedule: ScheduleConfig | None = None) -> list
     """The terms of ``setup`` run with ``schedule`` (None: the setup's own) outside the span of its calibration
     runs, each a phrase (none: inside, or not calibrated)."""
     c = setup.framework.calibration
-    if not c.runs:
-        return []
-    setup = as_run(setup, schedule)
+    return [phrase for _, phrase in outside_span(as_run(setup, schedule), c)] if c.runs else []
+
+
+def outside_span(setup: Setup, c: Calibration) -> list[tuple[str, str]]:
+    """Each term of ``setup`` outside the span ``c`` records, as (its axis, a phrase naming it)."""
     found = []
     gpus, node_count, size = setup.total_gpus, nodes(setup), params_b(setup)
     if not c.gpus[0] <= gpus <= c.gpus[1]:
-        found.append(f"{gpus} GPUs (calibrated on {c.gpus[0]}-{c.gpus[1]})")
+        found.append(("GPU count", f"{gpus} GPUs (calibrated on {c.gpus[0]}-{c.gpus[1]})"))
     if node_count > c.nodes[1]:
         network = (
             "the network cards at their datasheet figure, a ring channel over each (an assumed model no calibration "
             "run checks), times the gathers' share fitted within nodes"
         )
-        found.append(f"{node_count} nodes (calibrated on at most {c.nodes[1]}: {network})")
+        found.append(("node count", f"{node_count} nodes (calibrated on at most {c.nodes[1]}: {network})"))
     if not c.params_b[0] / MODEL_SPAN <= size <= c.params_b[1] * MODEL_SPAN:
-        found.append(f"a {size:.2g}B-parameter model (calibrated on {c.params_b[0]:.2g}B-{c.params_b[1]:.2g}B)")
+        span = f"{c.params_b[0]:.2g}B-{c.params_b[1]:.2g}B"
+        found.append(("model size", f"a {size:.2g}B-parameter model (calibrated on {span})"))
     if setup.max_new_tokens > c.max_new_tokens[1]:
-        found.append(f"responses capped at {setup.max_new_tokens} tokens (calibrated up to {c.max_new_tokens[1]})")
+        cap = f"responses capped at {setup.max_new_tokens} tokens (calibrated up to {c.max_new_tokens[1]})"
+        found.append(("response cap", cap))
     tp = setup.framework.rollout_tensor_parallel
     if c.rollout_tensor_parallel and not c.rollout_tensor_parallel[0] <= tp <= c.rollout_tensor_parallel[1]:
         span = c.rollout_tensor_parallel
-        found.append(f"rollout tensor parallel {tp} (calibrated on {span[0]}-{span[1]})")
+        found.append(("rollout tensor parallel", f"rollout tensor parallel {tp} (calibrated on {span[0]}-{span[1]})"))
     for what, value, span in (
         ("training tensor parallel", setup.framework.train_tensor_parallel, c.train_tensor_parallel),
         ("training pipeline parallel", setup.framework.train_pipeline_parallel, c.train_pipeline_parallel),
         ("update micro-batches of", setup.framework.train_micro_batch, c.train_micro_batch),
     ):
         if span and not span[0] <= value <= span[1]:
-            found.append(f"{what} {value} (calibrated on {span[0]}-{span[1]})")
+            found.append((what.removesuffix(" of"), f"{what} {value} (calibrated on {span[0]}-{span[1]})"))
     for what, value, seen in (
         ("GPU", setup.priced_as, c.gpu_names),
         ("algorithm", setup.algo, c.algos),
@@ -193,32 +220,84 @@ def extrapolations(setup: Setup, schedule: ScheduleConfig | None = None) -> list
         ("train_backend", setup.framework.train_backend, c.train_backends),
     ):
         if seen and value not in seen:
-            found.append(f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})")
+            found.append((what, f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})"))
     roles = [role for role in offloaded(setup) if not any(role in runs.split(",") for runs in c.offloads)]
     if c.offloads and roles:
         named = ", ".join(
             role.replace(":each", " (copied in at every micro-batch)").replace(":optimizer", "'s optimizer state")
             for role in roles
         )
-        found.append(f"{named} offloaded to the host (no calibration run offloaded it so: its link at its prior)")
+        found.append(
+            ("offload", f"{named} offloaded to the host (no calibration run offloaded it so: its link at its prior)")
+        )
     if c.weight_pushes and setup.placement.rollout_gpus and True not in c.weight_pushes:
         found.append(
-            "weights pushed to rollout GPUs of their own (no calibration run pushed: the push's link at its prior)"
+            (
+                "weight push",
+                "weights pushed to rollout GPUs of their own (no calibration run pushed: the push's link at its prior)",
+            )
         )
     work = forward_gflop(setup)
     if c.forward_gflop and not c.forward_gflop[0] / MODEL_SPAN <= work <= c.forward_gflop[1] * MODEL_SPAN:
         lo, hi = c.forward_gflop
         found.append(
-            f"forward micro-batches of {work:.3g} GFLOP a GPU (calibrated on {lo:.3g}-{hi:.3g}: where the host's time "
-            "per micro-batch shows or hides)"
+            (
+                "forward micro-batch work",
+                f"forward micro-batches of {work:.3g} GFLOP a GPU (calibrated on {lo:.3g}-{hi:.3g}: where the host's "
+                "time per micro-batch shows or hides)",
+            )
         )
-    found += _family_extrapolations(setup, c) + _reshard_extrapolations(setup, c)
+    found += [("untimed stage", p) for p in _family_extrapolations(setup, c)]
+    found += [("reshard software", p) for p in _reshard_extrapolations(setup, c)]
     if setup.group_size > max(c.group_sizes):
         if max(c.group_sizes) == 1:
-            found.append(f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")
+            found.append(
+                ("group size", f"group sampling (n = {setup.group_size}) where no calibration run sampled groups")
+            )
         else:
-            found.append(f"groups of {setup.group_size} (calibrated up to {max(c.group_sizes)})")
+            found.append(("group size", f"groups of {setup.group_size} (calibrated up to {max(c.group_sizes)})"))
     return found
+
+
+@dataclass(frozen=True)
+class Interval:
+    """How far to trust a prediction: ``step``, the relative half-width of its sync step's interval (None: no bound),
+    widened from the calibration's own by the runs that lay outside the others' span on each axis it extrapolates
+    on; ``coverage``, the share of calibration runs whose median step error lies inside it (None: not measured);
+    ``extrapolates``, those axes; ``unbounded``, the ones no calibration run lay outside on; ``stages``, each
+    stage's half-width, widened by as much as the step's (none where unbounded)."""
+
+    step: float | None
+    coverage: float | None
+    extrapolates: tuple[str, ...]
+    unbounded: tuple[str, ...]
+    stages: dict[str, float]
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "coverage": self.coverage, "extrapolates": list(self.extrapolates),
+                "stages": self.stages}  # fmt: skip
+
+
+def interval(setup: Setup, *schedules: ScheduleConfig | None) -> Interval | None:
+    """The interval of a prediction on a calibrated ``setup`` run with ``schedules`` (none given: the setup's own;
+    several: compare's policies, the widest), None where uncalibrated."""
+    c = setup.framework.calibration
+    if not c.runs:
+        return None
+    found = [a for s in schedules or (None,) for a, _ in outside_span(as_run(setup, s), c)]
+    axes = tuple(dict.fromkeys(a for a in found if a not in PRICING_NOTES))
+    widen = dict(zip(c.axes, c.axis_err))
+    unbounded = tuple(a for a in axes if a not in widen)
+    if unbounded:
+        return Interval(None, None, axes, unbounded, {})
+    step = max([c.step_err, *(widen[a] for a in axes)])
+    coverage = sum(e <= step for e in c.run_step_err) / len(c.run_step_err) if c.run_step_err else None
+    stages = {s: e + step - c.step_err for s, e in zip(c.stages, c.stage_err)}  # widened as the step is
+    return Interval(step, coverage, axes, (), stages)
+
+
+def _percent(x: float) -> str:
+    return f"{x:.{0 if x >= 0.1 else 1}%}"
 
 
 def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: ScheduleConfig) -> str | None:
@@ -229,11 +308,24 @@ def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: Sc
     if not c.runs:
         return None
     basis = BASES.get(c.basis, c.basis)
-    note = (
-        f"note: {setup.name} predicts a sync step to ±{c.step_err:.{0 if c.step_err >= 0.1 else 1}%} "
-        f"({c.coverage:.0%} of steps, {basis} over "
-        f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}; other policies' overlap is the model's)"
-    )
+    runs = f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}"
+    bound = interval(setup, schedule, *others)
+    if bound.step is None:
+        note = (
+            f"note: {setup.name} predicts a sync step with no bound: extrapolates on {', '.join(bound.unbounded)}, "
+            f"where none of its {runs} lay outside the others (other policies' overlap is the model's)"
+        )
+    else:
+        inside = sum(e <= bound.step for e in c.run_step_err)
+        measured = f": {inside} of {len(c.run_step_err)} runs' median step error inside it" if c.run_step_err else ""
+        wider = ""
+        if bound.step > c.step_err:  # a run outside the others on an axis this prediction leaves the span on was worse
+            wider = f", widened from ±{_percent(c.step_err)} for {', '.join(bound.extrapolates)}"
+        stages = ", ".join(f"{s} ±{_percent(e)}" for s, e in bound.stages.items())
+        note = (
+            f"note: {setup.name} predicts a sync step to ±{_percent(bound.step)} ({c.coverage:.0%} of steps, {basis} "
+            f"over {runs}{measured}{wider}; other policies' overlap is the model's; stages {stages})"
+        )
     outside = extrapolations(setup, schedule)
     for other in others:
         outside += [f"{phrase} ({other.policy})" for phrase in extrapolations(setup, other) if phrase not in outside]
