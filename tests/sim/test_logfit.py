@@ -289,6 +289,14 @@ def test_several_logs_fit_one_layer_that_a_setup_takes_by_path(tmp_path):
             assert {"fit_steps", "validate_steps", "step", "stages"} <= set(fid)
             assert set(fid["step"]) == {"measured_s", "predicted_s", "median_abs_err", "stage_weighted_err"}
     assert report["verl-gemma-2-2b-gsm8k"]["leave_one_out"]["fit_steps"] == 0  # every step is predicted
+    whole = json.loads((tmp_path / "cal" / "fidelity.json").read_text())
+    # how much the fit rests on: the forward passes share one family of terms, counted once; each run's timed stages
+    terms = whole["fitted_terms"]
+    assert terms["ref"] == terms["values"] and whole["fitted_term_count"] < sum(map(len, terms.values()))
+    assert whole["cells"]["verl-gemma-2-2b-gsm8k"] == sorted(set(terms) & {"gen", "ref", "values", "update_actor",
+                                                                           "update_critic"})  # fmt: skip
+    assert whole["cell_count"] == sum(map(len, whole["cells"].values()))
+    assert {"step", "coverage", "extrapolates", "stages"} <= set(whole["interval"])
     assert (tmp_path / "cal" / "fidelity.png").stat().st_size > 0
     # a setup takes the layer by a path relative to itself; the fitted terms arrive exactly
     (tmp_path / "use.toml").write_text('base = "verl-gemma-2-2b-gsm8k"\n[framework]\nbase = "cal/framework.toml"\n')

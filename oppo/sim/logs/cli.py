@@ -128,6 +128,8 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}", record)
     )
     overall = summary(report)
+    terms = fitted_terms(runs)
+    cells = {name: sorted(set(entry["within"]["stages"]) & set(terms)) for name, entry in report.items()}
     write_json(
         out / "fidelity.json",
         {
@@ -138,7 +140,12 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
             "interval": interval(record_setup(runs[0].setup, record)).as_dict()
             | {"basis": basis, "quantile": record.coverage, "coverage_by_run_steps": coverage}
             | {"axes": dict(zip(record.axes, record.axis_err, strict=True))},
-            "fitted_terms": fitted_terms(runs),
+            "fitted_terms": terms,
+            # how much the fit rests on: its terms off their priors (stages that share a family share its terms,
+            # counted once) and the run-stage cells (a stage a run's log times) they are fitted on
+            "fitted_term_count": sum(len(family) for family in {id(v): v for v in terms.values()}.values()),
+            "cells": cells,
+            "cell_count": sum(map(len, cells.values())),
             "fit_frac": args.fit_frac,
         },
     )
