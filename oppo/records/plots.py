@@ -5,6 +5,7 @@ Imported lazily by the commands (matplotlib is not part of the scheduling core).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from oppo.records.io import fsync_folder
 from oppo.records.optrace import rows_of_steps, rows_per_step
 from oppo.records.schema import PHASES, StepRecord, TraceRow
 
@@ -29,9 +31,19 @@ def _subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], *
 
 
 def _save(fig, path: str | Path) -> Path:
+    """The figure as a PNG written beside ``path`` (its suffix kept: matplotlib reads the format from it), flushed to
+    disk and renamed onto it: a kill leaves the old plot or the new, never a part."""
     path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    try:
+        fig.savefig(tmp, dpi=110)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_folder(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -316,19 +316,6 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, text.getvalue())
 
 
-def _plotted(path: Path, draw) -> None:
-    """``draw(file)`` writes a plot beside ``path`` (its suffix kept: matplotlib reads the format from it), flushed to
-    disk and renamed onto ``path``."""
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    try:
-        draw(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 # --resume DIR: sweep and plan record their resolved options in DIR/command.json before their first simulation and
 # each simulation's result in DIR/journal.jsonl as it comes back (oppo.sim.study.journal); --resume reads both and
 # simulates only what the journal lacks. Options that change where the simulations run (or a plot sweep and plan do
@@ -467,7 +454,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "sweep.csv", rows)
     label = f"{knob} ({base.schedule.policy})"
-    _plotted(out / "sweep.png", lambda path: plots.sweep_plot(values, [r["mean_step_s"] for r in rows], label, path))
+    plots.sweep_plot(values, [r["mean_step_s"] for r in rows], label, out / "sweep.png")
     table.resumed(journal)
     print(format_table(rows))
 
@@ -530,7 +517,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     out = Path(args.out)
     (out / "best").mkdir(parents=True, exist_ok=True)
     _write_csv(out / "plan.csv", rows)
-    _plotted(out / "pareto.png", lambda path: plots.pareto_plot(rows, path, key, args.max_lag, f"plan on {setup.name}"))
+    plots.pareto_plot(rows, out / "pareto.png", key, args.max_lag, f"plan on {setup.name}")
     best = planner.best_config(result, setup, trace, schedule, seed)
     write_json(out / "best" / "config.json", table.provenance_of(best))
     table.resumed(journal)

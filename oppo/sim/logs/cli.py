@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from oppo.cli import format_table
-from oppo.records.io import write_json
+from oppo.records.io import atomic_write_text, write_json
 from oppo.sim.logs.read import load_run_log
 from oppo.sim.logs.trust import calibration, interval, trust_note
 from oppo.sim.setup.presets import Setup
@@ -96,10 +96,10 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if args.setup:
         base = args.setup[0] if not args.setup[0].endswith(".toml") else str(Path(args.setup[0]).resolve())
-        (out / "setup.toml").write_text(setup_toml(fitted, base))
+        atomic_write_text(out / "setup.toml", setup_toml(fitted, base))
     else:  # the setup read from the log, beside the calibrated one that starts from it
-        (out / "log_setup.toml").write_text(found.toml())
-        (out / "setup.toml").write_text(setup_toml(fitted, str((out / "log_setup.toml").resolve())))
+        atomic_write_text(out / "log_setup.toml", found.toml())
+        atomic_write_text(out / "setup.toml", setup_toml(fitted, str((out / "log_setup.toml").resolve())))
     print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
 
 
@@ -124,8 +124,9 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sources = "\n".join(f"  {run.name}: {run.log.source} ({run.n_fit} of {len(run.log.steps)} steps)" for run in runs)
-    (out / "framework.toml").write_text(
-        framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}", record)
+    atomic_write_text(
+        out / "framework.toml",
+        framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}", record),
     )
     overall = summary(report)
     terms = fitted_terms(runs)
@@ -219,7 +220,7 @@ def cmd_setup_from_log(args: argparse.Namespace) -> None:
     if out.suffix != ".toml":
         raise ValueError(f"--out {out}: a setup is a .toml file")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(found.toml())
+    atomic_write_text(out, found.toml())
     rows = [{"setup key": u.key, "value": u.value, "from": u.origin, "verl": u.verl} for u in found.used]
     print(format_table(rows))
     costly = [(k, v, why) for k, v, why in found.ignored if why != "no cost in the model"]
