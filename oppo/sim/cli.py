@@ -35,7 +35,7 @@ from oppo.records.provenance import provenance
 from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
 from oppo.records.tracking import add_tracking_args, track_run, trackers_from
 from oppo.sim.logs.cli import LOG_COMMANDS, add_log_commands
-from oppo.sim.logs.trust import extrapolations, trust_note
+from oppo.sim.logs.trust import extrapolations, interval, trust_note
 from oppo.sim.model.async_pipeline import AsyncConfig
 from oppo.sim.model.trainer import SimConfig
 from oppo.sim.setup.presets import PRESETS, Setup
@@ -554,6 +554,15 @@ def _write_overrides(result, setup: Setup, schedule: ScheduleConfig, path: Path)
         print(f"  ({best.candidate.policy} has no verl trainer: its schedule runs with oppo.sim run --config {config})")
 
 
+def _interval_of(setup: Setup, candidate, schedule: dict):
+    """The interval of a planned candidate's prediction (None: an uncalibrated setup): on the setup as the candidate
+    places and tunes it, with its schedule."""
+    from oppo.sim.study import plan as planner
+
+    config = planner.sim_config(setup, candidate, schedule, 1, 0)
+    return interval(config.setup, config.schedule)
+
+
 def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> None:
     from oppo.sim.study import plan as planner
 
@@ -581,15 +590,20 @@ def _print_plan(result, rows: list[dict], key: str, setup, schedule: dict) -> No
             f"  vs {base.label} (the setup's defaults), on the seeds it was chosen with (optimistic): {gain:.3f}x "
             f"± {err:.3f} (half-ranges over {len(best.summaries)} seeds, added)"
         )
-        calibrated = setup.framework.calibration
-        if calibrated.runs:  # each end of the ratio off by up to the step's interval, in opposite directions
-            e = calibrated.step_err
-            low, high = gain * (1 - e) / (1 + e), gain * (1 + e) / max(1 - e, 1e-9)
-            print(
-                f"    with the calibration's ±{e:.0%} on each prediction ({calibrated.coverage:.0%} of steps): "
-                f"{low:.2f}x-{high:.2f}x at worst (both ends off in opposite directions; errors of one setup "
-                "mostly share their sign)"
-            )
+        bounds = [_interval_of(setup, c, schedule) for c in (best.candidate, base)]
+        if None in bounds:
+            continue  # uncalibrated: no interval to give
+        if any(b.step is None for b in bounds):
+            axes = ", ".join(dict.fromkeys(a for b in bounds for a in b.unbounded))
+            print(f"    no range from the calibration: the predictions extrapolate on {axes}, which it cannot bound")
+            continue
+        e = max(b.step for b in bounds)  # each end of the ratio off by up to its interval, in opposite directions
+        low, high = gain * (1 - e) / (1 + e), gain * (1 + e) / max(1 - e, 1e-9)
+        print(
+            f"    with the calibration's ±{e:.0%} on each prediction (the wider of the two's intervals): "
+            f"{low:.2f}x-{high:.2f}x at worst (both ends off in opposite directions; errors of one setup "
+            "mostly share their sign)"
+        )
     if setup.gpu == "cpu-core":
         flags = " ".join(planner.exec_flags(planner.sim_config(setup, best.candidate, schedule, 1, 0).schedule))
         print(f"  on the executor: python -m oppo.exec.train --preset {setup.name} {flags}")

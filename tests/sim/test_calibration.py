@@ -135,6 +135,12 @@ def test_a_calibrated_setup_prints_its_interval_where_it_predicts(tmp_path):
     res = invoke.sim(*plan)
     assert res.returncode == 0, res.stderr
     assert "with the calibration's ±" in res.stdout and "at worst (both ends off" in res.stdout
+    # on 4 GPUs the one-run calibration bounds nothing: the plan's gain gets no range from it
+    plan[2], plan[-1] = bigger, tmp_path / "p4"
+    res = invoke.sim(*plan)
+    assert res.returncode == 0, res.stderr
+    assert "no range from the calibration: the predictions extrapolate on GPU count" in res.stdout
+    assert "with the calibration's ±" not in res.stdout
 
 
 def test_a_stage_no_fitted_step_times_is_refused(tmp_path):
@@ -301,12 +307,29 @@ def test_an_interval_widens_by_the_runs_outside_the_others_and_gives_no_bound_wh
     assert own.step == 0.08 and own.extrapolates == () and own.coverage == 4 / 5
     other_gpu = dataclasses.replace(calibrated, gpu="b200")
     wide = interval(other_gpu)
-    assert wide.extrapolates == ("GPU",) and wide.step == 0.40 and wide.coverage == 1.0
+    assert wide.extrapolates == ("GPU",) and wide.step == 0.40 and wide.coverage == 1.0  # in sample, by construction
     assert wide.stages["gen"] == pytest.approx(record.stage_err[0] + 0.40 - 0.08)
     note = trust_note(other_gpu)
-    assert "to ±40%" in note and "4 of 5" not in note and "widened from ±8.0% for GPU" in note
+    assert "to ±40% (widened from ±8.0% of the 5 calibration runs' steps by the median errors" in note
+    assert "lay outside the others on GPU" in note and "4 of 5" not in note and "80% of steps" not in note
     many = dataclasses.replace(calibrated, placement=dataclasses.replace(calibrated.placement, actor_gpus=64))
     unbounded = interval(many)
     assert unbounded.step is None and "node count" in unbounded.unbounded
     assert unbounded.as_dict()["step"] is None and "node count" in unbounded.as_dict()["extrapolates"]
     assert "predicts a sync step with no bound: extrapolates on" in trust_note(many) and "±" not in trust_note(many)
+
+
+def test_a_record_from_before_intervals_bounds_nothing_it_cannot_and_says_why():
+    """A calibration written before the runs' errors were kept: inside its span as before, outside it no ± figure,
+    and the note says the record is too old to bound it (not that no run lay outside)."""
+    names = [name for _, name in SHARED_RUNS]
+    setups = [load_setup(n) for n in names]
+    steps = [np.full(10, 0.1) for _ in names]
+    old = dataclasses.replace(
+        calibration(setups, {"step": steps}, basis="leave_one_group_out"), run_step_err=(), axes=(), axis_err=()
+    )
+    setup = dataclasses.replace(setups[0], framework=dataclasses.replace(setups[0].framework, calibration=old))
+    assert interval(setup).step == old.step_err and interval(setup).coverage is None
+    elsewhere = dataclasses.replace(setup, gpu="b200")
+    assert interval(elsewhere).step is None
+    assert "no bound: extrapolates on GPU, the calibration record predates intervals" in trust_note(elsewhere)

@@ -263,7 +263,8 @@ def outside_span(setup: Setup, c: Calibration) -> list[tuple[str, str]]:
 class Interval:
     """How far to trust a prediction: ``step``, the relative half-width of its sync step's interval (None: no bound),
     widened from the calibration's own by the runs that lay outside the others' span on each axis it extrapolates
-    on; ``coverage``, the share of calibration runs whose median step error lies inside it (None: not measured);
+    on; ``coverage``, the share of calibration runs whose median step error lies inside it, in sample (the quantile
+    is drawn from the same predictions; None: not measured, or one run);
     ``extrapolates``, those axes; ``unbounded``, the ones no calibration run lay outside on; ``stages``, each
     stage's half-width, widened by as much as the step's (none where unbounded)."""
 
@@ -291,13 +292,18 @@ def interval(setup: Setup, *schedules: ScheduleConfig | None) -> Interval | None
     if unbounded:
         return Interval(None, None, axes, unbounded, {})
     step = max([c.step_err, *(widen[a] for a in axes)])
-    coverage = sum(e <= step for e in c.run_step_err) / len(c.run_step_err) if c.run_step_err else None
+    measured = c.run_step_err and c.basis != "within"  # one run's median always lies inside its own quantile
+    coverage = sum(e <= step for e in c.run_step_err) / len(c.run_step_err) if measured else None
     stages = {s: e + step - c.step_err for s, e in zip(c.stages, c.stage_err)}  # widened as the step is
     return Interval(step, coverage, axes, (), stages)
 
 
 def _percent(x: float) -> str:
     return f"{x:.{0 if x >= 0.1 else 1}%}"
+
+
+def _stages(bound: Interval) -> str:
+    return ", ".join(f"{s} ±{_percent(e)}" for s, e in bound.stages.items())
 
 
 def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: ScheduleConfig) -> str | None:
@@ -311,20 +317,30 @@ def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: Sc
     runs = f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}"
     bound = interval(setup, schedule, *others)
     if bound.step is None:
+        why = (
+            "the calibration record predates intervals: calibrate again to bound it"
+            if not c.run_step_err
+            else f"where none of its {runs} lay outside the others"
+        )
         note = (
             f"note: {setup.name} predicts a sync step with no bound: extrapolates on {', '.join(bound.unbounded)}, "
-            f"where none of its {runs} lay outside the others (other policies' overlap is the model's)"
+            f"{why} (other policies' overlap is the model's)"
+        )
+    elif bound.extrapolates:  # outside the span on axes some run lay outside on: what those runs were off
+        wider = f"widened from ±{_percent(c.step_err)}" if bound.step > c.step_err else f"±{_percent(c.step_err)}"
+        note = (
+            f"note: {setup.name} predicts a sync step to ±{_percent(bound.step)} ({wider} of the {runs}' steps by the "
+            f"median errors of the runs that lay outside the others on {', '.join(bound.extrapolates)}; other "
+            f"policies' overlap is the model's; stages {_stages(bound)})"
         )
     else:
-        inside = sum(e <= bound.step for e in c.run_step_err)
-        measured = f": {inside} of {len(c.run_step_err)} runs' median step error inside it" if c.run_step_err else ""
-        wider = ""
-        if bound.step > c.step_err:  # a run outside the others on an axis this prediction leaves the span on was worse
-            wider = f", widened from ±{_percent(c.step_err)} for {', '.join(bound.extrapolates)}"
-        stages = ", ".join(f"{s} ±{_percent(e)}" for s, e in bound.stages.items())
+        measured = ""
+        if c.run_step_err and c.basis != "within":  # in-sample: the quantile was drawn from these same predictions
+            inside = sum(e <= bound.step for e in c.run_step_err)
+            measured = f": {inside} of {len(c.run_step_err)} runs' median step error inside it (in sample)"
         note = (
             f"note: {setup.name} predicts a sync step to ±{_percent(bound.step)} ({c.coverage:.0%} of steps, {basis} "
-            f"over {runs}{measured}{wider}; other policies' overlap is the model's; stages {stages})"
+            f"over {runs}{measured}; other policies' overlap is the model's; stages {_stages(bound)})"
         )
     outside = extrapolations(setup, schedule)
     for other in others:
