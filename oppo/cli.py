@@ -18,7 +18,7 @@ from oppo.core.config import ScheduleConfig, schedule_from, to_dict
 # Errors that mean "bad input": a config value, a file, a trace. They end the command with exit code 2 and
 # one line; anything else is a bug and keeps its traceback (a KeyError included: an unknown name given by the
 # user is reported where it is looked up, as a ValueError naming the choices).
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 # A write the disk refused (full, a file-size limit, a quota): the command ends with exit code 1 and one line; every
 # file is written beside its name and renamed once complete, so those written before stay whole.
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)

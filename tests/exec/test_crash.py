@@ -159,12 +159,17 @@ def kill_and_resume(straight: Path, out: Path, pick: random.Random, times: tuple
             proc.wait()
     if ended:
         return "finished" if proc.returncode == 0 and same_run(straight, out) else f"ended {proc.returncode}"
+    # what the kill left: a save under way (its folder beside the checkpoint), a checkpoint whole before it
+    in_save = (out / "checkpoint.tmp").exists() or (out / "checkpoint.old").exists()
+    saved = any((out / name / snapshot.MANIFEST).exists() for name in ("checkpoint", "checkpoint.old"))
     res = invoke.train("--resume", str(out), "--steps", str(STEPS), "--save-every", str(STEPS))
     if res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1:
-        return "refused"
+        return "refused after a save" if saved else "refused before a save"  # the first is a failure
     if res.returncode != 0:
         return f"resume exit {res.returncode}: {res.stderr.strip()[-300:]}"
-    return "same" if same_run(straight, out) else "different"
+    if not same_run(straight, out):
+        return "different"
+    return "same, killed in a save" if in_save else "same"
 
 
 def timed_run(out: Path) -> tuple[float, float]:
@@ -179,6 +184,11 @@ def timed_run(out: Path) -> tuple[float, float]:
     return first, time.monotonic() - start - first
 
 
+# a resume that equals the uninterrupted run (killed in a save or between saves), one refused because no checkpoint was
+# whole yet, or a run that ended before its kill; a refusal once a checkpoint was whole is a failure
+GOOD = {"same", "same, killed in a save", "refused before a save", "finished"}
+
+
 def kill_outcomes(straight: Path, tmp_path: Path, instants: int, seed: int) -> Counter:
     times = timed_run(tmp_path / "probe")
     pick, outcomes = random.Random(seed), Counter()
@@ -190,13 +200,13 @@ def kill_outcomes(straight: Path, tmp_path: Path, instants: int, seed: int) -> C
 
 def test_kills_at_a_few_instants_resume_to_the_same_run(straight, tmp_path):
     outcomes = kill_outcomes(straight, tmp_path, instants=3, seed=0)
-    assert set(outcomes) <= {"same", "refused", "finished"}, outcomes
-    assert outcomes["same"] >= 1, outcomes  # a resume was tried and checked (seed 0: 3 kills after the first save)
+    assert set(outcomes) <= GOOD, outcomes
+    assert outcomes["same"] + outcomes["same, killed in a save"] >= 1, outcomes  # seed 0: 3 kills after the first save
 
 
 @pytest.mark.slow
 def test_kills_at_100_instants_resume_to_the_same_run(straight, tmp_path):
     outcomes = kill_outcomes(straight, tmp_path, instants=100, seed=1)
     print(f"100 SIGKILLs: {dict(outcomes)}")
-    assert set(outcomes) <= {"same", "refused", "finished"}, outcomes
-    assert outcomes["same"] >= 50, outcomes  # four kills in five fall after the first save
+    assert set(outcomes) <= GOOD, outcomes
+    assert outcomes["same"] + outcomes["same, killed in a save"] >= 50, outcomes  # four kills in five after a save

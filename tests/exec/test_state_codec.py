@@ -93,3 +93,28 @@ def test_the_state_classes_are_the_cores_the_records_and_the_steps_own():
     assert modules == {"oppo.core", "oppo.records", "oppo.exec.step"}
     with pytest.raises(TypeError, match="is not a class a state may hold"):
         encode(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"$": "deque", "n": 0, "maxlen": 2**70, "items": []}, "a deque bounded by"),
+        ({"$": "np", "dtype": "i1", "value": 1000}, "cannot be one .OverflowError"),
+        ({"$": "np", "dtype": "V", "value": 2147483647}, "numbers and booleans only"),
+        ({"$": "np", "dtype": "O", "value": 1}, "numbers and booleans only"),
+        ({"$": "generator", "n": 0}, "unknown kind"),
+        ({"$": "tensor", "n": 0, "key": "0", "device": "meta"}, "a tensor on device 'meta'"),
+    ],
+)
+def test_a_hostile_state_value_is_one_value_error(data, message):
+    """Values a state file could hold that no encoding writes: refused as bad input, nothing allocated for them."""
+    with pytest.raises(ValueError, match=message):
+        decode(data, {"0": torch.zeros(1)})
+
+
+def test_a_nesting_deeper_than_the_stack_is_one_value_error():
+    data = {"$": "list", "n": 0, "items": []}
+    for n in range(1, 100_000):
+        data = {"$": "list", "n": n, "items": [data]}
+    with pytest.raises(ValueError, match="RecursionError"):
+        decode(data, {})

@@ -185,7 +185,7 @@ def verify(folder: Path) -> str | None:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         files, found = manifest["files"], manifest["format"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
         return f"no readable manifest ({type(err).__name__}: {err})"
     if found != STATE_FORMAT:
         return f"written by {manifest.get('written_by')} in state format {found}; this oppo reads {STATE_FORMAT}"
@@ -216,6 +216,9 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
     """Load ``checkpoint`` into a freshly built executor, run log and recorder; returns the steps done."""
     blob = load_state(checkpoint)
     state = blob["saved"]
+    scheduler = state.scheduler
+    if type(scheduler) is not type(executor.scheduler) or scheduler.config != executor.scheduler.config:
+        raise ValueError(f"{checkpoint}: its scheduler is not this run's (its config differs from config.json's)")
     rank = executor.group.rank
     with torch.no_grad():
         for role in TRAINED:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -44,6 +45,8 @@ STATE_MODULES = (
 )
 FACTORIES: dict[str, Callable[[], Any]] = {"list": list, "int": int, "float": float, "set": set, "dict": dict}
 ATOMS = (type(None), bool, int, float, str)
+SCALAR_KINDS = "biufc"  # numpy scalars a state holds: booleans, integers, floats, complex
+DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
 BIT_GENERATORS = {g.__name__: g for g in (np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64)}
 
 
@@ -152,8 +155,12 @@ def encode(value: Any) -> tuple[Any, dict[str, torch.Tensor]]:
 
 
 def decode(data: Any, arrays: dict[str, torch.Tensor]) -> Any:
-    """The value :func:`encode` gave ``data`` and ``arrays`` for; ``ValueError`` for anything it would not write."""
-    return Decoder(arrays)(data)
+    """The value :func:`encode` gave ``data`` and ``arrays`` for; ``ValueError`` for anything it would not write
+    (a value out of its type's range, a missing field, nesting deeper than the interpreter's stack included)."""
+    try:
+        return Decoder(arrays)(data)
+    except (OverflowError, KeyError, IndexError, AssertionError, RecursionError, MemoryError) as err:
+        raise ValueError(f"a state value that cannot be one ({type(err).__name__}: {err})") from None
 
 
 class Decoder:
@@ -206,9 +213,12 @@ class Decoder:
 
     def _np(self, data: dict) -> np.generic:
         try:
-            return np.dtype(data["dtype"]).type(data["value"])
+            dtype = np.dtype(data["dtype"])
         except (KeyError, TypeError) as err:
             raise ValueError(f"a numpy scalar that is not one: {err}") from None
+        if dtype.kind not in SCALAR_KINDS or type(data.get("value")) not in ATOMS:
+            raise ValueError(f"a numpy scalar of dtype {dtype} (numbers and booleans only)")
+        return dtype.type(data["value"])
 
     def _list(self, data: dict) -> list:
         out = self._keep(data, [])
@@ -226,7 +236,10 @@ class Decoder:
         return out
 
     def _deque(self, data: dict) -> collections.deque:
-        out = self._keep(data, collections.deque(maxlen=data.get("maxlen")))
+        maxlen = data.get("maxlen")
+        if maxlen is not None and (type(maxlen) is not int or not 0 <= maxlen < 2**31):
+            raise ValueError(f"a deque bounded by {maxlen!r}")
+        out = self._keep(data, collections.deque(maxlen=maxlen))
         out.extend(self(v) for v in self._items(data))
         return out
 
@@ -253,7 +266,12 @@ class Decoder:
         return self._keep(data, self._stored(data).numpy().copy())
 
     def _tensor(self, data: dict) -> torch.Tensor:
-        tensor = self._stored(data).clone().to(data.get("device", "cpu"))
+        device = data.get("device", "cpu")
+        if not isinstance(device, str) or not DEVICE.fullmatch(device):
+            raise ValueError(f"a tensor on device {device!r}")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"a tensor saved on {device}: this machine has no CUDA device")
+        tensor = self._stored(data).clone().to(device)
         return self._keep(data, tensor.requires_grad_(bool(data.get("grad"))))
 
     def _generator(self, data: dict) -> np.random.Generator:
