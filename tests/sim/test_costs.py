@@ -431,3 +431,19 @@ def test_fit_gpus_prints_each_gpus_fractions_and_where_they_come_from():
     mi300x = next(line for line in res.stdout.splitlines() if line.startswith("mi300x"))
     assert "0.392" in mi300x and "(from h100 x 0.636 matmul ceiling)" in mi300x
     assert next(line for line in res.stdout.splitlines() if line.startswith("h100")).endswith("(from h100)")
+
+
+def test_a_config_json_is_parsed_once_while_unchanged_and_again_once_changed(tmp_path):
+    """model_shape keeps a file's shape by its content: a rewrite of the same size within the same instant is read."""
+    import json
+
+    from oppo.catalog.shapes import HF_SHAPES
+    from oppo.sim.cost import engine
+
+    path = tmp_path / "config.json"
+    config = dict(HF_SHAPES["qwen2.5-0.5b"])
+    path.write_text(json.dumps(config))
+    first = engine.model_shape(str(path))
+    assert engine.model_shape(str(path)) is first  # cached
+    path.write_text(json.dumps(config | {"num_hidden_layers": 12}))  # the same size: 24 -> 12
+    assert engine.model_shape(str(path)).layers == 12

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Protocol
 
@@ -121,11 +121,23 @@ def model_shape(name_or_config: str) -> ModelShape:
     """A named shape (:data:`MODELS`) or the shape of a Hugging Face ``config.json`` (file or folder)."""
     if name_or_config in MODELS:
         return MODELS[name_or_config]
-    if not name_or_config.endswith(".json") and not Path(name_or_config).is_dir():
+    path = Path(name_or_config)
+    if not name_or_config.endswith(".json") and not path.is_dir():
         raise ValueError(
             f"unknown model {name_or_config!r}; choose from {', '.join(sorted(MODELS))} or a Hugging Face config.json"
         )
-    return ModelShape.from_hf(name_or_config, load_hf_config(name_or_config))
+    try:  # a simulation asks for its shapes thousands of times: parse each file once while its content is unchanged
+        content = (path / "config.json" if path.is_dir() else path).read_bytes()
+    except OSError:
+        return ModelShape.from_hf(name_or_config, load_hf_config(name_or_config))  # its own error, naming the file
+    return _file_shape(name_or_config, content)
+
+
+@lru_cache(maxsize=64)
+def _file_shape(path: str, content: bytes) -> ModelShape:
+    """The shape of the ``config.json`` at ``path`` while it holds ``content`` (the key: a changed file is parsed
+    again, however fast it changed)."""
+    return ModelShape.from_hf(path, load_hf_config(path))
 
 
 @dataclass(frozen=True)
