@@ -191,7 +191,7 @@ class TailDelta:
         if len(done) < self.batch * self.group_size:  # sample lengths: B groups' worth
             return
         xs, cdf = kaplan_meier(done, np.asarray(lengths.censored, dtype=np.int64))
-        ends = [self.end_tokens(xs, cdf, delta) for delta in range(self.low, self.high + 1)]
+        ends = self.ends_tokens(xs, cdf, range(self.low, self.high + 1))
         if ends[-1] >= ends[0] and lengths.censored:
             return  # no Δ helps by this estimate, yet sequences still run (their lengths unknown): hold
         target = ends[-1] + self.tolerance * (ends[0] - ends[-1])
@@ -210,12 +210,18 @@ class TailDelta:
     def end_tokens(self, xs: np.ndarray, cdf: np.ndarray, delta: int) -> float:
         """Length by which B of B+Δ fresh groups complete with probability ``confidence``: F⁻¹(u^(1/G)), u the
         ``confidence`` quantile of Beta(B, B+Δ-B+1)."""
+        return self.ends_tokens(xs, cdf, [delta])[0]
+
+    def ends_tokens(self, xs: np.ndarray, cdf: np.ndarray, deltas) -> list[float]:
+        """:meth:`end_tokens` of each Δ in ``deltas``, in one pass: ``cdf`` ascends, so the first length it reaches a
+        level at is found by bisection (the Beta quantiles in one call: a plan step asks for every Δ of its range)."""
         from scipy.special import betaincinv  # scipy.stats.beta.ppf; imported here: only this controller needs it
 
-        b = self.batch
-        u = float(betaincinv(b, delta + 1, self.confidence))
-        reached = np.flatnonzero(cdf >= u ** (1 / self.group_size))
-        return float(xs[reached[0]]) if len(reached) else float(xs[-1])  # beyond what was seen: the longest
+        us = betaincinv(self.batch, np.asarray(deltas, dtype=float) + 1, self.confidence)
+        levels = [float(u) ** (1 / self.group_size) for u in us]  # Python's pow, as the scalar form took it
+        reached = np.searchsorted(cdf, levels, side="left")  # the first index whose cdf >= the level
+        last = len(xs) - 1
+        return [float(xs[min(i, last)]) for i in reached]  # beyond what was seen: the longest
 
 
 def kaplan_meier(finished: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
