@@ -97,7 +97,7 @@ class PPOConfig:
     )
     kl_estimator: str = opt(
         "auto",
-        f"{KL_ESTIMATORS.listed()} (verl kl_loss_type: {', '.join(v.verl or '-' for v in KL_ESTIMATORS)}); "
+        f"{KL_ESTIMATORS.listed()} (verl kl_loss_type: {', '.join(v.verl or '-' for v in KL_ESTIMATORS.variants())}); "
         "auto: k1 in a reward, k3 in a loss",
     )
     kl_in: str = opt("auto", "where the KL to the reference goes: reward, loss; auto: reward for PPO, loss for GRPO")

@@ -20,9 +20,11 @@ ValueError: unknown kind 'fancy'; choose from plain
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from oppo.core.registry import Registry as NamedRegistry
 
 
 @dataclass(frozen=True)
@@ -41,44 +43,28 @@ class Variant:
         return " ".join(doc.split("\n\n")[0].split())
 
 
-class Registry:
-    """The variants of one family by name, in the order they were registered. ``verl`` and ``trl``: the peers'
-    options that take the variants' peer names (documentation)."""
+class Registry(NamedRegistry[Variant]):
+    """The variants of one family by name, in the order they were registered (the core's registry, its entries
+    variants with their peers' names). ``verl`` and ``trl``: the peers' options that take the variants' peer names
+    (documentation)."""
 
     def __init__(self, family: str, verl: str = "", trl: str = "") -> None:
+        super().__init__(family)
         self.family, self.verl, self.trl = family, verl, trl
-        self._variants: dict[str, Variant] = {}
 
     def register(self, name: str, *, verl: str | None = None, trl: str | None = None):
         """A decorator adding the function under ``name``; the function is returned unchanged."""
 
         def add(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if name in self._variants:
-                raise ValueError(f"{self.family} {name!r} is registered twice")
-            self._variants[name] = Variant(name, fn, verl, trl)
+            variant = Variant(name, fn, verl, trl)
+            self.add(name, variant, variant.summary)
             return fn
 
         return add
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._variants)
-
-    def __getitem__(self, name: str) -> Variant:
-        """The variant ``name``; an unknown name is a ValueError naming the choices."""
-        try:
-            return self._variants[name]
-        except KeyError:
-            raise ValueError(f"unknown {self.family} {name!r}; choose from {', '.join(self.names)}") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._variants
-
-    def __iter__(self) -> Iterator[Variant]:
-        return iter(self._variants.values())
-
-    def __len__(self) -> int:
-        return len(self._variants)
+    def variants(self) -> list[Variant]:
+        """Every variant, in registration order."""
+        return [self[name] for name in self.names]
 
     def listed(self) -> str:
         """The names as a sentence lists them: ``a, b or c``."""
@@ -90,5 +76,5 @@ class Registry:
         (docs/executor.md holds one per family)."""
         peer = lambda name: f"`{name}`" if name else "none"  # noqa: E731
         rows = [f"| name | what it computes | verl {self.verl} | TRL {self.trl} |", "|---|---|---|---|"]
-        rows += [f"| `{v.name}` | {v.summary} | {peer(v.verl)} | {peer(v.trl)} |" for v in self]
+        rows += [f"| `{v.name}` | {v.summary} | {peer(v.verl)} | {peer(v.trl)} |" for v in self.variants()]
         return "\n".join(rows)
