@@ -289,3 +289,11 @@ def test_runs_whose_forward_passes_show_no_slow_link_keep_the_prior():
         assert read_back_link(load_setup(name), list(load_run_log(path).steps), 1e15) is None, name
     steady = [dataclasses.replace(s, total_tokens=2e6) for s in load_run_log(GPG_LOG).steps]
     assert read_back_link(load_setup(GPG), steady, 1e15) is None
+
+
+def test_a_read_back_device_says_it_is_verls_table_and_names_a_memory_contradiction():
+    """The peak read back is the one verl's table gives the device's name, which the note says; the GPG run reserved
+    more memory than the A100 whose peak verl assumed, and the note names the contradiction."""
+    source = resolve_gpu(load_setup(GPG), load_run_log(GPG_LOG)).gpu_spec.source
+    assert "the peak verl's own table gives the device's name, which its MFU divides by" in source
+    assert "a contradiction: the log reserved" in source and "more than the a100's 80 GB" in source

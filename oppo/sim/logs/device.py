@@ -138,10 +138,16 @@ def resolve_gpu(setup: Setup, log: TrainingLog, fit_frac: float = 1.0) -> Setup:
     reserved = logged_memory_bytes(log)
     prior = prior_gpu(peak, reserved)
     source = (
-        f"peak_flops read back from {log.source}'s perf/mfu/actor (verl's flops counter, median of {n_steps} steps); "
-        f"memory_bytes the larger of the {prior.name}'s and the log's peak reserved; the other figures priors: the "
-        f"catalog's {prior.name} (closest peak)"
+        f"peak_flops read back from {log.source}'s perf/mfu/actor (verl's flops counter, median of {n_steps} steps): "
+        f"the peak verl's own table gives the device's name, which its MFU divides by, not a measurement of the "
+        f"device; memory_bytes the larger of the {prior.name}'s and the log's peak reserved; the other figures "
+        f"priors: the catalog's {prior.name} (closest peak)"
     )
+    if reserved > prior.memory_bytes:  # the table's name for the device and the memory it reserved disagree
+        source += (
+            f"; a contradiction: the log reserved {reserved / 1e9:.1f} GB, more than the {prior.name}'s "
+            f"{prior.memory_bytes / 1e9:.0f} GB, so the device is not one, whatever verl's table called it"
+        )
     same = prior.name in verl_family(peak, reserved) and prior.name in gpu_efficiencies()
     cost = setup.cost if same or setup.cost != "fitted" else "analytic"
     fitted = cost == "fitted"  # the prior's fitted efficiencies, where the setup takes fitted ones
