@@ -73,7 +73,12 @@ def read_config_json(path: str | Path, what: str) -> dict[str, Any]:
 
 
 def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """The sha256 of a file's content, read a block at a time (a checkpoint's weights may be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def sources_of(files: dict[str, str]) -> dict[str, dict[str, str]]:

@@ -59,14 +59,14 @@ def _replacing(path: str | Path) -> Iterator[TextIO]:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_folder(path.parent)
+        fsync_path(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def fsync_folder(folder: str | Path) -> None:
-    """Flush a folder's entries (a rename into it) to disk."""
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: str | Path) -> None:
+    """Flush ``path`` to disk: a file's content, or a folder's entries (a file created or renamed in it)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -15,7 +15,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from oppo.records.io import fsync_folder
+from oppo.records.io import fsync_path
 from oppo.records.optrace import rows_of_steps, rows_per_step
 from oppo.records.schema import PHASES, StepRecord, TraceRow
 
@@ -41,7 +41,7 @@ def _save(fig, path: str | Path) -> Path:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_folder(path.parent)
+        fsync_path(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
     return path

@@ -18,6 +18,7 @@ import pytest
 
 from oppo.sim.study.journal import COMMAND, JOURNAL, Journal, read_journal
 from tests import invoke
+from tests.sim.test_pool import session_processes
 
 # Killed, these run on two worker processes (~1.5 s to start, at each rung of a plan); uninterrupted and resumed
 # (in this process), on one: the same table. A sweep: eight simulations of ~0.4 s (~1.6 s of table after the first
@@ -65,20 +66,6 @@ def uninterrupted(tmp_path_factory) -> dict[str, Path]:
         assert res.returncode == 0, res.stderr
         done[command] = out
     return done
-
-
-def session_processes(sid: int) -> list[int]:
-    """Pids of the live processes of session ``sid`` (a command started with ``start_new_session``: it and its
-    workers), read from /proc."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 def start(args, out: Path) -> subprocess.Popen:

@@ -19,7 +19,6 @@ save cut between its renames), naming what it skipped, so a kill at any instant 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,7 +34,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from oppo import __version__
+from oppo.data import file_sha256
 from oppo.exec.step.state_codec import decode, encode
+from oppo.records.io import fsync_path
 
 CHECKPOINT = "checkpoint"
 TRAINED = ("actor", "critic")
@@ -76,7 +77,7 @@ def save(run_dir: Path, executor, log, recorder) -> None:
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
     tmp.rename(final)
-    _fsync(run_dir)
+    fsync_path(run_dir)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -122,12 +123,12 @@ def _write_checkpoint(tmp: Path, executor, log, recorder) -> None:
         "format": STATE_FORMAT,
         "oppo": __version__,
         "written_by": state.written_by,
-        "files": {f: _sha256(tmp / f) for f in files},
+        "files": {f: file_sha256(tmp / f) for f in files},
     }
     for path in [*(tmp / f for f in files), *(d for d in tmp.rglob("*") if d.is_dir())]:
-        _fsync(path)
+        fsync_path(path)
     _write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-    _fsync(tmp)
+    fsync_path(tmp)
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -135,23 +136,6 @@ def _write(path: Path, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def _fsync(path: Path) -> None:
-    """Flush ``path`` (a file, or a folder's entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def latest(run_dir: Path, say: bool = True) -> Path:
@@ -195,7 +179,7 @@ def verify(folder: Path) -> str | None:
         path = folder / name
         if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
             return f"{name} is missing"
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             return f"{name} does not match its manifest (cut short or changed)"
     return None
 

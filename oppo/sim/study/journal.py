@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from oppo.cli import Interrupted
+from oppo.records.io import fsync_path
 from oppo.sim.study.pool import IN_PROCESS, Pool, evaluate
 
 JOURNAL = "journal.jsonl"
@@ -149,7 +150,7 @@ class Journal:
         os.ftruncate(self._fd, 0 if self.fresh else self._whole)  # a line a kill cut is cut off before appending
         os.fsync(self._fd)
         if new:
-            _fsync_folder(self.folder)
+            fsync_path(self.folder)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -161,12 +162,3 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Flush a folder's entries (a file created in it) to disk."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
