@@ -28,9 +28,23 @@ from oppo.records.io import one_writer
 from tests import invoke
 
 RUN = (
-    "--preset", "tiny-cpu", "--policy", "inter", "--delta", "2", "--check-tokens", "2", "--batch", "4",
-    "--max-new-tokens", "24", "--dtype", "float64", "--seed", "5",
-)  # fmt: skip
+    "--preset",
+    "tiny-cpu",
+    "--policy",
+    "inter",
+    "--delta",
+    "2",
+    "--check-tokens",
+    "2",
+    "--batch",
+    "4",
+    "--max-new-tokens",
+    "24",
+    "--dtype",
+    "float64",
+    "--seed",
+    "5",
+)
 STEPS = 6
 
 
@@ -74,10 +88,15 @@ def test_a_second_process_on_one_out_is_refused_and_a_dead_ones_folder_taken_ove
         res = invoke.sim("run", "--steps", "1", "--out", str(out))
         assert res.returncode == 2 and "is being written by another process" in res.stderr
     holder = subprocess.Popen(  # a process that takes the folder, then dies by SIGKILL holding it
-        [sys.executable, "-c", f"from oppo.records.io import one_writer\nwith one_writer({str(out)!r}):\n"
-         "    print('held', flush=True)\n    import time; time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            f"from oppo.records.io import one_writer\nwith one_writer({str(out)!r}):\n"
+            "    print('held', flush=True)\n    import time; time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         assert invoke.train(*RUN, "--steps", "1", "--out", str(out)).returncode == 2

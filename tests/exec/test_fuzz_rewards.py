@@ -53,8 +53,18 @@ class Odd(Exception):
         raise RuntimeError("no text")
 
 
-KINDS = [ValueError, KeyError, RuntimeError, ZeroDivisionError, TypeError, AssertionError, Exception, MemoryError,
-         RecursionError, SystemExit]  # fmt: skip
+KINDS = [
+    ValueError,
+    KeyError,
+    RuntimeError,
+    ZeroDivisionError,
+    TypeError,
+    AssertionError,
+    Exception,
+    MemoryError,
+    RecursionError,
+    SystemExit,
+]
 messages = st.text(max_size=20) | st.sampled_from(["", "\n", "first\nsecond", "\n\nthird"])
 errors = st.builds(lambda kind, message: kind(message), st.sampled_from(KINDS), messages) | st.just(Odd())
 
@@ -125,10 +135,24 @@ SOURCES = [
     "import sys\nsys.exit(3)\n",  # SystemExit at import
 ]
 specs = st.one_of(
-    st.sampled_from([*REWARD_FNS, "gsm9k", "", ":", "reward.py", "reward.py:", "reward.py:judge", "reward.py:nothing",
-                     "missing.py:f", "C:\\x.py:f", "reward.txt:f", "folder.py:f"]),
+    st.sampled_from(
+        [
+            *REWARD_FNS,
+            "gsm9k",
+            "",
+            ":",
+            "reward.py",
+            "reward.py:",
+            "reward.py:judge",
+            "reward.py:nothing",
+            "missing.py:f",
+            "C:\\x.py:f",
+            "reward.txt:f",
+            "folder.py:f",
+        ]
+    ),
     st.text(max_size=12),
-)  # fmt: skip
+)
 
 
 def _loaded(folder: Path, source: str | bytes, spec: str) -> None:

@@ -37,8 +37,10 @@ def option_help(flag: str) -> str:
     return next(a.help for a in build_parser()._actions if flag in a.option_strings)
 
 
-@pytest.mark.parametrize(("flag", "field", "registry"), [("--kl-estimator", "kl_estimator", KL_ESTIMATORS),
-                                                          ("--loss-agg", "loss_agg", LOSS_AGGS)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flag", "field", "registry"),
+    [("--kl-estimator", "kl_estimator", KL_ESTIMATORS), ("--loss-agg", "loss_agg", LOSS_AGGS)],
+)
 def test_help_and_the_config_take_the_registrys_names(flag, field, registry):
     help_text = option_help(flag)
     assert help_text.startswith(registry.listed() + " "), help_text  # "k1, k2, k3 or abs (verl ...": every name

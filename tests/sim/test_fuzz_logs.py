@@ -22,8 +22,13 @@ from tests import invoke
 from tests.fuzzing import assert_one_line, fuzz_settings, outcome, within
 
 DATA = Path(__file__).with_name("data")
-CONSOLE = ["verl_current_names.log", "openrlhf_global_step.log", "verl_2024_gemma_excerpt.log",
-           "verl_qwen2_7b_grpo_megatron_excerpt.log.gz", "verl_gemma_2_2b.log.gz"]  # fmt: skip
+CONSOLE = [
+    "verl_current_names.log",
+    "openrlhf_global_step.log",
+    "verl_2024_gemma_excerpt.log",
+    "verl_qwen2_7b_grpo_megatron_excerpt.log.gz",
+    "verl_gemma_2_2b.log.gz",
+]
 SMALL = ["verl_current_names.log", "openrlhf_global_step.log"]  # validate-log in well under a second
 
 
@@ -36,8 +41,30 @@ TEXTS = {name: _text(name) for name in CONSOLE}
 CSV_HEAD = _text("verl_deepseek_7b_ppo_8xmi300x.csv.gz").splitlines()[:25]  # the header and 24 steps
 
 # what a value is replaced with
-ODD_VALUES = ["nan", "NaN", "-1", "-0.0", "inf", "-inf", "1e400", "1e308", "0", "abc", "", "9" * 5000, "0x10",
-              "1_000", "None", "[1, 2]", "{'a': 1}", "True", "١٢", "1e-400", "+5", " 7 "]  # fmt: skip
+ODD_VALUES = [
+    "nan",
+    "NaN",
+    "-1",
+    "-0.0",
+    "inf",
+    "-inf",
+    "1e400",
+    "1e308",
+    "0",
+    "abc",
+    "",
+    "9" * 5000,
+    "0x10",
+    "1_000",
+    "None",
+    "[1, 2]",
+    "{'a': 1}",
+    "True",
+    "١٢",
+    "1e-400",
+    "+5",
+    " 7 ",
+]
 ODD_STEPS = ["9" * 5000, "0", "1" * 30, "٣", "00", "x"]  # a step number; "x": no number, no step
 odd_values = st.sampled_from(ODD_VALUES) | st.text(max_size=8) | st.floats().map(repr)
 STEP = re.compile(r"(?<=step:)\d+|(?<=Global step )\d+")
@@ -82,13 +109,36 @@ def csv_dumps() -> st.SearchStrategy:
     return mutated("\n".join(CSV_HEAD) + "\n")
 
 
-METRICS = ["step", "global_step", "timing_s/gen", "timing/gen", "timing_s/update_actor", "timing_s/ref",
-           "timing_s/old_log_prob", "timing_s/step", "timing_s/testing", "timing/generation", "timing/broadcast",
-           "timing/make_experience", "timing/ppo_train", "response_length/mean", "response_length/max",
-           "response_length/min", "rollout/response_length_mean", "prompt_length/mean", "perf/mfu/actor",
-           "perf/max_memory_reserved_gb", "timing_s/generate_async", "timing_s/sync_rollout_weights",
-           "timing_s/wait_prev_gen", "training/global_step", "fully_async/count", "train/timing/generation",
-           "response_length/clip_ratio", "perf/total_num_tokens"]  # fmt: skip
+METRICS = [
+    "step",
+    "global_step",
+    "timing_s/gen",
+    "timing/gen",
+    "timing_s/update_actor",
+    "timing_s/ref",
+    "timing_s/old_log_prob",
+    "timing_s/step",
+    "timing_s/testing",
+    "timing/generation",
+    "timing/broadcast",
+    "timing/make_experience",
+    "timing/ppo_train",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/min",
+    "rollout/response_length_mean",
+    "prompt_length/mean",
+    "perf/mfu/actor",
+    "perf/max_memory_reserved_gb",
+    "timing_s/generate_async",
+    "timing_s/sync_rollout_weights",
+    "timing_s/wait_prev_gen",
+    "training/global_step",
+    "fully_async/count",
+    "train/timing/generation",
+    "response_length/clip_ratio",
+    "perf/total_num_tokens",
+]
 json_values = st.one_of(
     st.floats(),
     st.integers(),
@@ -125,8 +175,19 @@ def check_log(log: TrainingLog) -> None:
     for s in log.steps:
         assert isinstance(s, LoggedStep) and isinstance(s.step, int) and s.step >= 0
         assert isinstance(s.trainer_steps, int) and s.trainer_steps >= 1
-        figures = [*s.stages.values(), s.response_mean, s.response_max, s.response_min, s.prompt_mean, s.clipped,
-                   s.total_tokens, s.mfu, s.memory_reserved_bytes, s.trainer_wait_s, s.async_step_s]  # fmt: skip
+        figures = [
+            *s.stages.values(),
+            s.response_mean,
+            s.response_max,
+            s.response_min,
+            s.prompt_mean,
+            s.clipped,
+            s.total_tokens,
+            s.mfu,
+            s.memory_reserved_bytes,
+            s.trainer_wait_s,
+            s.async_step_s,
+        ]
         for x in figures:
             assert x is None or (isinstance(x, float) and math.isfinite(x) and x >= 0), (s, x)
     log.stages  # noqa: B018 -- the stages every step logged: computed without error

@@ -293,8 +293,9 @@ def test_several_logs_fit_one_layer_that_a_setup_takes_by_path(tmp_path):
     # how much the fit rests on: the forward passes share one family of terms, counted once; each run's timed stages
     terms = whole["fitted_terms"]
     assert terms["ref"] == terms["values"] and whole["fitted_term_count"] < sum(map(len, terms.values()))
-    assert whole["cells"]["verl-gemma-2-2b-gsm8k"] == sorted(set(terms) & {"gen", "ref", "values", "update_actor",
-                                                                           "update_critic"})  # fmt: skip
+    assert whole["cells"]["verl-gemma-2-2b-gsm8k"] == sorted(
+        set(terms) & {"gen", "ref", "values", "update_actor", "update_critic"}
+    )
     assert whole["cell_count"] == sum(map(len, whole["cells"].values()))
     assert {"step", "coverage", "extrapolates", "stages"} <= set(whole["interval"])
     assert (tmp_path / "cal" / "fidelity.png").stat().st_size > 0

@@ -49,8 +49,14 @@ COMPOSITES = {
 EXCLUDING = ("testing", "save_checkpoint")  # a step with these timings is not a training step's time
 # verl's asynchronous trainers (one-step-off, fully async: ``verl/experimental``) time ``gen`` as the trainer's wait
 # for its samples, not generation; their logs carry these metrics (after ``_key``)
-ASYNC_METRICS = ("timing_s_generate_async", "timing_s_sync_rollout_weights", "timing_s_param_sync",
-                 "timing_s_wait_last_valid", "timing_s_wait_prev_gen", "trainer_idle_ratio")  # fmt: skip
+ASYNC_METRICS = (
+    "timing_s_generate_async",
+    "timing_s_sync_rollout_weights",
+    "timing_s_param_sync",
+    "timing_s_wait_last_valid",
+    "timing_s_wait_prev_gen",
+    "trainer_idle_ratio",
+)
 # the one-step-off trainer's wait for its samples: ``gen`` (verl/experimental, 2025-12 on), ``wait_prev_gen``
 # (recipe/one_step_off_policy, 2025-07 to 2025-12)
 ASYNC_WAIT = ("gen", "wait_prev_gen")

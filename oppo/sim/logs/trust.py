@@ -275,8 +275,12 @@ class Interval:
     stages: dict[str, float]
 
     def as_dict(self) -> dict:
-        return {"step": self.step, "coverage": self.coverage, "extrapolates": list(self.extrapolates),
-                "stages": self.stages}  # fmt: skip
+        return {
+            "step": self.step,
+            "coverage": self.coverage,
+            "extrapolates": list(self.extrapolates),
+            "stages": self.stages,
+        }
 
 
 def interval(setup: Setup, *schedules: ScheduleConfig | None) -> Interval | None:
