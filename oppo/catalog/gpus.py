@@ -96,6 +96,9 @@ GPUS = {
         GPU("a800", 2.039e12, 312e12, 80e9, 200e9, 25e9, host_bytes_per_s=PCIE4),
         GPU("l40s", 0.864e12, 362.05e12, 48e9, 32e9, 12.5e9, host_bytes_per_s=PCIE4),
         GPU("a40", 0.696e12, 149.7e12, 48e9, 32e9, 12.5e9, host_bytes_per_s=PCIE4),
+        # NVIDIA L20 datasheet: 48 GB GDDR6 at 864 GB/s, 119.5 TFLOP/s dense FP16/BF16 tensor, PCIe 4.0 x16 and no
+        # NVLink (GPUs talk over PCIe); its network card as the L40S's [assumed]
+        GPU("l20", 0.864e12, 119.5e12, 48e9, PCIE4, 12.5e9, host_bytes_per_s=PCIE4),
         # cards of workstations and clouds: one PCIe slot each, no network card of a reference system
         GPU("rtx4090", 1.008e12, 165.2e12, 24e9, PCIE4, host_bytes_per_s=PCIE4),
         GPU("rtx3090", 0.936e12, 71e12, 24e9, PCIE4, host_bytes_per_s=PCIE4),
@@ -123,6 +126,7 @@ DEVICE_NAMES = (
     ("A800", "a800"),
     ("L40S", "l40s"),
     ("A40", "a40"),
+    ("L20", "l20"),
     ("RTX 4090", "rtx4090"),
     ("RTX 3090", "rtx3090"),
     ("A10G", "a10g"),

@@ -200,11 +200,17 @@ def _setup(args: argparse.Namespace) -> Setup:
     return setup
 
 
-def _say_trust(setup: Setup, *schedules: ScheduleConfig) -> None:
+def _trust(setup: Setup, *schedules: ScheduleConfig) -> str | None:
     """A calibrated setup's interval and what extrapolates as ``schedules`` run it (their batch, cap, algorithm and
-    group size: the flags' values, not the setup's; the GPUs each policy sets aside), once per command (stderr,
-    beside the records)."""
-    note = trust_note(setup, *schedules)
+    group size: the flags' values, not the setup's; the GPUs each policy sets aside), made before the command's work
+    (a setup whose costs cannot be built fails here, one line) and said once it is done (:func:`_say`): a command that
+    stops on bad input prints its one line, no note."""
+    setup.costs()
+    return trust_note(setup, *schedules)
+
+
+def _say(note: str | None) -> None:
+    """The trust note on stderr, beside the records."""
     if note:
         print(note, file=sys.stderr)
 
@@ -248,7 +254,7 @@ def _run_and_write(args: argparse.Namespace, plots) -> None:
     trackers = trackers_from(args)
     trace = _trace(args)
     (config,) = _configs(args, [args.policy])
-    _say_trust(config.setup, config.schedule)
+    note = _trust(config.setup, config.schedule)
     r = _run(config, trace, config.schedule.policy)
     result, summary, wall_s = r.result, r.summary, r.summary["wall_s"]
     write_run(args.out, result.steps, result.trace, result.trained, summary)
@@ -264,6 +270,7 @@ def _run_and_write(args: argparse.Namespace, plots) -> None:
         f"utilization {summary['mean_utilization']:.1%}, mean deferrals {summary['mean_deferrals']:.2f}, "
         f"final reward {summary['final_reward']:.2f} ({len(result.steps)} steps in {wall_s:.2f} s) -> {args.out}"
     )
+    _say(note)
 
 
 def compare_policies(configs: list[SimConfig], trace, pool: Pool = IN_PROCESS) -> list[dict]:
@@ -285,7 +292,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             skipped.append(f"{policy}: {err}")
     if not configs:
         raise ValueError("no policy can run these settings (" + "; ".join(skipped) + ")")
-    _say_trust(configs[0].setup, *(c.schedule for c in configs))
+    note = _trust(configs[0].setup, *(c.schedule for c in configs))
     summaries = compare_policies(configs, trace, pool_from(args))
     rows = compare_rows(summaries)
     print(format_table(rows))
@@ -301,6 +308,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         plots.step_breakdown({s["policy"]: s["phase_s_per_step"] for s in summaries}, out / "breakdown.png")
         plots.reward_curves({s["policy"]: s["_steps"] for s in summaries}, out / "rewards.png")
         plots.speed_vs_staleness(rows, out / "staleness.png", f"{summaries[0]['config']['setup']['name']}")
+    _say(note)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -321,7 +329,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     knob, text = ("chunk", args.chunks) if args.chunks else ("delta", args.deltas)
     values = [int(v) for v in text.split(",") if v]
     (base,) = _configs(args, [args.policy or ("intra" if knob == "chunk" else "inter")])
-    _say_trust(base.setup, base.schedule)
+    note = _trust(base.setup, base.schedule)
     trace = _trace(args)
     with table.journal(args, config_dict(base, trace)) as journal:
         rows = sweep_config(base, knob, values, trace, pool_from(args), journal)
@@ -332,6 +340,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     plots.sweep_plot(values, [r["mean_step_s"] for r in rows], label, out / "sweep.png")
     table.resumed(journal)
     print(format_table(rows))
+    _say(note)
 
 
 PLAN_DEFAULTS = {
@@ -364,7 +373,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     schedule = given_options(ScheduleConfig, args, skip=("policy",))
     sized = {k: schedule.pop(k) for k in ("batch", "max_new_tokens") if k in schedule}  # the setup's own knobs
     setup = dataclasses.replace(setup, **sized) if sized else setup
-    _say_trust(setup, setup.schedule(**schedule))
+    note = _trust(setup, setup.schedule(**schedule))
     rungs = planner.Rungs(_ints(args.rung_steps, "--rung-steps"), _ints(args.rung_seeds, "--rung-seeds"))
     seed = _pick(args.seed, DEFAULTS["seed"])
     source = trace.source() if trace is not None else LengthTrace.NO_SOURCE
@@ -397,6 +406,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     write_json(out / "best" / "config.json", table.provenance_of(best))
     table.resumed(journal)
     _print_plan(result, rows, key, setup, schedule)
+    _say(note)
     if args.knobs == "framework":
         _write_overrides(result, setup, setup.schedule(**schedule), out / "best" / "verl_overrides.txt")
     for c in confirmed:

@@ -389,16 +389,33 @@ def test_whether_a_group_spans_nodes_follows_its_gpus_positions(tmp_path):
     assert setup.costs()["actor"].base.allreduce_bytes_per_s == 2 * GPUS["mi300x"].nic_bytes_per_s == 100e9
 
 
-def test_megatrons_gradients_all_reduce_over_its_strided_data_parallel_groups():
-    """Megatron's data-parallel replicas are t x p GPUs apart: at t = 8 on 2 nodes of 8 each gradient group is GPU
-    i and i + 8, one a node, one card each (50 GB/s a GPU on an H100 system), not the 16 GPUs' 8 cards a node; at
-    t = 2, groups of 8 GPUs with 4 a node, 4 cards'."""
+def test_strided_groups_cross_nodes_at_their_fewest_gpus_in_one():
+    """Groups of GPUs ``stride`` apart: at 8 on 2 nodes of 8 each group is GPU i and i + 8, one a node, one card
+    each (50 GB/s a GPU on an H100 system), not the 16 GPUs' 8 cards a node; at 2, groups of 8 GPUs with 4 a node,
+    4 cards'."""
     from oppo.sim.setup.presets import Cluster
 
     cluster, gpu = Cluster(), GPUS["h100"]
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16, stride=8) == 50e9
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=16, stride=2) == 4 * 50e9
     assert cluster.link_bytes_per_s(gpu, first=0, n_gpus=8, stride=2) == gpu.link_bytes_per_s  # one node
+
+
+def test_megatrons_groups_in_its_rank_order():
+    """Megatron-LM numbers its ranks tensor, then data, then pipeline parallel (``tp-cp-ep-dp-pp``): on 2 nodes of
+    8 H100 at TP 2 x PP 2 the data-parallel groups are GPUs 0, 2, 4, 6 (one node: NVLink), not 0, 4, 8, 12; the
+    pipeline groups GPU i and i + 8, one a node, one card each; a TP 8 x PP 2 layout has data groups of one GPU."""
+    from oppo.sim.cost.gpu import megatron_groups
+    from oppo.sim.setup.presets import Cluster
+
+    groups = megatron_groups(0, 16, tp=2, pp=2)
+    assert groups["tensor"][:2] == [range(0, 2), range(2, 4)]
+    assert [list(g) for g in groups["data"][:2]] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert [list(g) for g in groups["pipeline"][:2]] == [[0, 8], [1, 9]]
+    assert sorted(g for group in groups["data"] for g in group) == list(range(16))
+    cluster, gpu = Cluster(), GPUS["h100"]
+    assert cluster.link_bytes_per_s(gpu, 0, 16, members=groups["data"]) == gpu.link_bytes_per_s
+    assert cluster.link_bytes_per_s(gpu, 0, 16, members=groups["pipeline"]) == 50e9
 
 
 def test_switching_the_scorer_in_a_toml_switches_the_reward_terms(tmp_path):

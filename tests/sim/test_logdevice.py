@@ -138,7 +138,7 @@ def test_of_gpus_that_promise_one_peak_the_prior_is_the_smallest_that_holds_the_
         (989e12 * 0.96, 70, ("h100", "h800", "h200", "gh200")),
         (312e12 * 0.996, 113.6, ("a100", "a800", "a100-40gb")),  # the GPG run: one entry, whatever its memory says
         (354e12, 60, ()),  # verl's Ascend 910B: no catalog GPU, though the L40S's 362.05 is 2% away
-        (119.5e12, 40, ()),  # verl's L20
+        (119.5e12, 40, ("l20",)),  # verl's L20
         (989e12 * 0.94, 70, ()),  # further below verl's figure than a read-back reads
     ],
 )

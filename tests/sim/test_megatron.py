@@ -6,10 +6,11 @@ shared Megatron log read and calibrated."""
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logs.fit import fit_layer, logged_run
+from oppo.sim.logs.fit import fit_layer, logged_run, predict_stages, with_layer
 from oppo.sim.logs.read import load_run_log
 from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
@@ -47,23 +48,29 @@ def test_a_megatron_update_is_its_bubbled_compute_plus_its_collectives_at_their_
     # the parameters at 4 bytes each, 2 (d - 1) / d of it per GPU
     fp32 = 4
     dp_s = model.params / 4 * fp32 * 2 * (replicas - 1) / replicas / cost.collective_bytes_per_s
+    # each micro-batch crosses the 3 chunk boundaries a stage's GPU sends across, its 1 / t of the activations
+    # forward and their gradients back, over the pipeline's link (within the node)
+    pp_s = 2 * 3 * activations / 2 / cost.pipeline_bytes_per_s
+    assert cost.pipeline_bytes_per_s == cost.base.gpu.link_bytes_per_s
     assert cost.tensor_bytes_per_s == cost.base.gpu.link_bytes_per_s  # TP within the node
     load = cost._megatron_load(cost.base.train_s(tokens, 0.0) * recompute, tokens, rows, fw.train_micro_batch, 6, True)
-    assert load.units == units and load.roofline_s == pytest.approx(compute, rel=1e-12)
-    assert load.serial_s == pytest.approx(tp_s + dp_s, rel=1e-12)
-    assert load.small_s == pytest.approx(compute / (tokens / replicas / units / 2), rel=1e-12)
+    # the host's time per micro-batch: a GPU runs 1 / p of the layers, so each micro-batch counts 1 / p of one
+    assert load.units == units / 2 and load.roofline_s == pytest.approx(compute, rel=1e-12)
+    assert load.serial_s == pytest.approx(tp_s + dp_s + pp_s, rel=1e-12)
+    assert load.small_s == pytest.approx(compute / (tokens / replicas / units), rel=1e-12)
     # the distributed optimizer: a reduce-scatter of the fp32 gradients, an all-gather of the bf16 parameters
     sharded = dataclasses.replace(setup, framework=dataclasses.replace(fw, distributed_optimizer=True))
     dist_s = model.params / 4 * (fp32 + 2) * (replicas - 1) / replicas / cost.collective_bytes_per_s
     dist = sharded.costs("sync")["actor"]._megatron_load(
         load.roofline_s / (1 + 1 / (3 * units)), tokens, rows, fw.train_micro_batch, 6, True
     )
-    assert dist.serial_s == pytest.approx(tp_s + dist_s, rel=1e-12)
+    assert dist.serial_s == pytest.approx(tp_s + dist_s + pp_s, rel=1e-12)
     terms = StageCost(efficiency=0.5, gather_bandwidth_frac=0.25)
     seconds = dataclasses.replace(cost, framework=dataclasses.replace(fw, update_actor=terms)).train_s(
         tokens, 0.0, rows
     )
-    assert seconds == pytest.approx(compute / 0.5 + (tp_s + dp_s) / 0.25, rel=1e-9)  # serial: nothing overlaps them
+    serial = (tp_s + dp_s + pp_s) / 0.25  # nothing overlaps them
+    assert seconds == pytest.approx(compute / 0.5 + serial, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -137,3 +144,57 @@ def test_the_shared_megatron_log_calibrates_from_its_launch_command(tmp_path):
 
     report = json.loads((tmp_path / "cal" / "fidelity.json").read_text())
     assert report["validate_steps"] == 5 and report["step"]["median_abs_err"] <= 0.05
+
+
+def test_an_fsdp_run_predicts_its_megatron_twin_from_the_terms_it_shares():
+    """The same job synthesised from one set of known terms under FSDP (8 MI300X, parameters gathered per
+    micro-batch) and under Megatron TP 2 x PP 2 (its tensor-parallel collectives, the pipeline's bubble and its
+    boundary sends, the distributed optimizer, no gathers): the layer fitted on the FSDP run alone predicts the
+    twin's step within 10%. The two share the matmuls' efficiency, the micro-batch term and the collectives' link
+    share (one link, one achieved share); what differs between them is the load, which the structure prices."""
+    real = list(load_run_log(DATA / "verl_deepseek_7b_ppo_8xmi300x.csv.gz").steps)[:30]
+    fsdp = load_setup("verl-deepseek-llm-7b-ppo-8xmi300x")
+    twin = megatron(fsdp, tp=2, pp=2)
+    twin = dataclasses.replace(
+        twin, name="twin", framework=dataclasses.replace(twin.framework, distributed_optimizer=True, offload=())
+    )
+    truth = families(
+        StageCost(efficiency=0.4, per_token_s=2e-5, cache_reinit_s=3.0),
+        StageCost(efficiency=0.55, half_efficiency_tokens=2500.0, gather_bandwidth_frac=0.5),
+        StageCost(efficiency=0.45, half_efficiency_tokens=4000.0, gather_bandwidth_frac=0.5),
+    )
+    fitted = fit_layer([logged_run(fsdp, synthesized_log(fsdp, truth, real), 0.9)])
+    twin_log = synthesized_log(twin, truth, real)
+    twin_run = logged_run(twin, twin_log, 0.5)
+    stages = [s for s in twin_log.stages if s != "step"]
+    predicted = sum(predict_stages(with_layer(twin, fitted), twin_run.replayed, stages).values())
+    measured = np.array([sum(step.stages[s] for s in stages) for step in twin_log.steps])
+    err = np.median(np.abs(predicted / measured - 1))
+    assert err <= 0.10, f"the twin's step {err:.1%} off"
+
+
+def test_a_link_read_back_from_an_fsdp_run_is_not_taken_by_its_megatron_twin(tmp_path):
+    """The GPG run's link reads back from its FSDP gathers as ~27 GB/s (a PCIe-class box): a property of that run's
+    setup. Its Megatron twin on the same [gpu_spec] prices its tensor-parallel collectives at the prior's link (the
+    A100's NVLink), not the read-back, and its prediction names it; the FSDP run itself keeps the read-back."""
+    cal = tmp_path / "cal"
+    res = invoke.sim(
+        "calibrate-log", "--log", DATA / "verl_qwen2_7b_gpg.log.gz", "--setup", "verl-qwen2-7b-gpg-8gpu",
+        "--out", cal,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    fsdp = load_setup(str(cal / "setup.toml"))
+    spec = fsdp.gpu_spec
+    assert spec.link_read_from == "fsdp" and spec.link_bytes_per_s < 30e9 < 300e9 == spec.prior_link_bytes_per_s
+    assert fsdp.gpu_datasheet().link_bytes_per_s == spec.link_bytes_per_s
+    twin_toml = tmp_path / "twin.toml"
+    twin_toml.write_text(
+        f'base = "{cal / "setup.toml"}"\nname = "twin"\n[framework]\ntrain_backend = "megatron"\nsharded = false\n'
+        "train_tensor_parallel = 2\ntrain_pipeline_parallel = 2\n"
+    )
+    twin = load_setup(str(twin_toml))
+    assert twin.gpu_datasheet().link_bytes_per_s == 300e9
+    assert twin.costs()["actor"].tensor_bytes_per_s == 300e9
+    res = invoke.sim("run", "--setup", twin_toml, "--steps", "1", "--out", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    assert "not taken for megatron's collectives" in res.stdout + res.stderr

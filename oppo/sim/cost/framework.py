@@ -203,6 +203,7 @@ class FrameworkCost:
     framework: Framework
     collective_bytes_per_s: float = 0.0  # the link a collective over the role's GPUs runs on (0: no collective)
     tensor_bytes_per_s: float = 0.0  # the link of Megatron's tensor-parallel groups (0: none)
+    pipeline_bytes_per_s: float = 0.0  # the link of Megatron's pipeline groups, stage to stage (0: none)
 
     def _gather_s(self) -> float:
         """One all-gather of the sharded parameters (a reduce-scatter of the gradients moves the same times
@@ -332,25 +333,40 @@ class FrameworkCost:
         runs its share in micro-batches through the pipeline; ``allreduces`` all-reduces of each layer's
         activations (``tokens`` x hidden, bf16, ring: 2 (t - 1) / t of them per GPU over the tensor-parallel link)
         on a GPU's layers / p; with ``gradients``, the reduction of a GPU's 1 / (t p) of the gradients over the d
-        replicas, in fp32 (below). The micro-batch term sees a GPU's 1 / t of a micro-batch's tokens (tensor
-        parallelism narrows its matrix products)."""
+        replicas, in fp32 (below). The micro-batch term sees a micro-batch's tokens on a GPU as FSDP's does: it is a
+        cost per micro-batch in proportion to the GPU's share of the model (its weights read, its layers' kernels
+        launched) that the micro-batch's tokens amortise; tensor parallelism narrows a GPU's matrix products (their
+        N dimension), not the tokens they run over (M), so it does not divide them.
+
+        Sequence parallel replaces each all-reduce by a reduce-scatter and an all-gather, (t - 1) / t each: the same
+        bytes (its backward's second all-gather of a column-parallel layer's input runs beside the input gradient's
+        matrix product, Megatron's async pattern, and is not charged). The pipeline (Megatron's 1F1B, interleaved
+        over v chunks a stage: Narayanan et al. 2021) idles (p - 1) / (v m + p - 1) of a pass of m micro-batches
+        while it fills and drains, so the pass takes its compute times (v m + p - 1) / (v m); each micro-batch
+        crosses the stage boundaries of its v chunks a stage, sending a GPU's 1 / t of its activations (Megatron's
+        scatter-gather across the tensor-parallel group) over the pipeline's link, and with ``gradients`` their
+        gradients back: priced serial (an upper bound: interleaving overlaps some of them)."""
         fw, model = self.framework, self.base.model
         t, p, v = fw.train_tensor_parallel, fw.train_pipeline_parallel, fw.virtual_pipeline
         replicas = max(1, self.base.n_gpus // (t * p))
         units = micro_batches(rows, micro_batch, replicas)
-        compute = roofline_s * (1 + (p - 1) / (v * units))  # the pipeline's fill and drain
-        gpu_tokens = tokens / replicas / units / t
+        compute = roofline_s * (v * units + p - 1) / (v * units)  # the pipeline's fill and drain
+        gpu_tokens = tokens / replicas / units
         serial = 0.0
+        activations = tokens / replicas * model.hidden * model.bytes_per_param  # a replica's, every micro-batch
         if t > 1 and self.tensor_bytes_per_s > 0:
-            activations = tokens / replicas * model.hidden * model.bytes_per_param
             serial += allreduces * model.layers / p * activations * 2 * (t - 1) / t / self.tensor_bytes_per_s
+        if p > 1 and self.pipeline_bytes_per_s > 0:  # v boundaries a stage's GPU sends across, each direction
+            serial += (1 + gradients) * v * activations / t / self.pipeline_bytes_per_s
         if gradients and replicas > 1 and self.collective_bytes_per_s > 0:
             # verl builds Megatron's DDP with grad_reduce_in_fp32: a ring all-reduce of fp32 gradients moves
             # 2 (d - 1) / d x 4 bytes a parameter; the distributed optimizer reduce-scatters them ((d - 1) / d x 4)
             # and all-gathers the updated bf16 parameters ((d - 1) / d x 2)
             per_param = 6 if fw.distributed_optimizer else 8
             serial += model.params / (t * p) * per_param * (replicas - 1) / replicas / self.collective_bytes_per_s
-        return StageLoad(compute, small_s=compute / max(gpu_tokens, 1.0), units=units, serial_s=serial)
+        # the host's time per micro-batch (Python, kernel launches: per layer) runs a GPU's layers, 1 / p of the
+        # model's, where an FSDP micro-batch runs them all: a micro-batch counts 1 / p of one
+        return StageLoad(compute, small_s=compute / max(gpu_tokens, 1.0), units=units / p, serial_s=serial)
 
     def sync_s(self) -> float:
         return self.base.sync_s()

@@ -62,14 +62,18 @@ class Cluster:
             raise ValueError(f"gpu {gpu.name!r} names no network card: set [cluster] inter_node_bytes_per_s")
         return nic
 
-    def link_bytes_per_s(self, gpu: GPU, first: int, n_gpus: int, group: int = 0, stride: int = 1) -> float:
+    def link_bytes_per_s(
+        self, gpu: GPU, first: int, n_gpus: int, group: int = 0, stride: int = 1, members: list | None = None
+    ) -> float:
         """Per-GPU bandwidth of the collectives over GPUs ``first`` .. ``first + n_gpus - 1``, ``group`` GPUs each
         (0: one collective over all of them; a rollout engine's tensor-parallel groups: its degree), or with
-        ``stride`` > 1 groups of GPUs that far apart, side by side (Megatron's data-parallel replicas: t x p apart):
+        ``stride`` > 1 groups of GPUs that far apart, side by side:
         the intra-node link where every group sits in one node; a group across nodes at its fewest GPUs in one node
         times a card each, up to the intra-node link (the class's rings), the slowest group setting the pace (the
-        others wait)."""
-        if stride > 1:
+        others wait); ``members``: the groups named GPU by GPU (:func:`megatron_groups`)."""
+        if members is not None:
+            pass
+        elif stride > 1:
             members = [range(first + j, first + n_gpus, stride) for j in range(stride)]
         else:
             size = group or n_gpus
@@ -82,6 +86,19 @@ class Cluster:
         if not cards:
             return gpu.link_bytes_per_s
         return min(gpu.link_bytes_per_s, min(cards) * self.nic_bytes_per_s(gpu))
+
+
+def megatron_groups(first: int, n_gpus: int, tp: int, pp: int) -> dict[str, list[range]]:
+    """Megatron-LM's process groups over GPUs ``first`` .. ``first + n_gpus - 1`` in its rank order (tensor, then
+    data, then pipeline parallel: ``initialize_model_parallel``'s default ``tp-cp-ep-dp-pp``, and the order of the
+    older Megatron-LM it replaced): a tensor-parallel group is ``tp`` neighbours; a data-parallel group the GPUs of one
+    pipeline stage's block (n / pp of them) ``tp`` apart; a pipeline group one GPU of each block, n / pp apart."""
+    block = n_gpus // pp  # the GPUs of one pipeline stage: tp x dp
+    return {
+        "tensor": [range(s, s + tp) for s in range(first, first + n_gpus, tp)],
+        "data": [range(b + j, b + block, tp) for b in range(first, first + n_gpus, block) for j in range(tp)],
+        "pipeline": [range(first + j, first + n_gpus, block) for j in range(block)],
+    }
 
 
 def lookup(table: dict, name: str, what: str):

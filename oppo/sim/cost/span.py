@@ -19,7 +19,9 @@ class Calibration:
     and their tensor- and pipeline-parallel degrees and update micro-batches (min, max), the roles they offloaded,
     whether they pushed weights to a rollout engine of its own, and the work of a forward micro-batch (min, max);
     and what its interval rests on: each run's median step error, and per axis of the span the largest of those of
-    the runs that lay outside the other runs' span on it. Empty (no runs): an uncalibrated layer."""
+    the runs that lay outside the other runs' span on it; and per run the interval the other groups' errors alone
+    give (``held_out_step_err``), against which its own median error measures the coverage out of sample. Empty (no
+    runs): an uncalibrated layer."""
 
     runs: tuple[str, ...] = ()
     basis: str = ""
@@ -51,3 +53,5 @@ class Calibration:
     run_step_err: tuple[float, ...] = ()  # each run's median step error as ``basis`` predicted it, in ``runs`` order
     axes: tuple[str, ...] = ()  # the axes on which some run lay outside the others' span (``outside_span``'s axes)
     axis_err: tuple[float, ...] = ()  # per axis, the largest median step error of a run that lay outside there
+    # empty in a record written before coverage was measured out of sample: the share said in sample
+    held_out_step_err: tuple[float, ...] = ()  # per run, the interval the runs outside its group give (-1: none)

@@ -17,7 +17,7 @@ import numpy as np
 from oppo.cli import format_table
 from oppo.records.io import atomic_write_text, write_json
 from oppo.sim.logs.read import load_run_log
-from oppo.sim.logs.trust import calibration, interval, trust_note
+from oppo.sim.logs.trust import calibration, held_out_inside, interval, trust_note
 from oppo.sim.setup.presets import Setup
 from oppo.sim.setup.toml_file import load_setup, setup_toml
 
@@ -109,7 +109,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     from oppo.records import plots
     from oppo.sim.logs.device import resolve_gpu
     from oppo.sim.logs.fit import fitted_terms, logged_run
-    from oppo.sim.logs.shared import shared_fidelity, summary
+    from oppo.sim.logs.shared import run_group, shared_fidelity, summary
     from oppo.sim.setup.toml_file import framework_toml
 
     logs = [load_run_log(log) for log in args.log]
@@ -119,7 +119,8 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         for path, log, s in zip(args.log, logs, setups, strict=True)
     ]
     layer, report, errors, basis = shared_fidelity(runs)
-    record = calibration([run.setup for run in runs], errors, basis=basis)
+    groups = [run_group(run.setup) for run in runs]
+    record = calibration([run.setup for run in runs], errors, basis=basis, groups=groups)
     coverage = {run.name: float(np.mean(e <= record.step_err)) for run, e in zip(runs, errors["step"], strict=True)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,10 +166,17 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         figures = (f"{m} median {v['median']:.1%} worst {v['worst']:.1%}" for m, v in measures.items())
         print(f"{kind}: " + ", ".join(figures))
     inside = sum(e <= record.step_err for e in record.run_step_err)
+    held_out = held_out_inside(record, record.step_err)
+    out_of_sample = (
+        f"; out of sample, {sum(held_out)} of {len(held_out)} inside the ± the runs outside their group give "
+        f"({', '.join(f'±{h:.1%}' for h in record.held_out_step_err)})"
+        if held_out
+        else ""
+    )
     print(
         f"interval: ±{record.step_err:.1%} of a step holds {record.coverage:.0%} of the steps predicted "
         f"{basis.replace('_', '-')} (by run: {', '.join(f'{v:.0%}' for v in coverage.values())}); "
-        f"{inside} of {len(runs)} runs' median step error inside it"
+        f"{inside} of {len(runs)} runs' median step error inside it (in sample){out_of_sample}"
     )
     print(
         f'-> {out / "framework.toml"} (a setup takes it with [framework] base = "{out / "framework.toml"}"), '

@@ -61,7 +61,7 @@ VERL_PEAKS = {
     181.05e12: (),  # L40
     149.7e12: ("a40",),
     148e12: ("h20",),
-    119.5e12: (),  # L20
+    119.5e12: ("l20",),
 }
 # read-back / promised: the logged update seconds include the batch's move to the workers, which verl's own timer
 # of the update leaves out, so a peak reads back 0-5% low (0.4-0.5% on the shared runs)
@@ -157,11 +157,13 @@ def resolve_gpu(setup: Setup, log: TrainingLog, fit_frac: float = 1.0) -> Setup:
     figures |= {"name": name, "peak_flops": peak, "memory_bytes": max(prior.memory_bytes, reserved)}
     fitted_steps = list(log.steps[: fitted_count(len(log.steps), fit_frac)])
     link = read_back_link(setup, fitted_steps, prior.link_bytes_per_s)
-    if link is not None:
-        figures["link_bytes_per_s"] = link
+    if link is not None:  # for this backend's passes alone (GpuSpec.link_read_from)
+        figures |= {"link_bytes_per_s": link, "link_read_from": setup.framework.train_backend}
+        figures["prior_link_bytes_per_s"] = prior.link_bytes_per_s
         source += (
             f"; link_bytes_per_s read back from its old_log_prob seconds a step whatever their tokens, as the "
-            f"parameters' gathers: {link / 1e9:.0f} GB/s, under 1/{SLOW_LINK} of the {prior.name}'s"
+            f"parameters' gathers: {link / 1e9:.0f} GB/s, under 1/{SLOW_LINK} of the {prior.name}'s (a property of "
+            f"this {setup.framework.train_backend} run's setup: another training backend takes the prior's)"
         )
     spec = GpuSpec(**figures, source=source, efficiency_of=prior.name if fitted else "")
     return dataclasses.replace(setup, gpu=spec.name, gpu_spec=spec, cost=cost)

@@ -16,6 +16,7 @@ work outside [half the least, twice the most] of the runs' (the host's time per 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import numpy as np
 from oppo.core.config import ScheduleConfig
 from oppo.sim.cost.engine import model_shape
 from oppo.sim.cost.fit import SHARED_TERMS
-from oppo.sim.cost.framework import ROLE_STAGES
+from oppo.sim.cost.framework import ROLE_STAGES, SHARED_LAYER, read_layer, shared_layer
 from oppo.sim.cost.span import Calibration
 from oppo.sim.setup.presets import Setup
 
@@ -36,8 +37,31 @@ BASES = {  # what the interval's errors are, in words
 }
 # Phrases that say how a term is priced (a stage priced by its family's terms, the reshard's software as timed), not
 # an axis on which the prediction leaves the runs: the calibration runs' own errors were measured priced so.
-PRICING_NOTES = ("untimed stage", "reshard software")
+PRICING_NOTES = ("untimed stage", "reshard software", "link prior", "borrowed terms")
 MODEL_SPAN = 2.0  # a model this many times larger than the largest (or smaller than the smallest) extrapolates
+
+
+@functools.cache
+def shared_calibration() -> Calibration:
+    """What the shared layer (``oppo/data/framework/verl-shared.toml``) was fitted on: its ``[calibration]``."""
+    table = read_layer(SHARED_LAYER).get("calibration", {})
+    return Calibration(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
+
+
+def borrows_shared_terms(setup: Setup) -> bool:
+    """Whether an uncalibrated setup prices its training framework's passes with the shared layer's terms (the paper
+    presets: TRL's structure, :func:`oppo.sim.cost.framework.trl_layer`)."""
+    fw, layer = setup.framework, shared_layer()
+    family = SHARED_TERMS[0][:1] + SHARED_TERMS[1][:1]  # a forward pass's and a training pass's terms
+    return not fw.calibration.runs and all(fw.stage(stage) == layer[stage] for stage in family)
+
+
+def calibration_of(setup: Setup) -> Calibration:
+    """The record a prediction on ``setup`` is judged by: its own layer's, else, where it borrows the shared
+    layer's terms, the shared layer's (its runs' span and errors: the paper presets extrapolate from them), else
+    none."""
+    c = setup.framework.calibration
+    return shared_calibration() if not c.runs and borrows_shared_terms(setup) else c
 
 
 def nodes(setup: Setup) -> int:
@@ -61,14 +85,27 @@ def weighted_quantile(errors: list[np.ndarray], q: float) -> float:
 
 
 def calibration(
-    setups: list[Setup], errors: dict[str, list[np.ndarray]], basis: str, coverage: float = COVERAGE
+    setups: list[Setup],
+    errors: dict[str, list[np.ndarray]],
+    basis: str,
+    coverage: float = COVERAGE,
+    groups: list | None = None,
 ) -> Calibration:
     """The record of a calibration on ``setups`` whose predictions missed by ``errors`` (stage, with "step" -> per
     run, the absolute relative error of each predicted step): the span of the runs, the intervals, and what widens
     the interval where a prediction extrapolates. An axis's widening is the largest median step error of the runs
-    that lay outside the span of the other runs on it (each run against all the others, its siblings included)."""
+    that lay outside the span of the other runs on it (each run against all the others, its siblings included).
+    With ``groups`` (each run's group, :func:`oppo.sim.logs.shared.run_group`), also per run the interval the runs
+    outside its group give: the figure it would have been predicted with had it been left out, which its own median
+    step error falls inside or not (the coverage measured out of sample)."""
     stages = tuple(stage for stage in errors if stage != "step")
     run_err = [float(np.median(e)) for e in errors["step"]]
+    held_out = ()
+    if groups is not None and len(setups) > 1:
+        held_out = tuple(
+            weighted_quantile(others, coverage) if (others := _outside_group(errors["step"], groups, k)) else -1.0
+            for k in range(len(setups))
+        )
     widen: dict[str, float] = {}
     for k, setup in enumerate(setups):
         others = setups[:k] + setups[k + 1 :]
@@ -85,7 +122,24 @@ def calibration(
         run_step_err=tuple(run_err),
         axes=tuple(sorted(widen)),
         axis_err=tuple(widen[a] for a in sorted(widen)),
+        held_out_step_err=held_out,
     )
+
+
+def _outside_group(errors: list[np.ndarray], groups: list, k: int) -> list[np.ndarray]:
+    """The step errors of the runs outside run ``k``'s group."""
+    return [e for j, e in enumerate(errors) if groups[j] != groups[k]]
+
+
+def held_out_inside(c: Calibration, step: float, widen: float = 0.0) -> list[bool] | None:
+    """Per run with a held-out interval, whether its median step error falls inside the interval its other groups
+    alone give (at least the widening ``widen`` a prediction's extrapolations add): the coverage out of sample. The
+    calibration's own ``step`` stands for a run's where none is recorded. None: not measured (one run, or a record
+    from before)."""
+    if not c.held_out_step_err or c.basis == "within":
+        return None
+    pairs = [(e, h) for e, h in zip(c.run_step_err, c.held_out_step_err, strict=True) if h >= 0]
+    return [e <= max(h, widen) for e, h in pairs] or None
 
 
 def _span(setups: list[Setup]) -> Calibration:
@@ -177,7 +231,7 @@ def as_run(setup: Setup, schedule: ScheduleConfig | None) -> Setup:
 def extrapolations(setup: Setup, schedule: ScheduleConfig | None = None) -> list[str]:
     """The terms of ``setup`` run with ``schedule`` (None: the setup's own) outside the span of its calibration
     runs, each a phrase (none: inside, or not calibrated)."""
-    c = setup.framework.calibration
+    c = calibration_of(setup)
     return [phrase for _, phrase in outside_span(as_run(setup, schedule), c)] if c.runs else []
 
 
@@ -247,6 +301,25 @@ def outside_span(setup: Setup, c: Calibration) -> list[tuple[str, str]]:
                 "time per micro-batch shows or hides)",
             )
         )
+    if borrows_shared_terms(setup):
+        found.append(
+            (
+                "borrowed terms",
+                "scoring and update priced with the terms the shared layer fitted on verl runs (HF models under FSDP, "
+                "vLLM generation), here under another framework's structure; generation by its engine's declared "
+                "terms, which no calibration run checks",
+            )
+        )
+    if not setup.reads_its_link:
+        spec = setup.gpu_spec
+        found.append(
+            (
+                "link prior",
+                f"the link read back from a {spec.link_read_from} run's passes "
+                f"({spec.link_bytes_per_s / 1e9:.0f} GB/s) not taken for {setup.framework.train_backend}'s "
+                f"collectives, no second signal agreeing: the prior's {spec.prior_link_bytes_per_s / 1e9:.0f} GB/s",
+            )
+        )
     found += [("untimed stage", p) for p in _family_extrapolations(setup, c)]
     found += [("reshard software", p) for p in _reshard_extrapolations(setup, c)]
     if setup.group_size > max(c.group_sizes):
@@ -263,21 +336,26 @@ def outside_span(setup: Setup, c: Calibration) -> list[tuple[str, str]]:
 class Interval:
     """How far to trust a prediction: ``step``, the relative half-width of its sync step's interval (None: no bound),
     widened from the calibration's own by the runs that lay outside the others' span on each axis it extrapolates
-    on; ``coverage``, the share of calibration runs whose median step error lies inside it, in sample (the quantile
-    is drawn from the same predictions; None: not measured, or one run);
+    on; ``coverage``, the share of calibration runs whose median step error lies inside it (None: not measured, or
+    one run);
     ``extrapolates``, those axes; ``unbounded``, the ones no calibration run lay outside on; ``stages``, each
-    stage's half-width, widened by as much as the step's (none where unbounded)."""
+    stage's half-width, widened by as much as the step's (none where unbounded). ``coverage`` is measured out of
+    sample (``held_out``) where the record holds each run's held-out interval: the share of runs whose median step
+    error falls inside the interval the runs outside its group give (widened as this one is)."""
 
     step: float | None
     coverage: float | None
     extrapolates: tuple[str, ...]
     unbounded: tuple[str, ...]
     stages: dict[str, float]
+    held_out: bool = False  # the coverage measured out of sample: each run against its other groups' interval
+    runs_inside: tuple[int, int] = (0, 0)  # the runs inside it (out of sample where held_out) and the runs counted
 
     def as_dict(self) -> dict:
         return {
             "step": self.step,
             "coverage": self.coverage,
+            "coverage_measured": "out_of_sample" if self.held_out else "in_sample",
             "extrapolates": list(self.extrapolates),
             "stages": self.stages,
         }
@@ -286,7 +364,7 @@ class Interval:
 def interval(setup: Setup, *schedules: ScheduleConfig | None) -> Interval | None:
     """The interval of a prediction on a calibrated ``setup`` run with ``schedules`` (none given: the setup's own;
     several: compare's policies, the widest), None where uncalibrated."""
-    c = setup.framework.calibration
+    c = calibration_of(setup)
     if not c.runs:
         return None
     found = [a for s in schedules or (None,) for a, _ in outside_span(as_run(setup, s), c)]
@@ -296,14 +374,32 @@ def interval(setup: Setup, *schedules: ScheduleConfig | None) -> Interval | None
     if unbounded:
         return Interval(None, None, axes, unbounded, {})
     step = max([c.step_err, *(widen[a] for a in axes)])
-    measured = c.run_step_err and c.basis != "within"  # one run's median always lies inside its own quantile
-    coverage = sum(e <= step for e in c.run_step_err) / len(c.run_step_err) if measured else None
+    inside = held_out_inside(c, c.step_err, max([widen[a] for a in axes], default=0.0))
+    held_out = inside is not None  # each run against the interval its other groups give
+    if not held_out:  # in sample (a record from before), or none: one run's median always lies inside its own quantile
+        inside = [e <= step for e in c.run_step_err] if c.run_step_err and c.basis != "within" else []
+    coverage = sum(inside) / len(inside) if inside else None
     stages = {s: e + step - c.step_err for s, e in zip(c.stages, c.stage_err)}  # widened as the step is
-    return Interval(step, coverage, axes, (), stages)
+    return Interval(step, coverage, axes, (), stages, held_out, (sum(inside), len(inside)))
 
 
 def _percent(x: float) -> str:
     return f"{x:.{0 if x >= 0.1 else 1}%}"
+
+
+def _coverage(bound: Interval) -> str:
+    """The measured coverage printed beside a ± figure: out of sample where the record holds each run's held-out
+    interval (each run against the interval the runs outside its group give), else in sample; "" where not
+    measured."""
+    if bound.coverage is None or (bound.extrapolates and not bound.held_out):  # widened in sample: by construction
+        return ""
+    inside, counted = bound.runs_inside
+    if bound.held_out:
+        return (
+            f", measured coverage {bound.coverage:.0%} out of sample ({inside} of {counted} runs' median step error "
+            "inside the ± the runs outside their group give)"
+        )
+    return f", measured coverage {bound.coverage:.0%} in sample ({inside} of {counted} runs)"
 
 
 def _stages(bound: Interval) -> str:
@@ -314,17 +410,19 @@ def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: Sc
     """One line for a prediction on a calibrated setup run with ``schedule`` (None: the setup's own) and any
     ``others`` (compare's other policies: what only they extrapolate on is named with the policy): its interval and
     what extrapolates (None: uncalibrated)."""
-    c = setup.framework.calibration
+    c = calibration_of(setup)
     if not c.runs:
         return None
     basis = BASES.get(c.basis, c.basis)
     runs = f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}"
+    if borrows_shared_terms(setup):
+        runs = f"the shared layer's {runs}"
     bound = interval(setup, schedule, *others)
     if bound.step is None:
         why = (
             "the calibration record predates intervals: calibrate again to bound it"
             if not c.run_step_err
-            else f"where none of its {runs} lay outside the others"
+            else f"where none of {'its ' * (not runs.startswith('the '))}{runs} lay outside the others"
         )
         note = (
             f"note: {setup.name} predicts a sync step with no bound: extrapolates on {', '.join(bound.unbounded)}, "
@@ -333,18 +431,15 @@ def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: Sc
     elif bound.extrapolates:  # outside the span on axes some run lay outside on: what those runs were off
         wider = f"widened from ±{_percent(c.step_err)}" if bound.step > c.step_err else f"±{_percent(c.step_err)}"
         note = (
-            f"note: {setup.name} predicts a sync step to ±{_percent(bound.step)} ({wider} of the {runs}' steps by the "
-            f"median errors of the runs that lay outside the others on {', '.join(bound.extrapolates)}; other "
-            f"policies' overlap is the model's; stages {_stages(bound)})"
+            f"note: {setup.name} predicts a sync step to ±{_percent(bound.step)}{_coverage(bound)} ({wider} of the "
+            f"{runs}' steps by the median errors of the runs that lay outside the others on "
+            f"{', '.join(bound.extrapolates)}; other policies' overlap is the model's; stages {_stages(bound)})"
         )
     else:
-        measured = ""
-        if c.run_step_err and c.basis != "within":  # in-sample: the quantile was drawn from these same predictions
-            inside = sum(e <= bound.step for e in c.run_step_err)
-            measured = f": {inside} of {len(c.run_step_err)} runs' median step error inside it (in sample)"
         note = (
-            f"note: {setup.name} predicts a sync step to ±{_percent(bound.step)} ({c.coverage:.0%} of steps, {basis} "
-            f"over {runs}{measured}; other policies' overlap is the model's; stages {_stages(bound)})"
+            f"note: {setup.name} predicts a sync step to ±{_percent(bound.step)}{_coverage(bound)} "
+            f"({c.coverage:.0%} of steps, {basis} over {runs}; other policies' overlap is the model's; stages "
+            f"{_stages(bound)})"
         )
     outside = extrapolations(setup, schedule)
     for other in others:

@@ -31,7 +31,7 @@ from oppo.sim.cost.framework import (
     FrameworkCost,
     trl_layer,
 )
-from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Cluster, Efficiency, gpu_efficiencies, lookup
+from oppo.sim.cost.gpu import GPUS, PROFILE_DIR, Cluster, Efficiency, gpu_efficiencies, lookup, megatron_groups
 from oppo.sim.workload import LengthModel, RewardCurve
 
 PLACEMENTS = ("disaggregated", "colocated")
@@ -46,21 +46,34 @@ class GpuSpec(GPU):
     """A GPU the catalog (:mod:`oppo.catalog.gpus`) does not have, as a setup's ``[gpu_spec]`` table: the catalog's
     fields (bytes/s, FLOP/s, bytes) and ``source``, where its figures come from (for a ``gpu = "unknown"`` setup,
     written by ``calibrate-log``: the peak read back from the log, the rest priors); ``efficiency_of``, the catalog
-    GPU whose fitted efficiencies (``cost = "fitted"``) the device takes ("": none; ``cost = "analytic"``)."""
+    GPU whose fitted efficiencies (``cost = "fitted"``) the device takes ("": none; ``cost = "analytic"``);
+    ``link_read_from``, the training backend whose passes the intra-node link was read back from ("fsdp": its
+    parameters' gathers; "": the link is a prior) and ``prior_link_bytes_per_s``, the link it replaced: a link read
+    from one backend's collectives is a property of that run's setup, so a setup training with another backend on
+    this device takes the prior (:meth:`Setup.gpu_datasheet`), as no second signal (that backend's own collectives'
+    seconds) agrees with it."""
 
     source: str = ""
     efficiency_of: str = ""
+    link_read_from: str = ""
+    prior_link_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(GPU)[1:]:  # the figures after the name
             value, required = getattr(self, f.name), f.default is dataclasses.MISSING  # optional ones: 0 = none known
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (required and not value):
                 raise ValueError(f"gpu_spec {f.name} must be a number {'> 0' if required else '>= 0'}, got {value!r}")
+        if self.link_read_from and not self.prior_link_bytes_per_s > 0:
+            raise ValueError("gpu_spec link_read_from needs prior_link_bytes_per_s > 0 (the link it replaced)")
         if self.efficiency_of and self.efficiency_of not in gpu_efficiencies():
             known = ", ".join(gpu_efficiencies())
             raise ValueError(
                 f"gpu_spec efficiency_of: no fitted efficiency of {self.efficiency_of!r}; choose from {known}"
             )
+
+    def with_prior_link(self) -> GpuSpec:
+        """This device with the link it had before one was read back from a log."""
+        return dataclasses.replace(self, link_bytes_per_s=self.prior_link_bytes_per_s, link_read_from="")
 
 
 @dataclass(frozen=True)
@@ -233,7 +246,7 @@ class Setup:
         """The GPU's figures: the setup's ``[gpu_spec]``, else the catalog's. A ``gpu = "unknown"`` setup has none
         until ``calibrate-log`` (or ``validate-log``) reads them back from its log."""
         if self.gpu_spec is not None:
-            return self.gpu_spec
+            return self.gpu_spec if self.reads_its_link else self.gpu_spec.with_prior_link()
         if self.gpu == UNKNOWN_GPU:
             raise ValueError(
                 f'setup {self.name}: gpu = "{UNKNOWN_GPU}" has no peak FLOP/s yet: calibrate it on its log first '
@@ -241,6 +254,13 @@ class Setup:
                 "with the device read back as [gpu_spec])"
             )
         return GPUS[self.gpu]
+
+    @property
+    def reads_its_link(self) -> bool:
+        """Whether the setup takes its ``[gpu_spec]``'s link as it stands: a link read back from a log (not a prior)
+        only under the training backend whose passes it was read from."""
+        spec = self.gpu_spec
+        return spec is None or not spec.link_read_from or spec.link_read_from == self.framework.train_backend
 
     @property
     def engine_spec(self):
@@ -290,11 +310,12 @@ class Setup:
             roofline = RooflineCost(model, gpu, n, engine, eff, **engine_terms)
             links = {"collective_bytes_per_s": self.cluster.link_bytes_per_s(gpu, first, n)}
             if self.framework.train_backend == "megatron":
-                tp = min(self.framework.train_tensor_parallel, n)
-                links["tensor_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, group=tp)
-                # its gradients all-reduce over the data-parallel replicas: groups of GPUs t x p apart
-                replica = tp * self.framework.train_pipeline_parallel
-                links["collective_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, stride=replica)
+                tp, pp = min(self.framework.train_tensor_parallel, n), self.framework.train_pipeline_parallel
+                groups = megatron_groups(first, n, tp, pp)  # in Megatron's rank order: tensor, data, pipeline
+                links["tensor_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, members=groups["tensor"])
+                # its gradients reduce over the data-parallel groups, its stages send over the pipeline groups
+                links["collective_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, members=groups["data"])
+                links["pipeline_bytes_per_s"] = self.cluster.link_bytes_per_s(gpu, first, n, members=groups["pipeline"])
             out[role] = FrameworkCost(roofline, role, self.framework, **links)
         return out
 
