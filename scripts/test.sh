@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports --no-cache
 # two test processes (pytest-xdist): most tests run on one core, and the machines this is sized for have two
-.venv/bin/python -m pytest -q -n 2 "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"

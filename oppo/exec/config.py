@@ -229,6 +229,55 @@ class TaskConfig:
             raise ValueError(f"unknown eval_decoding {self.eval_decoding!r}; choose from {', '.join(EVAL_DECODINGS)}")
 
 
+ROLLOUT_ENGINES = ("hf", "vllm")
+ROLLOUT_LOG_PROBS = ("recompute", "engine")
+ROLLOUT_IS = ("none", "token", "sequence")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """What generates the actor's tokens, and how the trainer uses the log-probs it returns."""
+
+    rollout_engine: str = opt(
+        "hf",
+        "what generates: hf (a decode loop over Hugging Face forward passes, batch-independent sampling) or vllm "
+        "(vLLM's engine in a process of its own; training, held-out evaluation)",
+    )
+    engine_memory: float = opt(
+        1.0, "vllm: the KV cache budget in GiB (vLLM's kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE on a CPU)"
+    )
+    engine_eager: bool = opt(
+        False, "vllm: run the model without torch.compile (loads in about a quarter of the time, generates slower)"
+    )
+    rollout_log_probs: str = opt(
+        "recompute",
+        "old log-probs of the PPO ratio: recompute (a forward pass of the trainer) or engine (the sampled tokens' "
+        "log-probs as the engine returned them: no pass; verl's use_rollout_log_probs)",
+    )
+    rollout_is: str = opt(
+        "none",
+        "truncated importance sampling over the engine-trainer mismatch: none, token (each token weighted by "
+        "min(p_trainer / p_engine, cap)) or sequence (one weight per sample, the product over its tokens)",
+    )
+    rollout_is_cap: float = opt(2.0, "--rollout-is: the cap on a weight (verl rollout_is_threshold)")
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("rollout_engine", self.rollout_engine, ROLLOUT_ENGINES),
+            ("rollout_log_probs", self.rollout_log_probs, ROLLOUT_LOG_PROBS),
+            ("rollout_is", self.rollout_is, ROLLOUT_IS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"unknown {name} {value!r}; choose from {', '.join(allowed)}")
+        check_positive("engine_memory", self.engine_memory)
+        if self.rollout_is_cap < 1:
+            raise ValueError(f"rollout_is_cap must be >= 1, got {self.rollout_is_cap}")
+        if self.rollout_is != "none" and self.rollout_log_probs == "engine":
+            raise ValueError(
+                "--rollout-is weighs the trainer's log-probs against the engine's: --rollout-log-probs recompute"
+            )
+
+
 # The executor's presets run small models (on a CPU by default): responses of tens of tokens, not the hundreds the
 # core's defaults are sized for (a 7B model on GPUs, the paper's). They override those fields by name; every other
 # field, and the batch, keeps the core's default (ScheduleConfig, the one home of each).
@@ -257,6 +306,7 @@ class ExecConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     steps: int = opt(200, "PPO steps")
     seed: int = opt(0, "seed of prompts, sampling and minibatches")
     placement: str = opt("colocated", "colocated (one process) or disaggregated (scorer roles in Ray workers)")
@@ -343,6 +393,7 @@ class ExecConfig:
                 "async trains in one process (its rollout in --rollout-workers): --dp 1 and colocated placement only"
             )
         self._check_reward()
+        self._check_rollout()
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
         unknown = {role for entry in self.remote_roles for role in entry.split("+")} - set(REMOTE_ROLES)
@@ -359,6 +410,21 @@ class ExecConfig:
             raise ValueError("--reward-fn scores in this process: --dp 1, colocated placement, no --rollout-workers")
         if task.data and self.rollout_workers:
             raise ValueError("--data prompts reach rollout workers as token ids only: not yet supported with them")
+
+    def _check_rollout(self) -> None:
+        rollout = self.rollout
+        if rollout.rollout_log_probs == "engine" and self.ppo.offpolicy == "decoupled":
+            raise ValueError("--offpolicy decoupled recomputes the proximal log-probs: --rollout-log-probs recompute")
+        if rollout.rollout_is != "none" and self.ppo.offpolicy == "decoupled":
+            raise ValueError("--rollout-is and --offpolicy decoupled are the same correction: give one")
+        if rollout.rollout_engine != "vllm":
+            return
+        if self.task.lengths:
+            raise ValueError("--lengths forces EOS at traced lengths inside the hf decode loop: --rollout-engine hf")
+        if self.dp > 1:
+            raise ValueError("--rollout-engine vllm generates for one actor rank: --dp 1")
+        if self.schedule.asynchronous:
+            raise ValueError("--rollout-engine vllm does not run --policy async yet: --rollout-engine hf")
 
     @property
     def learning_rates(self) -> tuple[float, float]:
@@ -388,7 +454,13 @@ class ExecConfig:
         return bool(self.model.reward) if self.model.preset in ("hf", "smollm2") else self.task.reward_kind == "learned"
 
 
-SECTIONS = {"schedule": ScheduleConfig, "model": ModelConfig, "ppo": PPOConfig, "task": TaskConfig}
+SECTIONS = {
+    "schedule": ScheduleConfig,
+    "model": ModelConfig,
+    "ppo": PPOConfig,
+    "task": TaskConfig,
+    "rollout": RolloutConfig,
+}
 
 
 def load_config(path: str | Path) -> ExecConfig:

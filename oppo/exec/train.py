@@ -18,7 +18,16 @@ from pathlib import Path
 
 from oppo.cli import DISK_FULL, add_config_args, disk_full, given_options, layered_schedule, run_cli
 from oppo.core.config import ScheduleConfig, to_dict
-from oppo.exec.config import SECTIONS, ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
+from oppo.exec.config import (
+    SECTIONS,
+    ExecConfig,
+    ModelConfig,
+    PPOConfig,
+    RolloutConfig,
+    TaskConfig,
+    default_schedule,
+    load_config,
+)
 from oppo.exec.tasks.rewards import reward_file, split_reward_spec
 from oppo.records.io import one_writer
 from oppo.records.tracking import Live, Trackers, add_tracking_args, trackers_from
@@ -33,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="re-run a run: its RUN_DIR/config.json (options given beside it override)")
     add_config_args(parser, ExecConfig)
-    for cls in (ModelConfig, PPOConfig, TaskConfig):
+    for cls in (ModelConfig, PPOConfig, TaskConfig, RolloutConfig):
         add_config_args(parser, cls)
     add_config_args(parser, ScheduleConfig, shown=to_dict(default_schedule()))
     add_tracking_args(parser)

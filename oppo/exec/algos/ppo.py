@@ -26,6 +26,7 @@ __all__ = [
     "masked_mean",
     "masked_whiten",
     "policy_loss",
+    "rollout_is_weight",
     "sampled_logprobs",
     "value_loss",
 ]
@@ -72,6 +73,23 @@ def behaviour_weight(proximal: torch.Tensor, behaviour: torch.Tensor, cap: float
     """pi_prox / pi_behav per token, at most ``cap`` (truncated importance sampling: a token sampled by much older
     weights cannot dominate the update; AReaL instead drops tokens over its cap), without gradient. (B, T)."""
     return torch.exp(proximal - behaviour).clamp(max=cap).detach()
+
+
+def rollout_is_weight(
+    trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor, level: str, cap: float
+) -> torch.Tensor:
+    """Truncated importance weights from the rollout engine's distribution to the trainer's, without gradient. (B, T).
+
+    The engine samples with its own kernels (another attention, another matmul order, its own precision), so its
+    probabilities differ from the trainer's for the same weights and tokens; the surrogate is reweighted by
+    p_trainer / p_engine, truncated at ``cap`` (verl's rollout correction, TRL's
+    ``vllm_importance_sampling_correction``).
+    ``level``: ``token`` (each token's own ratio) or ``sequence`` (the product over the sample's masked tokens, one
+    weight for all of them). ``mask``: the response tokens (B, T)."""
+    log_ratio = (trainer - engine) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(trainer)
+    return torch.exp(log_ratio).clamp(max=cap).detach()
 
 
 def value_loss(

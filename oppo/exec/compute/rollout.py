@@ -8,7 +8,9 @@ decode, and record, alike.
 from __future__ import annotations
 
 from oppo.exec.compute.timing import Recorder
+from oppo.exec.config import ExecConfig
 from oppo.exec.engines.hf import ChunkedDecoder
+from oppo.records.schema import TraceRow
 
 # A decode row of the trace covers at most this many iterations, so that a step's rows span its contexts (from the
 # prompt's to the longest response's): a calibration on a run that decodes in one round per step (sync) could not
@@ -102,3 +104,190 @@ class Rollout:
 
     def end(self) -> None:
         self.decoder = None
+
+    def updated(self) -> None:
+        """The trainer changed the actor's weights: this loop decodes with the live module, nothing to move."""
+
+    def engine_stats(self) -> None:
+        """No engine of its own: no preemptions or prefix cache to report."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class EngineRollout:
+    """The actor's generation on a rollout engine in a process of its own (:class:`~oppo.exec.engines.vllm_engine.
+    VllmEngine`), with :class:`Rollout`'s methods, so the scheduling core decides alike on either.
+
+    The engine generates between calls: :meth:`decode` hands the core at most ``n`` new tokens per sequence and keeps
+    what the engine ran ahead for the next call, so the core sees the rounds it asked for. Sequences the step leaves
+    unfinished are aborted in the engine at :meth:`end` (their KV blocks freed) and resume next step as prompt +
+    partial response under the new weights. Trace rows: ``prefill`` from the requests' start to their first tokens,
+    ``decode`` for each wait on the engine (``batch``: the engine's mean running requests over the iterations it
+    reported meanwhile, ``tokens``: those it generated), ``sync`` for each weight push."""
+
+    def __init__(self, engine, actor, recorder: Recorder, label: str, sampling: dict) -> None:
+        """``engine``: a started engine on ``actor``'s checkpoint; ``sampling``: temperature, top_k, top_p."""
+        self.engine, self.actor, self.rec, self.label = engine, actor, recorder, label
+        self.sampling = sampling
+        self.stale = False  # the trainer updated the actor since the engine's weights were loaded
+        self.requests = 0  # requests made so far: each gets an id of its own
+        self.seq_of: dict[str, int] = {}  # live request id -> seq id
+        self.buffer: dict[int, list[tuple[int, float]]] = {}  # seq id -> (token, log-prob) not yet handed over
+        self.handed: dict[int, list[int]] = {}  # seq id -> tokens handed over this step
+        self.over: dict[int, bool] = {}  # seq id -> the engine ended it (on EOS: True; at its budget: False)
+        self.contexts: dict[int, list[int]] = {}
+        self.decoding: dict[int, tuple] = {}
+        self.prefill_from: float | None = None  # when this step's requests went in, until their first tokens
+
+    # -- weights ----------------------------------------------------------------------------------------
+    def updated(self) -> None:
+        """The trainer changed the actor's weights: the engine takes them before it generates again."""
+        self.stale = True
+
+    def refresh(self, step: int) -> None:
+        """Push the actor's weights into the engine if they changed (a ``sync`` row: what verl times as the
+        reshard / weight update)."""
+        if not self.stale:
+            return
+        with self.rec.op(step, self.label, "actor", "sync", batch=1) as info:
+            state = self.actor.state_dict()
+            info["tokens"] = sum(v.numel() for v in state.values())  # parameters moved
+            self.engine.load_weights(state)
+        self.stale = False
+
+    # -- a step's generation ---------------------------------------------------------------------------
+    def begin(self, step: int, tokens: dict[int, list[int]], decoding: list[tuple]) -> None:
+        """Send the rows of ``decoding`` ((seq id, budget, sampling key, forced length (None), response tokens so
+        far)) to the engine, with contexts ``tokens[seq id]``."""
+        self.refresh(step)
+        self.contexts, self.decoding = tokens, {row[0]: row for row in decoding}
+        self.buffer = {row[0]: [] for row in decoding}
+        self.handed, self.over = {row[0]: [] for row in decoding}, {}
+        self.engine.wake()
+        for seq_id, budget, key, _, _ in decoding:
+            self._request(seq_id, tokens[seq_id], budget, key)
+        self.prefill_from = self.rec.now() if decoding else None
+        self.prefill_tokens = sum(len(tokens[row[0]]) for row in decoding)
+
+    def _request(self, seq_id: int, context: list[int], budget: int, key: int) -> None:
+        request = f"{seq_id}.{self.requests}"
+        self.requests += 1
+        self.seq_of[request] = seq_id
+        self.engine.add(request, context, budget, key, self.sampling)
+
+    def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
+        """At most ``n`` new tokens per sequence: ({seq id: tokens handed over} of those that hit EOS among them,
+        {seq id: new tokens}, {seq id: their log-probs under the engine's weights})."""
+        if any(self._owed(s, n) for s in self.buffer):
+            self._wait(step, n)
+        finished, new, logprobs = {}, {}, {}
+        for seq_id, pending in self.buffer.items():
+            handed, self.buffer[seq_id] = pending[:n], pending[n:]
+            if not handed:
+                continue
+            new[seq_id], logprobs[seq_id] = [t for t, _ in handed], [lp for _, lp in handed]
+            self.handed[seq_id] += new[seq_id]
+            if self.over.get(seq_id) and not self.buffer[seq_id]:  # its last token, the EOS, handed over now
+                finished[seq_id] = len(handed)
+        return finished, new, logprobs
+
+    def _owed(self, seq_id: int, n: int) -> bool:
+        """Whether the engine still owes ``seq_id`` tokens for a round of ``n``."""
+        return seq_id not in self.over and len(self.buffer[seq_id]) < n
+
+    def _wait(self, step: int, n: int) -> None:
+        stats = self.engine.stats
+        with self.rec.op(step, self.label, "actor", "decode") as info:
+            before = stats.iterations, stats.running, stats.generated
+            running = [s for s in self.buffer if s not in self.over]
+            info["context"] = sum(len(self.contexts[s]) + len(self.handed[s]) for s in running)
+            while any(self._owed(s, n) for s in self.buffer):
+                self._take(step, self.engine.poll())
+            iterations = stats.iterations - before[0]
+            info["batch"] = round((stats.running - before[1]) / iterations) if iterations else 0
+            info["tokens"] = stats.generated - before[2]
+
+    def _take(self, step: int, outputs: dict) -> None:
+        if self.prefill_from is not None and outputs:  # the step's first tokens: its requests' prefill is done
+            row = TraceRow(step, self.label, "actor", "prefill", self.prefill_from, self.rec.now(),
+                           len(self.decoding), self.prefill_tokens, 0)  # fmt: skip
+            self.rec.add(row)
+            self.prefill_from = None
+        for request, out in outputs.items():
+            seq_id = self.seq_of.get(request)
+            if seq_id is None:  # aborted since (its last tokens were on their way)
+                continue
+            self.buffer[seq_id] += zip(out.tokens, out.logprobs)
+            if out.finished:
+                self.over[seq_id] = out.eos
+                del self.seq_of[request]
+
+    def refill(self, step: int) -> None:
+        """After new weights mid-generation: the running requests are aborted and go on from their context and the
+        tokens handed over so far, under the new weights (what the engine ran ahead with the old ones is dropped)."""
+        running = {request: s for request, s in self.seq_of.items()}
+        self._abort()
+        self.refresh(step)
+        for seq_id in running.values():
+            _, budget, key, _, _ = self.decoding[seq_id]
+            self.buffer[seq_id] = []
+            context = self.contexts[seq_id] + self.handed[seq_id]
+            self._request(seq_id, context, budget - len(self.handed[seq_id]), key)
+
+    def _abort(self) -> None:
+        self.engine.abort(list(self.seq_of))
+        self.seq_of = {}
+
+    def end(self) -> None:
+        """Abort what is still generating (carried sequences resume from their tokens next step)."""
+        self._abort()
+        self.buffer, self.handed, self.over, self.decoding = {}, {}, {}, {}
+        self.engine.sleep()
+
+    def engine_stats(self):
+        """The engine's counts since the last call (:class:`~oppo.exec.engines.vllm_engine.EngineStats`)."""
+        return self.engine.stats.take()
+
+    def answers(self, prompts: list[list[int]], budget: int, keys: list[int], greedy: bool) -> list[list[int]]:
+        """Each prompt's answer under the actor's current weights, until EOS or ``budget`` tokens (held-out
+        evaluation: its requests run alone, between two steps)."""
+        self.refresh(-1)
+        self.engine.wake()
+        sampling = {"temperature": 0.0} if greedy else self.sampling
+        requests = {}  # request id -> prompt index
+        for i, (prompt, key) in enumerate(zip(prompts, keys)):
+            request = f"eval{i}.{self.requests}"
+            self.requests += 1
+            requests[request] = i
+            self.engine.add(request, prompt, budget, key, sampling)
+        out: list[list[int]] = [[] for _ in prompts]
+        while self.engine.busy:
+            for request, result in self.engine.poll().items():
+                out[requests[request]] += result.tokens
+        self.engine.sleep()
+        return out
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def make_rollout(config: ExecConfig, actor, eos_id: int, pad_id: int, recorder: Recorder, label: str):
+    """The rollout of ``config``'s engine for ``actor`` (its checkpoint folder is what a vLLM engine loads first)."""
+    ppo = config.ppo
+    if config.rollout.rollout_engine == "hf":
+        return Rollout(actor, eos_id, pad_id, ppo.temperature, recorder, label, ppo.top_k, ppo.top_p)
+    from oppo.exec.engines.vllm_engine import VllmEngine, check_budget
+    from oppo.exec.models.roles import role_paths
+
+    task = config.task
+    max_model_len = max(task.prompt_tokens, task.max_prompt_tokens) + config.schedule.max_new_tokens
+    dtype = next(actor.parameters()).dtype
+    check_budget(config.rollout.engine_memory, actor.config, dtype, max_model_len)
+    device = str(next(actor.parameters()).device)
+    engine = VllmEngine(
+        role_paths(config.model)["actor"], dtype, config.rollout.engine_memory, max_model_len, eos_id,
+        seed=config.seed, eager=config.rollout.engine_eager, device=device,
+    )  # fmt: skip
+    sampling = {"temperature": ppo.temperature, "top_k": ppo.top_k, "top_p": ppo.top_p}
+    return EngineRollout(engine, actor, recorder, label, sampling)

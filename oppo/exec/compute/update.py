@@ -21,7 +21,14 @@ from oppo.exec.algos import advantages
 from oppo.exec.algos.advantages import ADVANTAGE_ESTIMATORS, masked_whiten
 from oppo.exec.algos.aggregation import Aggregate, masked_mean
 from oppo.exec.algos.kl import kl_estimate, kl_shaped_rewards
-from oppo.exec.algos.ppo import behaviour_weight, entropy, policy_loss, sampled_logprobs, value_loss
+from oppo.exec.algos.ppo import (
+    behaviour_weight,
+    entropy,
+    policy_loss,
+    rollout_is_weight,
+    sampled_logprobs,
+    value_loss,
+)
 from oppo.exec.compute.sharding import full, is_sharded, local_digest
 from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig, PPOConfig
@@ -100,6 +107,10 @@ def actor_loss(
     weight = None
     if cfg.offpolicy == "decoupled":  # the old log-probs are the proximal policy's
         weight = behaviour_weight(part["old_lp"], part["behav_lp"], cfg.max_importance_ratio)
+    elif config.rollout.rollout_is != "none":  # the engine sampled from a slightly different distribution
+        weight = rollout_is_weight(
+            part["old_lp"], part["behav_lp"], part["mask"], config.rollout.rollout_is, config.rollout.rollout_is_cap
+        )
     agg = aggregate(config, totals, "mask")
     clip_low = cfg.clip if cfg.clip_low is None else cfg.clip_low
     clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high

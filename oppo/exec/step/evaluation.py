@@ -41,6 +41,9 @@ class HeldOutScore:
 NOT_EVALUATED = HeldOutScore(math.nan, math.nan, math.nan, 0.0)
 
 
+# (prompts, token budget, sampling keys, greedy) -> each prompt's answer: a rollout engine's generation
+Generate = Callable[[list[list[int]], int, list[int], bool], list[list[int]]]
+
 # (answers, one per held-out prompt in order) -> (reward, answer check) per answer, each of shape (N,)
 Judge = Callable[[list[list[int]]], tuple[torch.Tensor, torch.Tensor]]
 
@@ -61,16 +64,19 @@ class HeldOut:
         samples: int = 1,
         judge: Judge | None = None,
         cut: tuple[int, float] = (0, 1.0),
+        generate: Generate | None = None,
     ):
         """``reward``: the reward model, or None for the rule; ``token_ids``: (padding id, EOS id); ``seed``: the
         sampling keys' (the same at every evaluation); ``samples``: answers per prompt; ``judge``: scores the
         answers instead of the reward model and the rule (a task with answers), called with ``samples`` answers
-        per prompt, prompt by prompt; ``cut``: the sampling's (top_k, top_p)."""
+        per prompt, prompt by prompt; ``cut``: the sampling's (top_k, top_p); ``generate``: a rollout engine's
+        answers (its own sampling: the same keys give the same noise only within that engine), else the hf loop's."""
         self.actor, self.reward, self.max_new_tokens = actor, reward, max_new_tokens
         self.prompts = [p for p in prompts for _ in range(samples)]
         self.pad_id, self.eos_id = token_ids
         self.greedy, self.temperature, self.judge, self.cut = decoding == "greedy", temperature, judge, cut
         self.keys = [(seed * 7919 + i) % 2**62 for i in range(len(self.prompts))]  # int64 keys whatever the seed
+        self.generate = generate
 
     @torch.no_grad()
     def score(self) -> HeldOutScore:
@@ -94,6 +100,8 @@ class HeldOut:
 
     def answers(self) -> list[list[int]]:
         """Each prompt's answer, until EOS or the cap."""
+        if self.generate is not None:
+            return self.generate(self.prompts, self.max_new_tokens, self.keys, self.greedy)
         budgets = [self.max_new_tokens] * len(self.prompts)
         decoder = ChunkedDecoder(
             self.actor,

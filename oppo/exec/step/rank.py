@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from oppo.exec.compute import sharding
-from oppo.exec.compute.rollout import Rollout
+from oppo.exec.compute.rollout import make_rollout
 from oppo.exec.compute.scoring import LocalScorer, score_once
 from oppo.exec.compute.timing import Recorder
 from oppo.exec.compute.update import Learner, weights_digest
@@ -38,10 +38,7 @@ class ActorRank:
         self.sharded = sharding.is_sharded(roles.actor)
         self.gathered = False  # sharded models' weights gathered for this step's generation and scoring
         self.streamed: dict[str, LocalScorer] = {}
-        ppo = config.ppo
-        self.rollout = Rollout(
-            roles.actor, roles.eos_id, roles.pad_id, ppo.temperature, recorder, label, ppo.top_k, ppo.top_p
-        )
+        self.rollout = make_rollout(config, roles.actor, roles.eos_id, roles.pad_id, recorder, label)
         self.unstreamed: dict[int, list[int]] = {}  # tokens decoded since the last streamed chunk
 
     @classmethod
@@ -87,8 +84,8 @@ class ActorRank:
         self.unstreamed = {}
 
     def score(self, step: int, seqs: list[tuple]) -> dict[str, list[torch.Tensor]]:
-        """Per role (``actor``: old log-probs, and each colocated scorer), the outputs of ``seqs`` (seq id,
-        tokens, prompt length), on the CPU."""
+        """Per role (``actor``: old log-probs, unless the engine's stand in for them; and each colocated scorer),
+        the outputs of ``seqs`` (seq id, tokens, prompt length), on the CPU."""
         if not seqs:
             return {}
         ids = [seq_id for seq_id, _, _ in seqs]
@@ -96,8 +93,10 @@ class ActorRank:
             role: (scorer.outputs(step, ids) if role in self.streamed else scorer.score(step, seqs)).get()
             for role, scorer in self.scorers.items()
         }
-        with self.rec.op(step, self.label, "actor", "score", batch=len(seqs), tokens=sum(len(s[1]) for s in seqs)):
-            out["actor"] = score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id, self.config.ppo.temperature)
+        if self.config.rollout.rollout_log_probs == "recompute":  # else the engine's log-probs stand in for them
+            with self.rec.op(step, self.label, "actor", "score", batch=len(seqs), tokens=sum(len(s[1]) for s in seqs)):
+                temperature = self.config.ppo.temperature
+                out["actor"] = score_once(self.roles.actor, "logprob", seqs, self.roles.pad_id, temperature)
         return {role: [t.cpu() for t in outputs] for role, outputs in out.items()}
 
     def train(self, step: int, part: dict[str, torch.Tensor], totals: dict[str, float]) -> tuple[float, ...]:
@@ -105,12 +104,22 @@ class ActorRank:
             for model in self.trained:
                 sharding.release(model)
             self.gathered = False
-        return self.learner.train(step, part, totals)
+        losses = self.learner.train(step, part, totals)
+        self.rollout.updated()
+        return losses
 
     def end(self, carried: list[int]) -> None:
         for scorer in self.scorers.values():
             scorer.end(carried)
         self.rollout.end()
+
+    def engine_stats(self):
+        """The rollout engine's counts of the step (None: the hf loop has none)."""
+        return self.rollout.engine_stats()
+
+    def close(self) -> None:
+        """Stop the rollout engine's process, if any."""
+        self.rollout.close()
 
     def state(self, role: str) -> dict[str, torch.Tensor] | None:
         """A role's whole weights on the CPU (the trained critic, for a critic scoring in another process). Sharded
@@ -168,4 +177,5 @@ class LocalGroup:
         return []
 
     def close(self) -> None:
-        """Nothing to stop."""
+        """Stop what the rank started (a rollout engine's process)."""
+        self.rank.close()

@@ -78,6 +78,14 @@ class StepMetrics:
     mean_token_lag: float = math.nan
     # the share of trained samples cut at --max-new-tokens without their EOS (NaN: not recorded)
     truncated_frac: float = math.nan
+    # mean and largest |p_engine - p_trainer| over the trained tokens (NaN: not recorded, or --rollout-log-probs
+    # engine, where the trainer's are not computed)
+    rollout_probs_diff_mean: float = math.nan
+    rollout_probs_diff_max: float = math.nan
+    # --rollout-engine vllm: requests the engine preempted this step (their KV blocks taken back, recomputed later),
+    # and the share of prompt tokens its prefix cache held (NaN: the hf loop, which has neither)
+    engine_preemptions: float = math.nan
+    prefix_cache_hit_rate: float = math.nan
 
 
 class WeightHistory:
@@ -171,8 +179,12 @@ class Executor:
         return HeldOut(
             self.group.rank.roles.actor, reward, prompts, token_ids[:2], cfg.schedule.max_new_tokens,
             task.eval_decoding, cfg.ppo.temperature, self._seed(6), task.eval_samples, judge,
-            (cfg.ppo.top_k, cfg.ppo.top_p),
+            (cfg.ppo.top_k, cfg.ppo.top_p), self._engine_answers(),
         )  # fmt: skip
+
+    def _engine_answers(self):
+        """The rollout engine's generation for held-out answers (None: the hf loop decodes them here)."""
+        return self.group.rank.rollout.answers if self.config.rollout.rollout_engine == "vllm" else None
 
     def _held_out_items(self, token_ids: tuple[int, int, int]) -> HeldOut:
         """``--eval-every`` on a task with answers: ``--val-data`` (its first ``--eval-prompts``, 0: all), or the
@@ -268,8 +280,16 @@ class Executor:
             response_len=float(np.mean([t.response_tokens for t in trained])),
             entropy=losses[4],
             truncated_frac=float(cut.float().mean()),
+            **self._mismatch(scores),
+            **engine_metrics(group.first("engine_stats")),
         )
         return outcome, self._held_out_metrics(plan.step, metrics)
+
+    def _mismatch(self, scores: dict) -> dict[str, float]:
+        """The engine-trainer probability gap of the step; none where the engine's log-probs were the old ones."""
+        if self.config.rollout.rollout_log_probs == "engine":
+            return {}
+        return {key: scores[key] for key in ("rollout_probs_diff_mean", "rollout_probs_diff_max")}
 
     def _held_out_metrics(self, step: int, metrics: StepMetrics) -> StepMetrics:
         """``metrics`` with the held-out scores of the trained weights, on the steps ``--eval-every`` names."""
@@ -388,7 +408,10 @@ class Executor:
         shown = score[finished] if finished.any() else score
         kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
         behaviour = [torch.tensor(self.data[i].behaviour_logprobs, dtype=torch.float64) for i in ids]
+        if "actor" not in out:  # --rollout-log-probs engine: the sampled tokens' log-probs as the engine gave them
+            out["actor"] = [b.to(r.dtype) for b, r in zip(behaviour, out["reference"])]
         return {
+            **probs_diff(out["actor"], behaviour),
             "old_logprobs": out["actor"],
             "behaviour_logprobs": behaviour,
             "ref_logprobs": out["reference"],
@@ -449,6 +472,23 @@ class Executor:
 
     def close(self) -> None:
         self.group.close()
+
+
+def engine_metrics(stats) -> dict[str, float]:
+    """A step's ``engine_preemptions`` and ``prefix_cache_hit_rate`` from the engine's counts (None: no engine)."""
+    if stats is None:
+        return {}
+    return {"engine_preemptions": float(stats.preemptions), "prefix_cache_hit_rate": stats.prefix_hit_rate}
+
+
+def probs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor]) -> dict[str, float]:
+    """The mean and the largest |p_engine - p_trainer| over the sampled tokens (verl's rollout_probs_diff_*): how far
+    the probabilities the rollout sampled with are from the ones the trainer computes for the same weights and tokens
+    (0 to rounding for the hf loop, which samples from the trainer's own forward passes)."""
+    diff = torch.cat([(t.double().exp() - e.double().exp()).abs() for t, e in zip(trainer, engine)])
+    if not len(diff):
+        return {"rollout_probs_diff_mean": math.nan, "rollout_probs_diff_max": math.nan}
+    return {"rollout_probs_diff_mean": float(diff.mean()), "rollout_probs_diff_max": float(diff.max())}
 
 
 def task_with_answers(config: ExecConfig, eos_id: int) -> tuple[DatasetPrompts | None, Judge | None]:

