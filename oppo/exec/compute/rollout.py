@@ -277,14 +277,14 @@ def make_rollout(config: ExecConfig, actor, eos_id: int, pad_id: int, recorder: 
     ppo = config.ppo
     if config.rollout.rollout_engine == "hf":
         return Rollout(actor, eos_id, pad_id, ppo.temperature, recorder, label, ppo.top_k, ppo.top_p)
-    from oppo.exec.engines.vllm_engine import VllmEngine, check_budget
+    from oppo.exec.engines.vllm_engine import VllmEngine, check_budget, check_model
     from oppo.exec.models.roles import role_paths
 
     task = config.task
     max_model_len = max(task.prompt_tokens, task.max_prompt_tokens) + config.schedule.max_new_tokens
-    dtype = next(actor.parameters()).dtype
+    dtype, device = next(actor.parameters()).dtype, str(next(actor.parameters()).device)
+    check_model(actor.config, device, config.model.preset)
     check_budget(config.rollout.engine_memory, actor.config, dtype, max_model_len)
-    device = str(next(actor.parameters()).device)
     engine = VllmEngine(
         role_paths(config.model)["actor"], dtype, config.rollout.engine_memory, max_model_len, eos_id,
         seed=config.seed, eager=config.rollout.engine_eager, device=device,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,21 @@ MISSING = (
     "vllm on CUDA)"
 )
 GIB = 2**30
+
+
+class EngineDied(RuntimeError):
+    """The engine's process is gone: the run cannot go on (it stops with its records and last checkpoint kept)."""
+
+
+@contextmanager
+def _alive():
+    """vLLM's error for a dead engine process as :class:`EngineDied`, one line."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        yield
+    except EngineDeadError as err:
+        raise EngineDied("the vLLM engine process died (killed, or out of memory?)") from err
 
 
 def version() -> str | None:
@@ -51,6 +67,20 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+# Head sizes vLLM's CPU attention kernels take (vllm/v1/attention/backends/cpu_attn.py, 0.32)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_model(config, device: str, preset: str) -> None:
+    """Refuse a model the engine cannot run on ``device`` (it would fail inside its process with a long trace)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if device == "cpu" and head_dim not in CPU_HEAD_SIZES:
+        raise ValueError(
+            f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; preset {preset} has "
+            f"{head_dim}: --preset smollm2, or --rollout-engine hf"
+        )
 
 
 def check_budget(memory_gib: float, config, dtype: torch.dtype, max_model_len: int) -> None:
@@ -163,13 +193,16 @@ class VllmEngine:
             detokenize=False,
             **sampling,
         )
-        self.engine.add_request(request, {"prompt_token_ids": list(context)}, params)
+        with _alive():
+            self.engine.add_request(request, {"prompt_token_ids": list(context)}, params)
         self.live.add(request)
 
     def poll(self) -> dict[str, Output]:
         """What the engine produced since the last call (waits for at least one iteration), by request."""
         out: dict[str, Output] = {}
-        for result in self.engine.step():
+        with _alive():
+            results = self.engine.step()
+        for result in results:
             done = result.outputs[0]
             tokens = list(done.token_ids)
             logps = [entry[t].logprob for t, entry in zip(tokens, done.logprobs or [])]
@@ -186,7 +219,8 @@ class VllmEngine:
         """Stop these requests and free their KV blocks (what they produced and was not polled is lost)."""
         requests = [r for r in requests if r in self.live]
         if requests:
-            self.engine.abort_request(requests)
+            with _alive():
+                self.engine.abort_request(requests)
             self.live.difference_update(requests)
 
     @property
@@ -210,8 +244,9 @@ class VllmEngine:
         path = self._weights / "model.safetensors"
         save_file(tensors, path.with_suffix(".partial"))
         os.replace(path.with_suffix(".partial"), path)
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights)})
-        self.engine.reset_prefix_cache()
+        with _alive():
+            self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights)})
+            self.engine.reset_prefix_cache()
 
     def sleep(self) -> None:
         """CUDA: free the KV cache until the next generation (the trainer gets the memory)."""

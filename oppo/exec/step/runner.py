@@ -399,6 +399,9 @@ class Executor:
         out = {role: [rows[i] for i in ids] for role, rows in by_id.items()}
         out |= {role: [t.cpu() for t in p.get()] for role, p in pending.items()}
         out |= {role: [rows.pop(i) for i in ids] for role, rows in self.precomputed.items()}
+        behaviour = [torch.tensor(self.data[i].behaviour_logprobs, dtype=torch.float64) for i in ids]
+        if "actor" not in out:  # --rollout-log-probs engine: the sampled tokens' log-probs as the engine gave them
+            out["actor"] = [b.to(r.dtype) for b, r in zip(behaviour, out["reference"])]
         if self.dataset is not None:
             score, rule = self._dataset_scores(step, trained, out.get("reward"))
         else:
@@ -407,9 +410,6 @@ class Executor:
         finished = torch.tensor([t.finished for t in trained])
         shown = score[finished] if finished.any() else score
         kl = torch.cat([a - r for a, r in zip(out["actor"], out["reference"])]).float()
-        behaviour = [torch.tensor(self.data[i].behaviour_logprobs, dtype=torch.float64) for i in ids]
-        if "actor" not in out:  # --rollout-log-probs engine: the sampled tokens' log-probs as the engine gave them
-            out["actor"] = [b.to(r.dtype) for b, r in zip(behaviour, out["reference"])]
         return {
             **probs_diff(out["actor"], behaviour),
             "old_logprobs": out["actor"],
