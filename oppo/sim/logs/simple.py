@@ -63,7 +63,8 @@ def fit_simple(runs: list[LoggedRun], whole: bool = True) -> dict[str, StageCost
     for kind, pairs in rows.items():
         terms = _fit_kind(kind, pairs)
         for stage in ("reward",) if kind == "rule" else KINDS[kind]:
-            layer[stage] = terms
+            if stage != "reward" or kind == "rule":  # a reward model takes the forward terms where it runs one
+                layer[stage] = terms
     return layer
 
 
