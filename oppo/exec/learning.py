@@ -13,14 +13,26 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from oppo.exec.config import ExecConfig, ModelConfig, PPOConfig, TaskConfig, default_schedule, load_config
+from oppo.exec.config import (
+    ExecConfig,
+    ModelConfig,
+    PPOConfig,
+    RolloutConfig,
+    TaskConfig,
+    default_schedule,
+    load_config,
+)
 
 VARIANTS = ("sync", "oppo", "async1", "async2", "async4", "async1-decoupled", "async2-decoupled", "async4-decoupled")
 COLUMNS = ("step", "end_s", "samples", "reward", "rule_score", "held_out_reward", "held_out_rule_score")
 
 
 def variant_options(name: str) -> dict[str, str]:
-    """``sync``, ``oppo``, ``asyncK`` or ``asyncK-decoupled`` as executor options (option name -> value)."""
+    """``sync``, ``oppo``, ``asyncK`` or ``asyncK-decoupled``, each optionally ``@hf`` or ``@vllm`` (the rollout
+    engine; default hf), as executor options (option name -> value)."""
+    name, _, engine = name.partition("@")
+    if engine not in ("", "hf", "vllm"):
+        raise ValueError(f"unknown rollout engine {engine!r} in variant {name}@{engine}: hf or vllm")
     base, _, correction = name.partition("-")
     if base.startswith("async") and base.removeprefix("async").isdigit():
         options = {"policy": "async", "staleness": base.removeprefix("async")}
@@ -30,7 +42,7 @@ def variant_options(name: str) -> dict[str, str]:
         raise ValueError(f"unknown variant {name!r}: sync, oppo, asyncK or asyncK-decoupled")
     if correction not in ("", "decoupled"):
         raise ValueError(f"unknown variant {name!r}: the only correction is -decoupled")
-    return options | ({"offpolicy": "decoupled"} if correction else {})
+    return options | ({"offpolicy": "decoupled"} if correction else {}) | ({"rollout-engine": engine} if engine else {})
 
 
 def variant_flags(name: str) -> list[str]:
@@ -164,6 +176,7 @@ class TaskStudy:
             model=ModelConfig(preset=self.preset, threads=self.threads),
             ppo=ppo,
             task=task,
+            rollout=RolloutConfig(rollout_engine=options.get("rollout-engine", "hf")),
             steps=self.steps,
             seed=seed,
             save_every=self.eval_every,

@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 from oppo.exec.algos import advantages
 from oppo.exec.algos.advantages import ADVANTAGE_ESTIMATORS
 from oppo.exec.algos.aggregation import LOSS_AGGS
+from oppo.exec.baselines import trl_without_vllm
 from oppo.exec.baselines.trl_ppo import AS_OPPO_TRAINS, trl_dtype
 from oppo.exec.config import ExecConfig
 from oppo.exec.step.evaluation import HeldOut
@@ -44,6 +45,7 @@ class TRLPoint:
 def grpo_args(config: ExecConfig, out: str):
     """TRL's ``GRPOConfig`` for ``config``: one generation of ``batch`` prompts x ``group_size`` samples per step,
     ``epochs`` passes (``num_iterations``) in ``minibatches`` optimizer steps each (``steps_per_generation``)."""
+    trl_without_vllm()
     from trl import GRPOConfig
 
     cfg, sched = config.ppo, config.schedule
@@ -127,6 +129,8 @@ def run_trl_grpo(config: ExecConfig, eval_every: int = 0, progress=None) -> list
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trl_without_vllm()
     from trl import GRPOTrainer
 
     from oppo.exec.models.roles import role_paths, token_ids

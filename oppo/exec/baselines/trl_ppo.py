@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.exec.algos.kl import KL_ESTIMATORS
+from oppo.exec.baselines import trl_without_vllm
 from oppo.exec.config import ExecConfig
 from oppo.exec.models.roles import resolve_dtype
 from oppo.exec.step.runner import derived_seed, forced_length
@@ -62,6 +63,7 @@ class ForcedLengths:
 def _patch_generation(lengths: LengthTrace | None, config: ExecConfig, eos_id: int, counted: list[int]):
     """Route TRL's module-level ``generate`` through :class:`ForcedLengths` (new targets per call) and count the
     response tokens it generates (up to and including EOS) into ``counted``."""
+    trl_without_vllm()
     from trl.experimental.ppo import ppo_trainer
 
     original = ppo_trainer.generate
@@ -139,6 +141,8 @@ def run_trl(config: ExecConfig, lengths: LengthTrace | None = None, progress=Non
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    trl_without_vllm()
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     from oppo.exec.models.roles import role_paths
