@@ -7,7 +7,10 @@ engine (in its own process), sampled tokens at natural lengths up to the cap.
 Each round generates the same requests on both engines, in turn (each round starts with the other engine), so that
 the machine's drift falls on both alike. Prints per engine the median tokens per second over the rounds with the
 spread (min-max), and the median of the rounds' vllm / hf ratios. The engine's load is timed apart (it is paid once
-a run).
+a run). Then what is reproducible: the same requests with the same sampling keys sampled again, as one batch and
+each alone, counted against their first tokens (the hf loop's sampling noise is keyed by sequence and position, so
+it is batch independent by construction; vLLM's per-request generator is seeded by the key, and its kernels may
+reduce in another order when the batch changes).
 """
 
 from __future__ import annotations
@@ -48,19 +51,36 @@ def config_for(engine: str, args) -> ExecConfig:
     )
 
 
-def generate(rollout, prompts: list[list[int]], budget: int, seed: int) -> tuple[float, int]:
-    """(seconds, tokens generated) of one batch of requests, each decoded until EOS or ``budget``."""
-    decoding = [(i, budget, seed * 1_000_003 + i, None, 0) for i in range(len(prompts))]
-    start = time.perf_counter()
+def sample(rollout, prompts: list[list[int]], budget: int, seed: int, only: list[int] | None = None) -> dict:
+    """Each request's tokens ({index: tokens}), decoded until EOS or ``budget``; ``only``: these requests alone."""
+    keys = [seed * 1_000_003 + i for i in range(len(prompts))]
+    decoding = [(i, budget, keys[i], None, 0) for i in (range(len(prompts)) if only is None else only)]
     rollout.begin(0, dict(enumerate(prompts)), decoding)
-    tokens = 0
+    out: dict[int, list[int]] = {i: [] for i, *_ in decoding}
     while True:
         _, new, _ = rollout.decode(0, budget)
         if not new:
             break
-        tokens += sum(map(len, new.values()))
+        for i, tokens in new.items():
+            out[i] += tokens
     rollout.end()
+    return out
+
+
+def generate(rollout, prompts: list[list[int]], budget: int, seed: int) -> tuple[float, int]:
+    """(seconds, tokens generated) of one batch of requests, each decoded until EOS or ``budget``."""
+    start = time.perf_counter()
+    tokens = sum(map(len, sample(rollout, prompts, budget, seed).values()))
     return time.perf_counter() - start, tokens
+
+
+def reproducibility(rollout, prompts: list[list[int]], budget: int) -> tuple[int, int]:
+    """Of the requests sampled twice with the same keys: (as the same batch again, each alone), how many got the same
+    tokens as the first time."""
+    first = sample(rollout, prompts, budget, seed=99)
+    again = sample(rollout, prompts, budget, seed=99)
+    alone = {i: sample(rollout, prompts, budget, seed=99, only=[i])[i] for i in range(len(prompts))}
+    return sum(again[i] == first[i] for i in first), sum(alone[i] == first[i] for i in first)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             for engine in ENGINES[r % 2 :] + ENGINES[: r % 2]:
                 seconds, tokens = generate(rollouts[engine], prompts, args.max_new_tokens, r)
                 rates[engine].append(tokens / seconds)
+        same = {engine: reproducibility(rollouts[engine], prompts, args.max_new_tokens) for engine in ENGINES}
     finally:
         for rollout in rollouts.values():
             rollout.close()
@@ -103,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{engine:<8} {np.median(t):>10.1f} ({t.min():.1f}-{t.max():.1f})")
     ratios = np.asarray(rates["vllm"]) / np.asarray(rates["hf"])
     print(f"vllm / hf: {np.median(ratios):.2f}x ({ratios.min():.2f}-{ratios.max():.2f})")
+    print("the same requests with the same sampling keys, against their first tokens:")
+    for engine, (again, alone) in same.items():
+        n = len(prompts)
+        print(f"{engine:<8} as the same batch again: {again} of {n} identical; each alone: {alone} of {n} identical")
 
 
 if __name__ == "__main__":

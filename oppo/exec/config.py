@@ -423,8 +423,10 @@ class ExecConfig:
             raise ValueError("--lengths forces EOS at traced lengths inside the hf decode loop: --rollout-engine hf")
         if self.dp > 1:
             raise ValueError("--rollout-engine vllm generates for one actor rank: --dp 1")
-        if self.schedule.asynchronous:
-            raise ValueError("--rollout-engine vllm does not run --policy async yet: --rollout-engine hf")
+        if self.schedule.asynchronous and not self.rollout_workers:
+            raise ValueError(
+                "--policy async on vLLM generates in --rollout-workers (each owns an engine): give --rollout-workers 1"
+            )
 
     @property
     def learning_rates(self) -> tuple[float, float]:

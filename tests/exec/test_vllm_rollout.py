@@ -135,3 +135,43 @@ def test_one_grpo_step_trains_on_engine_tokens_and_records_the_engine(run):
     assert {("actor", "prefill"), ("actor", "decode"), ("actor", "train_actor")} <= phases
     executor.step()  # the second step pushes the updated weights first
     assert any(r.phase == "sync" and r.role == "actor" for r in executor.rec.rows)
+
+
+@pytest.mark.slow  # a run of its own (a second engine)
+def test_the_engine_dying_mid_run_stops_it_with_one_line_and_keeps_records_and_checkpoint(tmp_path):
+    """The engine's process is killed (by its id, a descendant of the run this test started) after the first
+    checkpoint: the run ends with exit 1 and one line, its records and checkpoint kept."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    arithmetic.main(["--out", str(tmp_path), "--train", "8", "--val", "0"])
+    out = tmp_path / "run"
+    args = [
+        "--preset", "smollm2", "--data", tmp_path / "train.jsonl", "--reward-fn", "gsm8k", "--algo", "grpo",
+        "--policy", "sync", "--steps", "20", "--batch", "1", "--group-size", "2", "--max-new-tokens", "8",
+        "--max-prompt-tokens", "96", "--epochs", "1", "--minibatches", "1", "--save-every", "1",
+        "--rollout-engine", "vllm", "--engine-eager", "--engine-memory", "0.25", "--out", out,
+    ]  # fmt: skip
+    run = subprocess.Popen(
+        [sys.executable, "-m", "oppo.exec.train", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (out / "checkpoint" / "manifest.json").exists() and run.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint in 600 s"
+            time.sleep(0.5)
+        engines = [p for p in psutil.Process(run.pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+        assert engines, "the run's engine process was not found among its descendants"
+        for process in engines:
+            process.kill()
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    lines = [line for line in stderr.decode().splitlines() if line.startswith("error:")]
+    assert run.returncode == 1, stderr.decode()[-2000:]
+    assert len(lines) == 1 and "the vLLM engine process died" in lines[0]
+    assert (out / "checkpoint" / "manifest.json").exists() and (out / "steps.csv").exists()

@@ -105,6 +105,11 @@ class Rollout:
     def end(self) -> None:
         self.decoder = None
 
+    @property
+    def running(self) -> bool:
+        """Whether a row of the step still decodes."""
+        return self.decoder is not None and bool(self.decoder.running.any())
+
     def updated(self) -> None:
         """The trainer changed the actor's weights: this loop decodes with the live module, nothing to move."""
 
@@ -191,6 +196,11 @@ class EngineRollout:
             if self.over.get(seq_id) and not self.buffer[seq_id]:  # its last token, the EOS, handed over now
                 finished[seq_id] = len(handed)
         return finished, new, logprobs
+
+    @property
+    def running(self) -> bool:
+        """Whether a sequence of the step still has tokens to come (from the engine, or held here)."""
+        return bool(self.seq_of) or any(self.buffer.values())
 
     def _owed(self, seq_id: int, n: int) -> bool:
         """Whether the engine still owes ``seq_id`` tokens for a round of ``n``."""

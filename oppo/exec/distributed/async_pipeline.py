@@ -9,6 +9,8 @@ process) scores, trains and publishes version-tagged weights.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import queue
 import sys
@@ -87,14 +89,16 @@ class AsyncPipeline(Executor):
             torch.set_num_threads(1)
         frozen = tuple(r for r in scorer_roles(config) if r in ("reward", "reference"))  # scored by the workers
         which = tuple(r for r in run_roles(config) if r not in frozen)
-        group, scorers = local_parts(config, load_roles(config.model, device, which=which), recorder, frozen)
+        # the trainer generates nothing (its rank decodes held-out answers alone): the hf loop, no engine of its own
+        trainer = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, rollout_engine="hf"))
+        group, scorers = local_parts(trainer, load_roles(config.model, device, which=which), recorder, frozen)
         super().__init__(config, group, scorers, recorder, token_ids(config.model), lengths)
         if self.held_out and "reward" in frozen:  # held-out answers are scored by a reward model of the trainer's
             self.held_out.reward = load_role(config.model, "reward", device).requires_grad_(False)
         spawn = RolloutWorker.options(**_one_device(on_gpu)).remote
         for k in range(config.rollout_workers):
             core = cores[k + 1] if cores else None
-            self.workers.append(spawn(config.model, recorder.t0, f"cpu{k + 1}", config.ppo, frozen, core))
+            self.workers.append(spawn(config, recorder.t0, f"cpu{k + 1}", frozen, core))
         for k, (label, pid) in enumerate(_get([w.ready.remote() for w in self.workers], "rollout")):
             print(f"placement: rollout worker {k} on {label} (worker pid {pid})", file=sys.stderr)
         self.cond = threading.Condition()  # guards the scheduling core, the version and the queue count
@@ -258,6 +262,7 @@ class AsyncPipeline(Executor):
             queue_wait_s=started - generated_at,
             queue_depth=depth,
             mean_token_lag=sum(lag.mean_lag * t.response_tokens for lag, t in zip(lags, trained)) / max(tokens, 1),
+            **self._mismatch(scores),  # here the gap holds the policy lag too: older weights sampled the tokens
         )
         return outcome, self._held_out_metrics(plan.step, metrics)
 
@@ -270,6 +275,8 @@ class AsyncPipeline(Executor):
     def _release(self) -> None:
         """Kill the workers (which ends the rollout thread's calls), shut down the Ray started here and give this
         process its cores and torch threads back."""
+        with contextlib.suppress(Exception):  # engines stopped first; a dead worker has none to stop
+            ray.get([worker.close.remote() for worker in self.workers], timeout=60)
         for worker in self.workers:
             ray.kill(worker)
         thread = getattr(self, "thread", None)  # None until the first step, absent if the start failed

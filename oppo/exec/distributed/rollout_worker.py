@@ -71,12 +71,16 @@ class RolloutWorker:
     """A rollout worker of ``async``: its own copy of the actor on one device (one core or one GPU), generating
     the sequences it is dealt with the weights version it was last sent, timed on the driver's clock (``t0``)."""
 
-    def __init__(self, model_config, t0: float, label: str, ppo, frozen: tuple[str, ...], core: int | None):
-        """``frozen``: the scorer roles that never change (reward model, reference) this worker scores its
-        sequences with, as they finish, off the trainer's device; ``core``: the CPU core it runs on (None: where
-        the OS puts it, as on a cluster's other node)."""
-        from oppo.exec.compute.rollout import Rollout
+    def __init__(self, config, t0: float, label: str, frozen: tuple[str, ...], core: int | None):
+        """``config``: the run's :class:`~oppo.exec.config.ExecConfig` (its model, sampling and rollout engine);
+        ``frozen``: the scorer roles that never change (reward model, reference) this worker scores its sequences
+        with, as they finish, off the trainer's device; ``core``: the CPU core it runs on (None: where the OS puts
+        it, as on a cluster's other node). With ``--rollout-engine vllm`` the worker owns an engine (its process
+        inherits the worker's core) and pushes each version it is sent into it before generating with it."""
+        from oppo.exec.compute.rollout import make_rollout
         from oppo.exec.models.roles import load_role
+
+        model_config, ppo = config.model, config.ppo
 
         if not ray.get_gpu_ids():
             torch.set_num_threads(1)  # one core per worker
@@ -88,9 +92,7 @@ class RolloutWorker:
         self.temperature = ppo.temperature  # ``ppo``: the run's PPOConfig, whose sampling settings this worker uses
         self.frozen = {role: load_role(model_config, role, device).requires_grad_(False) for role in frozen}
         self.rec = Recorder(t0)
-        self.rollout = Rollout(
-            self.actor, eos_id, self.pad_id, ppo.temperature, self.rec, self.label, ppo.top_k, ppo.top_p
-        )
+        self.rollout = make_rollout(config, self.actor, eos_id, self.pad_id, self.rec, self.label)
         self.version: int | None = None
         self.step, self.tokens, self.decoding = -1, {}, []
         self.finished: dict[int, int] = {}  # seq id -> tokens it decoded this step, EOS included
@@ -104,6 +106,7 @@ class RolloutWorker:
     def load_weights(self, step: int, version: int, state: dict) -> None:
         with self.rec.op(step, self.label, "actor", "sync", batch=1):
             self.actor.load_state_dict(unshared(state))
+        self.rollout.updated()  # an engine takes them before it generates again
         self.version = version
 
     def start(self, step: int, tokens: dict[int, list[int]], decoding: list[tuple]) -> None:
@@ -121,8 +124,7 @@ class RolloutWorker:
             self.behaviour.setdefault(seq_id, []).extend(behaviour[seq_id])
             self.versions.setdefault(seq_id, []).extend([self.version] * len(tokens))
         self.finished |= {seq_id: len(self.new[seq_id]) for seq_id in finished}
-        decoder = self.rollout.decoder
-        return decoder is not None and bool(decoder.running.any())
+        return self.rollout.running
 
     def switch(self, version: int, state: dict) -> None:
         """In-flight update: the rows still running go on under ``version``'s weights (their prefix re-prefilled,
@@ -147,6 +149,10 @@ class RolloutWorker:
             scored[role] = {s[0]: t.cpu() for s, t in zip(seqs, outputs)}
         rows, self.rec.rows = self.rec.rows, []
         return self.finished, self.new, self.behaviour, self.versions, scored, rows
+
+    def close(self) -> None:
+        """Stop the rollout engine's process, if any (before the worker is killed)."""
+        self.rollout.close()
 
     def generate(self, step: int, tokens: dict[int, list[int]], decoding: list[tuple], n: int):
         """The whole step in one call (no in-flight updates): :meth:`start`, :meth:`decode` of ``n``,

@@ -184,7 +184,7 @@ class Executor:
 
     def _engine_answers(self):
         """The rollout engine's generation for held-out answers (None: the hf loop decodes them here)."""
-        return self.group.rank.rollout.answers if self.config.rollout.rollout_engine == "vllm" else None
+        return getattr(self.group.rank.rollout, "answers", None)
 
     def _held_out_items(self, token_ids: tuple[int, int, int]) -> HeldOut:
         """``--eval-every`` on a task with answers: ``--val-data`` (its first ``--eval-prompts``, 0: all), or the
