@@ -147,6 +147,8 @@ class TaskStudy:
     eval_every: int = 10
     eval_prompts: int = 100
     threads: int = 1
+    rollout_log_probs: str = "recompute"  # engine: the sampled tokens' log-probs as the old ones (no pass)
+    rollout_is: str = "none"  # token, sequence: truncated importance sampling over the engine-trainer gap
 
     def config(self, variant: str, seed: int) -> ExecConfig:
         options = variant_options(variant)
@@ -176,7 +178,11 @@ class TaskStudy:
             model=ModelConfig(preset=self.preset, threads=self.threads),
             ppo=ppo,
             task=task,
-            rollout=RolloutConfig(rollout_engine=options.get("rollout-engine", "hf")),
+            rollout=RolloutConfig(
+                rollout_engine=options.get("rollout-engine", "hf"),
+                rollout_log_probs=self.rollout_log_probs,
+                rollout_is=self.rollout_is,
+            ),
             steps=self.steps,
             seed=seed,
             save_every=self.eval_every,
