@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 
+import numpy as np
 import pytest
 
 from oppo.sim.setup.toml_file import load_setup
@@ -269,3 +270,22 @@ def test_the_planner_searches_the_setup_given_and_takes_no_stored_run():
     """A stored run's config would be read for its lengths alone (its setup and schedule left aside): refused."""
     res = sim("plan", "--config", "runs/x/config.json", "--out", "unused")
     assert res.returncode == 2 and "unrecognized arguments: --config" in res.stderr
+
+
+def test_the_steady_lag_by_column_is_the_lag_record_by_record():
+    """The planner reads a run's trained records by column (no record built per sample): the same mean lag as over
+    the records one by one, warm-up and empty halves included."""
+    from oppo.records.schema import TrainedColumns, TrainedSeq
+    from oppo.sim.study.plan import steady_lag
+
+    rng = np.random.default_rng(0)
+    fields = TrainedSeq._fields
+    records = [
+        TrainedSeq(**{f: int(rng.integers(0, 5)) for f in fields} | {"step": step, "policy_lag": int(rng.integers(4))})
+        for step in range(10)
+        for _ in range(int(rng.integers(0, 6)))
+    ]
+    columns = TrainedColumns.of(records)
+    for steps, warm_up in ((10, 0), (10, 7), (4, 0), (30, 0)):
+        assert steady_lag(columns, steps, warm_up) == pytest.approx(steady_lag(records, steps, warm_up), abs=1e-12)
+    assert steady_lag(TrainedColumns(), 10) == steady_lag([], 10) == 0.0

@@ -61,8 +61,8 @@ class DecodeBatch:
 
     def finished(self, first: int, end: int, step_tokens: int) -> dict[int, int]:
         """The rows that reach EOS in the round: id -> tokens decoded in it."""
-        ids, stop, eos = self.ids, self.stop, self.eos
-        return {ids[i]: stop[i] - step_tokens for i in range(first, end) if eos[i]}
+        rows = zip(self.ids[first:end], self.stop[first:end], self.eos[first:end])
+        return {i: stop - step_tokens for i, stop, eos in rows if eos}
 
 
 class Generation:

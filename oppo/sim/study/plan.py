@@ -329,6 +329,10 @@ def steady_lag(trained, steps: int, warm_up: int = 0) -> float:
     steps (async K: the first K steps cannot be K behind) where those are more. Over a short early rung a run's mean
     lag understates the lag it settles at, and a configuration over ``--max-lag`` would pass that rung."""
     first = min(max(steps // 2, warm_up), steps - 1)
+    if hasattr(trained, "column"):  # a run's records by column (TrainedColumns): no record built per sample
+        step, lag = np.asarray(trained.column("step")), np.asarray(trained.column("policy_lag"))
+        late = lag[step >= first]
+        return float(late.mean()) if len(late) else 0.0
     late = [t.policy_lag for t in trained if t.step >= first]
     return float(np.mean(late)) if late else 0.0
 
