@@ -421,6 +421,12 @@ class ExecConfig:
             return
         if self.task.lengths:
             raise ValueError("--lengths forces EOS at traced lengths inside the hf decode loop: --rollout-engine hf")
+        cut = self.ppo.top_k > 0 or self.ppo.top_p < 1
+        if cut and (rollout.rollout_log_probs == "engine" or rollout.rollout_is != "none"):
+            raise ValueError(
+                "under --top-k / --top-p vLLM returns the cut distribution's log-probs, the trainer the whole "
+                "softmax's: --rollout-log-probs recompute and --rollout-is none"
+            )
         if self.dp > 1:
             raise ValueError("--rollout-engine vllm generates for one actor rank: --dp 1")
         if self.schedule.asynchronous and not self.rollout_workers:

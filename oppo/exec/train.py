@@ -137,7 +137,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
     from transformers.utils import logging as hf_logging
 
     from oppo.exec.compute.timing import Recorder
-    from oppo.exec.engines.vllm_engine import EngineDied
+    from oppo.exec.engines.vllm_engine import EngineError
     from oppo.exec.models.roles import load_roles
     from oppo.exec.step import snapshot
     from oppo.exec.step.parts import run_roles
@@ -188,7 +188,7 @@ def train(config: ExecConfig, out: Path, resume: bool = False, trackers: Tracker
     except KeyboardInterrupt:
         print(f"interrupted after {len(log.steps)} steps: records so far kept in {out}", file=sys.stderr)
         code = 130
-    except (RunAborted, EngineDied) as err:
+    except (RunAborted, EngineError) as err:
         print(f"error: {err}; records of {len(log.steps)} steps kept in {out}", file=sys.stderr)
         code = 1
     except OSError as err:

@@ -51,6 +51,8 @@ VLLM = {"rollout_engine": "vllm"}
         (VLLM, {"dp": 2}, "--dp 1"),
         (VLLM, {"schedule": default_schedule(policy="async")}, "--policy async"),
         (VLLM, {"task": TaskConfig(lengths="gsm8k")}, "--lengths"),
+        (VLLM | {"rollout_log_probs": "engine"}, {"ppo": PPOConfig(top_p=0.9)}, "the cut distribution's log-probs"),
+        (VLLM | {"rollout_is": "token"}, {"ppo": PPOConfig(top_k=5)}, "the cut distribution's log-probs"),
     ],
 )
 def test_rollout_options_that_cannot_go_together_are_refused(rollout, other, message):
@@ -99,6 +101,35 @@ def test_a_kv_budget_below_one_sequence_is_refused_before_the_engine_starts():
     config = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
     # SmolLM2-135M: 2 x 30 layers x 3 KV heads x 64 x 4 bytes = 46,080 bytes a token in float32
     assert vllm_engine.kv_bytes_per_token(config, torch.float32) == 46_080
-    vllm_engine.check_budget(46_080 * 144 / 2**30, config, torch.float32, 144)  # exactly one sequence: taken
-    with pytest.raises(ValueError, match=r"--engine-memory 0.001 GiB cannot hold one sequence of 144 tokens"):
-        vllm_engine.check_budget(0.001, config, torch.float32, 144)
+    # 144 tokens take two 128-token blocks on a CPU: 256 tokens' memory, exactly, is taken; a token less is not
+    vllm_engine.check_budget(46_080 * 256 / 2**30, config, torch.float32, 144)
+    with pytest.raises(ValueError, match=r"cannot hold one sequence of 144 tokens \(0.011 GiB .* 128-token blocks\)"):
+        vllm_engine.check_budget(46_080 * 255 / 2**30, config, torch.float32, 144)
+    vllm_engine.check_budget(46_080 * 144 / 2**30, config, torch.float32, 144, device="cuda:0")  # 16-token blocks
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_importance_sampling_trains_and_on_the_hf_loop_weighs_nothing(tmp_path, level):
+    """On the hf loop p_engine = p_trainer to rounding, so every weight is 1 and the run trains as one without the
+    correction (losses to 1e-5 of their scale)."""
+    common = ["--steps", "2", "--batch", "2", "--policy", "sync", "--seed", "5"]
+    for name, flags in (("plain", []), ("is", ["--rollout-is", level, "--rollout-is-cap", "1.5"])):
+        res = train(*common, *flags, "--out", tmp_path / name)
+        assert res.returncode == 0, res.stderr
+    for a, b in zip(rows(tmp_path / "is" / "metrics.csv"), rows(tmp_path / "plain" / "metrics.csv")):
+        assert abs(float(a["policy_loss"]) - float(b["policy_loss"])) <= 1e-5 * max(1.0, abs(float(b["policy_loss"])))
+
+
+def test_a_resumed_run_marks_the_rollout_engines_weights_as_changed(tmp_path, monkeypatch):
+    """The engine loaded the starting checkpoint; after --resume it must take the restored weights before it
+    generates (here counted on the hf loop's hook: one call per update, and one for the restore)."""
+    from oppo.exec.compute import rollout
+
+    res = train("--steps", "2", "--batch", "2", "--save-every", "2", "--out", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    calls = []
+    monkeypatch.setattr(rollout.Rollout, "updated", lambda self: calls.append(1))
+    res = train("--steps", "3", "--resume", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    epochs, minibatches = 2, 2  # the tiny preset's defaults: updates a step
+    assert len(calls) == 1 + epochs * minibatches

@@ -10,6 +10,7 @@ from __future__ import annotations
 from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig
 from oppo.exec.engines.hf import ChunkedDecoder
+from oppo.exec.engines.vllm_engine import EngineError
 from oppo.records.schema import TraceRow
 
 # A decode row of the trace covers at most this many iterations, so that a step's rows span its contexts (from the
@@ -113,6 +114,9 @@ class Rollout:
     def updated(self) -> None:
         """The trainer changed the actor's weights: this loop decodes with the live module, nothing to move."""
 
+    def halt(self) -> None:
+        """The step's generation is over: nothing runs between rounds here."""
+
     def engine_stats(self) -> None:
         """No engine of its own: no preemptions or prefix cache to report."""
 
@@ -144,6 +148,7 @@ class EngineRollout:
         self.contexts: dict[int, list[int]] = {}
         self.decoding: dict[int, tuple] = {}
         self.prefill_from: float | None = None  # when this step's requests went in, until their first tokens
+        self.budgets: dict[int, int] = {}  # seq id -> tokens its live request may still make
 
     # -- weights ----------------------------------------------------------------------------------------
     def updated(self) -> None:
@@ -165,21 +170,26 @@ class EngineRollout:
     def begin(self, step: int, tokens: dict[int, list[int]], decoding: list[tuple]) -> None:
         """Send the rows of ``decoding`` ((seq id, budget, sampling key, forced length (None), response tokens so
         far)) to the engine, with contexts ``tokens[seq id]``."""
+        self.engine.wake()  # (CUDA) the weights back on the device before new ones are loaded into them
         self.refresh(step)
         self.contexts, self.decoding = tokens, {row[0]: row for row in decoding}
         self.buffer = {row[0]: [] for row in decoding}
         self.handed, self.over = {row[0]: [] for row in decoding}, {}
-        self.engine.wake()
-        for seq_id, budget, key, _, _ in decoding:
-            self._request(seq_id, tokens[seq_id], budget, key)
+        self._handed_before = {row[0]: 0 for row in decoding}  # handed over before its live request began
+        for seq_id, budget, key, _, done in decoding:
+            self._request(seq_id, tokens[seq_id], budget, key, done)
         self.prefill_from = self.rec.now() if decoding else None
         self.prefill_tokens = sum(len(tokens[row[0]]) for row in decoding)
 
-    def _request(self, seq_id: int, context: list[int], budget: int, key: int) -> None:
+    def _request(self, seq_id: int, context: list[int], budget: int, key: int, position: int) -> None:
+        """Ask the engine for up to ``budget`` tokens after ``context``, the response's token ``position`` next. The
+        request's generator is seeded by the sequence's key and that position: a resumed sequence draws fresh noise,
+        not again the noise its first tokens drew (vLLM restarts a request's generator from its seed)."""
         request = f"{seq_id}.{self.requests}"
         self.requests += 1
         self.seq_of[request] = seq_id
-        self.engine.add(request, context, budget, key, self.sampling)
+        self.budgets[seq_id] = budget
+        self.engine.add(request, context, budget, resumed_seed(key, position), self.sampling)
 
     def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
         """At most ``n`` new tokens per sequence: ({seq id: tokens handed over} of those that hit EOS among them,
@@ -232,22 +242,38 @@ class EngineRollout:
             if out.finished:
                 self.over[seq_id] = out.eos
                 del self.seq_of[request]
+                made = len(self.buffer[seq_id]) + len(self.handed[seq_id]) - self._handed_before[seq_id]
+                if not out.eos and made < self.budgets[seq_id]:  # the core would count tokens that never come
+                    raise EngineError(
+                        f"the engine ended sequence {seq_id} after {made} of its {self.budgets[seq_id]} tokens "
+                        "without EOS"
+                    )
 
     def refill(self, step: int) -> None:
-        """After new weights mid-generation: the running requests are aborted and go on from their context and the
-        tokens handed over so far, under the new weights (what the engine ran ahead with the old ones is dropped)."""
-        running = {request: s for request, s in self.seq_of.items()}
+        """After new weights mid-generation: every sequence with tokens still to come (a running request, or tokens
+        the engine made ahead that were not handed over) goes on from its context and the tokens handed over so far,
+        under the new weights; what the engine made ahead with the old ones is dropped, so every token handed over
+        from here on is the new version's."""
+        ahead = {s for s in self.seq_of.values()} | {s for s, pending in self.buffer.items() if pending}
         self._abort()
         self.refresh(step)
-        for seq_id in running.values():
-            _, budget, key, _, _ = self.decoding[seq_id]
+        for seq_id in sorted(ahead):
+            _, budget, key, _, done = self.decoding[seq_id]
             self.buffer[seq_id] = []
-            context = self.contexts[seq_id] + self.handed[seq_id]
-            self._request(seq_id, context, budget - len(self.handed[seq_id]), key)
+            self.over.pop(seq_id, None)
+            handed = self.handed[seq_id]
+            self._handed_before[seq_id] = len(handed)
+            self._request(seq_id, self.contexts[seq_id] + handed, budget - len(handed), key, done + len(handed))
 
     def _abort(self) -> None:
         self.engine.abort(list(self.seq_of))
         self.seq_of = {}
+
+    def halt(self) -> None:
+        """The step has what it trains: the requests still running are aborted now (their KV blocks freed), so the
+        engine does not decode, with the old weights, tokens that would be dropped while the trainer scores and
+        trains (the sequences resume from what was handed over)."""
+        self._abort()
 
     def end(self) -> None:
         """Abort what is still generating (carried sequences resume from their tokens next step)."""
@@ -261,9 +287,12 @@ class EngineRollout:
 
     def answers(self, prompts: list[list[int]], budget: int, keys: list[int], greedy: bool) -> list[list[int]]:
         """Each prompt's answer under the actor's current weights, until EOS or ``budget`` tokens (held-out
-        evaluation: its requests run alone, between two steps)."""
-        self.refresh(-1)
+        evaluation: its requests run alone, between two steps, off the run's clock). Weights the trainer changed are
+        loaded without a trace row and stay marked as changed: the next step loads them again on its clock, as every
+        step does (one more push per evaluation, so that every step's records read alike)."""
         self.engine.wake()
+        if self.stale:
+            self.engine.load_weights(self.actor.state_dict())
         sampling = {"temperature": 0.0} if greedy else self.sampling
         requests = {}  # request id -> prompt index
         for i, (prompt, key) in enumerate(zip(prompts, keys)):
@@ -282,6 +311,11 @@ class EngineRollout:
         self.engine.close()
 
 
+def resumed_seed(key: int, position: int) -> int:
+    """A request's seed: the sequence's sampling key mixed with the response position it starts at (64 bits)."""
+    return (key * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % 2**63
+
+
 def make_rollout(config: ExecConfig, actor, eos_id: int, pad_id: int, recorder: Recorder, label: str):
     """The rollout of ``config``'s engine for ``actor`` (its checkpoint folder is what a vLLM engine loads first)."""
     ppo = config.ppo
@@ -294,7 +328,7 @@ def make_rollout(config: ExecConfig, actor, eos_id: int, pad_id: int, recorder: 
     max_model_len = max(task.prompt_tokens, task.max_prompt_tokens) + config.schedule.max_new_tokens
     dtype, device = next(actor.parameters()).dtype, str(next(actor.parameters()).device)
     check_model(actor.config, device, config.model.preset)
-    check_budget(config.rollout.engine_memory, actor.config, dtype, max_model_len)
+    check_budget(config.rollout.engine_memory, actor.config, dtype, max_model_len, device)
     engine = VllmEngine(
         role_paths(config.model)["actor"], dtype, config.rollout.engine_memory, max_model_len, eos_id,
         seed=config.seed, eager=config.rollout.engine_eager, device=device,

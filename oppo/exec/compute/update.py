@@ -223,7 +223,7 @@ def step_batch(config: ExecConfig, trained, data, scores: dict, pad_id: int, eos
     the loss."""
     truncated = config.schedule.truncated
     batch = padded_batch(trained, data, pad_id, config.ppo.tppo_drop_tokens, truncated)
-    if config.ppo.offpolicy == "decoupled":  # the log-probs of the weights that sampled each token
+    if config.ppo.offpolicy == "decoupled" or config.rollout.rollout_is != "none":  # each token's sampling log-prob
         dtype = scores["old_logprobs"][0].dtype
         batch["behav_lp"] = pad_rows(scores["behaviour_logprobs"], batch["mask"].shape[1]).to(dtype)
     if config.schedule.algo == "grpo":

@@ -23,6 +23,7 @@ from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig
 from oppo.exec.distributed.placement import _get, _one_device, _start_ray
 from oppo.exec.distributed.rollout_worker import RolloutWorker, TokenLag, shareable, token_lag
+from oppo.exec.engines.vllm_engine import EngineError
 from oppo.exec.models.roles import load_roles, resolve_device, token_ids
 from oppo.exec.step.parts import local_parts, scorer_roles
 from oppo.exec.step.runner import Executor, RunAborted
@@ -224,7 +225,7 @@ class AsyncPipeline(Executor):
         waited = self.rec.now()
         item = self.generated.get()
         if isinstance(item, BaseException):
-            raise item if isinstance(item, RunAborted) else RunAborted(f"the rollout stopped: {item}")
+            raise item if isinstance(item, (RunAborted, EngineError)) else RunAborted(f"the rollout stopped: {item}")
         plan, trained, rollout_idle, generated_at = item
         started = self.rec.now()
         depth = self.generated.qsize() + 1

@@ -25,6 +25,7 @@ import torch
 from oppo.exec.compute.scoring import LocalScorer
 from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig
+from oppo.exec.engines.vllm_engine import EngineError
 from oppo.exec.models.roles import load_roles, resolve_device, token_ids
 from oppo.exec.step.parts import device_name, driver_roles, driver_scorers, local_parts, rank_roles, scorer_roles
 from oppo.exec.step.rank import ActorRank, join_group, trained_roles
@@ -120,6 +121,10 @@ def _get(ref, role: str):
         return ray.get(ref)
     except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as err:
         raise WorkerDied(f"the {role} worker died: {type(err).__name__}") from None
+    except ray.exceptions.RayTaskError as err:  # a worker's rollout engine failed: its one line, not Ray's traceback
+        if isinstance(err.cause, EngineError):
+            raise type(err.cause)(str(err.cause)) from None
+        raise
 
 
 class RemoteScorer:

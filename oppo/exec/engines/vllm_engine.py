@@ -21,7 +21,7 @@ import importlib.metadata
 import os
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,8 +35,12 @@ MISSING = (
 GIB = 2**30
 
 
-class EngineDied(RuntimeError):
-    """The engine's process is gone: the run cannot go on (it stops with its records and last checkpoint kept)."""
+class EngineError(RuntimeError):
+    """The engine did what the run cannot go on from (it stops with its records and last checkpoint kept)."""
+
+
+class EngineDied(EngineError):
+    """The engine's process is gone."""
 
 
 @contextmanager
@@ -83,14 +87,20 @@ def check_model(config, device: str, preset: str) -> None:
         )
 
 
-def check_budget(memory_gib: float, config, dtype: torch.dtype, max_model_len: int) -> None:
-    """Refuse a KV budget that cannot hold one sequence of ``max_model_len`` tokens (vLLM would fail inside its
-    process with a long trace)."""
-    need = kv_bytes_per_token(config, dtype) * max_model_len
+# Tokens of a KV block: vLLM's default on a CPU (vllm/platforms/cpu.py) and on CUDA. Memory is given in whole blocks.
+BLOCK_TOKENS = {"cpu": 128, "cuda": 16}
+
+
+def check_budget(memory_gib: float, config, dtype: torch.dtype, max_model_len: int, device: str = "cpu") -> None:
+    """Refuse a KV budget that cannot hold one sequence of ``max_model_len`` tokens in whole KV blocks (vLLM would
+    fail inside its process with a long trace)."""
+    block = BLOCK_TOKENS["cpu" if device == "cpu" else "cuda"]
+    need = kv_bytes_per_token(config, dtype) * -(-max_model_len // block) * block
     if memory_gib * GIB < need:
         raise ValueError(
             f"--engine-memory {memory_gib:g} GiB cannot hold one sequence of {max_model_len} tokens "
-            f"({need / GIB:.3f} GiB of keys and values): raise --engine-memory or lower --max-new-tokens"
+            f"({need / GIB:.3f} GiB of keys and values in {block}-token blocks): raise --engine-memory or lower "
+            "--max-new-tokens"
         )
 
 
@@ -104,7 +114,6 @@ class EngineStats:
     preemptions: int = 0  # requests preempted (their blocks freed; recomputed when resumed)
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # of which found there
-    batches: list[tuple[float, int]] = field(default_factory=list)  # (wall time, running requests) per iteration
 
     def take(self) -> EngineStats:
         """The counts so far; the counter starts again from zero."""
@@ -159,7 +168,7 @@ class VllmEngine:
 
         self.eos_id = eos_id
         self.stats = EngineStats()
-        self._weights = Path(tempfile.mkdtemp(prefix="oppo-weights-", dir=_scratch()))
+        self.engine = None
         args = EngineArgs(
             model=str(folder),
             dtype=str(dtype).removeprefix("torch."),
@@ -171,10 +180,12 @@ class VllmEngine:
             seed=seed,
             enforce_eager=eager,
             disable_log_stats=False,
+            generation_config="vllm",  # vLLM's defaults, not the checkpoint's (its extra stop ids, its sampling)
             **({"enable_sleep_mode": True} if device.startswith("cuda") else {}),
         )
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[StatsLogger.factory(self.stats)])
         self.sleeps = device.startswith("cuda")  # frees the KV cache between generations (verl's free_cache_engine)
+        self._weights = Path(tempfile.mkdtemp(prefix="oppo-weights-", dir=_scratch()))  # once the engine runs
         self.live: set[str] = set()
 
     # -- requests -------------------------------------------------------------------------------------
@@ -246,7 +257,8 @@ class VllmEngine:
         os.replace(path.with_suffix(".partial"), path)
         with _alive():
             self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights)})
-            self.engine.reset_prefix_cache()
+            if not self.engine.reset_prefix_cache(reset_running_requests=True):
+                raise EngineError("the engine kept its prefix cache after new weights were loaded")
 
     def sleep(self) -> None:
         """CUDA: free the KV cache until the next generation (the trainer gets the memory)."""
@@ -258,13 +270,15 @@ class VllmEngine:
             self.engine.wake_up()
 
     def close(self) -> None:
-        """Stop the engine's process and remove the weights file."""
-        engine, self.engine = getattr(self, "engine", None), None
+        """Stop the engine's process and remove the weights file (again: nothing to do)."""
+        engine, self.engine = self.engine, None
         if engine is not None:
             engine.engine_core.shutdown()
-        for path in self._weights.glob("*"):
-            path.unlink(missing_ok=True)
-        self._weights.rmdir()
+        weights = getattr(self, "_weights", None)
+        if weights is not None and weights.exists():
+            for path in weights.glob("*"):
+                path.unlink(missing_ok=True)
+            weights.rmdir()
 
 
 def _scratch() -> str | None:

@@ -26,8 +26,6 @@ class StatsLogger(StatLoggerBase):
             prefix = scheduler_stats.prefix_cache_stats
             s.prefix_queries += prefix.queries
             s.prefix_hits += prefix.hits
-            if iteration_stats is not None:
-                s.batches.append((iteration_stats.iteration_timestamp, scheduler_stats.num_running_reqs))
         if iteration_stats is not None:
             s.generated += iteration_stats.num_generation_tokens
             s.preemptions += iteration_stats.num_preempted_reqs

@@ -77,6 +77,10 @@ class ActorRank:
             self.unstreamed.setdefault(seq_id, []).extend(tokens)
         return finished, new, behaviour
 
+    def halt(self, step: int) -> None:
+        """The step's generation is over (:meth:`Rollout.halt`)."""
+        self.rollout.halt()
+
     def stream(self, step: int) -> None:
         """Feed the tokens decoded since the last call to the streamed scorers."""
         for scorer in self.streamed.values():

@@ -248,6 +248,7 @@ class Executor:
             )
             # 3. generation in rounds; every complete chunk is streamed to the scorers
             self._generate(plan)
+            group.send("halt", [(plan.step,)] * group.size)  # an engine stops what the step will not take
         # 4. score the trained sequences
         trained = sched.select()
         scores = self._score(plan.step, trained)

@@ -210,6 +210,7 @@ def restore(checkpoint: Path, executor, log, recorder) -> int:
             if model is not None:
                 saved = type(model).from_pretrained(checkpoint / role, dtype=rank.roles.dtype, use_safetensors=True)
                 model.load_state_dict(saved.state_dict())
+    rank.rollout.updated()  # a rollout engine loaded the starting weights: it takes the restored ones first
     for optimizer, saved_state in zip(rank.learner.optimizers, blob["optimizers"], strict=True):
         optimizer.load_state_dict(saved_state)
     torch.set_rng_state(blob["torch_rng"])

@@ -1,0 +1,138 @@
+"""EngineRollout's bookkeeping against a scripted engine (no vLLM): rounds of at most n tokens, EOS, tokens the
+engine made ahead, aborts and resumptions, in-flight new weights, weight pushes and their trace rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oppo.exec.compute.rollout import EngineRollout, resumed_seed
+from oppo.exec.compute.timing import Recorder
+from oppo.exec.engines.vllm_engine import EngineError, EngineStats, Output
+
+EOS = 2
+
+
+class ScriptedEngine:
+    """An engine whose requests make the tokens of ``script[seq id]`` (from the token their context already holds),
+    ``ahead`` tokens a poll, ending on EOS if the script has one, else at the request's budget."""
+
+    def __init__(self, script: dict[int, list[int]], ahead: int = 3) -> None:
+        self.script, self.ahead, self.eos_id = script, ahead, EOS
+        self.stats = EngineStats()
+        self.requests: dict[str, dict] = {}
+        self.added: list[tuple] = []  # (request, context, budget, seed)
+        self.aborted: list[str] = []
+        self.loads = 0
+
+    def add(self, request, context, budget, seed, sampling):
+        seq_id = int(request.split(".")[0].removeprefix("eval"))  # held-out requests: eval<prompt index>
+        start = len(context) - 1  # contexts here are [seq id] + response so far
+        self.requests[request] = {"seq": seq_id, "at": start, "left": budget}
+        self.added.append((request, list(context), budget, seed))
+
+    def poll(self):
+        out = {}
+        for request, r in list(self.requests.items()):
+            tokens = self.script[r["seq"]][r["at"] : r["at"] + min(self.ahead, r["left"])]
+            r["at"] += len(tokens)
+            r["left"] -= len(tokens)
+            eos = bool(tokens) and tokens[-1] == EOS
+            finished = eos or r["left"] == 0 or r["at"] >= len(self.script[r["seq"]])
+            out[request] = Output(tokens, [-0.5] * len(tokens), finished, eos)
+            if finished:
+                del self.requests[request]
+        self.stats.iterations += 1
+        return out
+
+    def abort(self, requests):
+        for request in requests:
+            self.requests.pop(request, None)
+            self.aborted.append(request)
+
+    @property
+    def busy(self):
+        return bool(self.requests)
+
+    def load_weights(self, state):
+        self.loads += 1
+
+    def wake(self):
+        pass
+
+    def sleep(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def rollout_on(engine) -> EngineRollout:
+    return EngineRollout(engine, torch.nn.Linear(2, 2), Recorder(), "cpu0", {"temperature": 1.0})
+
+
+def test_rounds_hand_at_most_n_tokens_and_a_sequence_finishes_when_its_eos_is_handed():
+    engine = ScriptedEngine({0: [5, 6, 7, 8, EOS], 1: [9, 9, 9, 9, 9, 9, 9, 9]}, ahead=4)
+    rollout = rollout_on(engine)
+    rollout.begin(0, {0: [0], 1: [1]}, [(0, 8, 11, None, 0), (1, 6, 12, None, 0)])
+    rounds = [rollout.decode(0, 2) for _ in range(4)]
+    assert [r[1] for r in rounds] == [
+        {0: [5, 6], 1: [9, 9]},
+        {0: [7, 8], 1: [9, 9]},
+        {0: [EOS], 1: [9, 9]},  # sequence 1 stops at its budget of 6 without EOS
+        {},
+    ]
+    assert [r[0] for r in rounds] == [{}, {}, {0: 1}, {}]  # finished: the tokens handed in the round of its EOS
+    assert not rollout.running
+
+
+def test_a_request_that_ends_short_of_its_budget_without_eos_stops_the_run():
+    engine = ScriptedEngine({0: [5, 6, 7]}, ahead=3)  # the script runs out: the engine "ends" it after 3 of 8
+    rollout = rollout_on(engine)
+    rollout.begin(0, {0: [0]}, [(0, 8, 11, None, 0)])
+    with pytest.raises(EngineError, match="ended sequence 0 after 3 of its 8 tokens without EOS"):
+        rollout.decode(0, 4)
+
+
+def test_new_weights_in_flight_drop_every_token_made_ahead_with_the_old_ones():
+    """Sequence 0 finished in the engine with tokens not yet handed over, sequence 1 still runs: both go on from
+    what was handed over, under the new weights, with noise from the position they resume at."""
+    engine = ScriptedEngine({0: [5, 6, EOS], 1: [7] * 10}, ahead=3)
+    rollout = rollout_on(engine)
+    rollout.begin(0, {0: [0], 1: [1]}, [(0, 8, 11, None, 0), (1, 8, 12, None, 0)])
+    assert rollout.decode(0, 1)[1] == {0: [5], 1: [7]}  # the engine made 3 of each
+    rollout.updated()
+    rollout.refill(0)
+    assert engine.loads == 1 and set(engine.aborted) == {"1.1"}  # the running one aborted; 0 had ended
+    resumed = engine.added[2:]
+    assert [(c, b, s) for _, c, b, s in resumed] == [([0, 5], 7, resumed_seed(11, 1)), ([1, 7], 7, resumed_seed(12, 1))]
+    assert rollout.decode(0, 8)[1] == {0: [6, EOS], 1: [7] * 7}
+
+
+def test_halt_aborts_the_requests_still_running_and_the_next_step_resumes_them():
+    engine = ScriptedEngine({0: [5, 6, 7, 8, 9, EOS]}, ahead=2)
+    rollout = rollout_on(engine)
+    rollout.begin(0, {0: [0]}, [(0, 6, 11, None, 0)])
+    assert rollout.decode(0, 2)[1] == {0: [5, 6]}
+    rollout.halt()
+    assert not engine.busy and engine.aborted == ["0.0"]
+    rollout.end()
+    rollout.begin(1, {0: [0, 5, 6]}, [(0, 4, 11, None, 2)])
+    assert engine.added[-1][1:] == ([0, 5, 6], 4, resumed_seed(11, 2))
+
+
+def test_weights_are_pushed_once_per_update_as_a_sync_row_and_evaluation_keeps_the_step_records_alike():
+    engine = ScriptedEngine({0: [EOS], 1: [EOS]})
+    rollout = rollout_on(engine)
+    rollout.begin(0, {0: [0]}, [(0, 4, 11, None, 0)])
+    rollout.decode(0, 4)
+    rollout.end()
+    assert engine.loads == 0  # the engine started from the actor's checkpoint
+    rollout.updated()
+    rollout.answers([[1]], 4, [3], greedy=True)  # evaluation: pushed off the clock, no row
+    assert engine.loads == 1 and not [r for r in rollout.rec.rows if r.phase == "sync"]
+    rollout.begin(1, {0: [0]}, [(0, 4, 11, None, 0)])  # the step pushes again, on its clock
+    assert engine.loads == 2 and [r.step for r in rollout.rec.rows if r.phase == "sync"] == [1]
+    rollout.end()
+    rollout.begin(2, {0: [0]}, [(0, 4, 11, None, 0)])
+    assert engine.loads == 2  # no update since: nothing pushed
