@@ -312,3 +312,15 @@ def test_rollout_engines(tmp_path):
     args = ("--data", tmp_path / "train.jsonl", "--prompts", "1", "--samples", "2", "--max-new-tokens", "4")
     stdout = bench_here("rollout_engines", *args, "--repeats", "2", "--eager", cwd=tmp_path)
     assert "vllm / hf:" in stdout and stdout.count(" (") >= 3  # each engine's median (spread), and the ratio
+
+
+def test_simple_vs_full(tmp_path):
+    """The full framework layer against the frozen simple one at its smallest size: three runs (two Qwen2.5-0.5B
+    siblings and Gemma-2-2B), their first 8 steps, each predicted by both layers fitted outside its group; a row per
+    run and stage and the summary per pass kind."""
+    res = bench("simple_vs_full", "--runs", "small", "--max-steps", "8", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    for run in ("verl-qwen2.5-0.5b-gsm8k", "verl-qwen2.5-0.5b-gsm8k-cap256", "verl-gemma-2-2b-gsm8k"):
+        assert any(line.startswith(run) and " step " in f"{line} " for line in lines), run
+    assert any(line.startswith("training") for line in lines) and any(line.startswith("gen") for line in lines)

@@ -1,17 +1,11 @@
 """The frozen simple layer (``oppo/sim/logs/simple.py``, ``docs/simulator.md``: a roofline with one efficiency per
-pass kind, the host's time per micro-batch, a per-step constant for generation) and the benchmark that compares it
-with the full layer leave-one-group-out, at its smallest size."""
-
-import subprocess
-import sys
-from pathlib import Path
+pass kind, the host's time per micro-batch, a per-step constant for generation); the benchmark that compares it
+with the full layer leave-one-group-out is smoked in ``tests/test_benchmarks.py``."""
 
 import pytest
 
 from oppo.sim.cost.stage import StageLoad
 from oppo.sim.logs.simple import simple_terms
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_simple_layer_divides_every_nominal_second_by_one_efficiency_and_sums():
@@ -25,15 +19,3 @@ def test_the_simple_layer_divides_every_nominal_second_by_one_efficiency_and_sum
     )  # fmt: skip
     nominal = 1.0 + 0.5 + 0.25 + 0.1 + 0.2 + 0.3 + 0.4
     assert terms.seconds(load) == pytest.approx(2.0 * nominal + 10 * 0.01 + 3.0, rel=1e-12)
-
-
-def test_the_comparison_runs_at_its_smallest_size():
-    """Three runs (two Qwen2.5-0.5B siblings and Gemma-2-2B), their first 8 steps: each run predicted by both layers
-    fitted outside its group, a row per run and stage, and the summary per pass kind."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "simple_vs_full.py"), "--runs", "small", "--max-steps", "8"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
-    for run in ("verl-qwen2.5-0.5b-gsm8k", "verl-qwen2.5-0.5b-gsm8k-cap256", "verl-gemma-2-2b-gsm8k"):
-        assert any(line.startswith(run) and " step " in f"{line} " for line in lines), run
-    assert any(line.startswith("training") for line in lines) and any(line.startswith("gen") for line in lines)
