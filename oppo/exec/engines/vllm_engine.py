@@ -21,6 +21,7 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,14 +207,14 @@ class VllmEngine:
             **sampling,
         )
         with _alive():
-            self.engine.add_request(request, {"prompt_token_ids": list(context)}, params)
+            self._guarded(self.engine.add_request, request, {"prompt_token_ids": list(context)}, params)
         self.live.add(request)
 
     def poll(self) -> dict[str, Output]:
         """What the engine produced since the last call (waits for at least one iteration), by request."""
         out: dict[str, Output] = {}
         with _alive():
-            results = self.engine.step()
+            results = self._guarded(self.engine.step)
         for result in results:
             done = result.outputs[0]
             tokens = list(done.token_ids)
@@ -232,7 +233,7 @@ class VllmEngine:
         requests = [r for r in requests if r in self.live]
         if requests:
             with _alive():
-                self.engine.abort_request(requests)
+                self._guarded(self.engine.abort_request, requests)
             self.live.difference_update(requests)
 
     @property
@@ -260,18 +261,47 @@ class VllmEngine:
         save_file(tensors, path.with_suffix(".partial"))
         os.replace(path.with_suffix(".partial"), path)
         with _alive():
-            self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights)})
-            if not self.engine.reset_prefix_cache(reset_running_requests=True):
+            self._guarded(self.engine.collective_rpc, "reload_weights", kwargs={"weights_path": str(self._weights)})
+            if not self._guarded(self.engine.reset_prefix_cache, reset_running_requests=True):
                 raise EngineError("the engine kept its prefix cache after new weights were loaded")
+
+    def _guarded(self, call, *args, **kwargs):
+        """``call(*args, **kwargs)`` on the engine, given up with :class:`EngineDied` once the engine's process is
+        gone: vLLM 0.32 waits for a utility call's result and for the next outputs without a timeout, and a dead
+        engine answers neither (its client only marks itself dead). The call runs in a thread of its own, which is
+        left behind (a daemon) if the engine died."""
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["value"] = call(*args, **kwargs)
+            except BaseException as err:  # handed to the caller's thread
+                box["error"] = err
+
+        thread = threading.Thread(target=run, daemon=True, name="oppo-engine-call")
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+            if thread.is_alive() and self.dead:
+                raise EngineDied("the vLLM engine process died (killed, or out of memory?)")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    @property
+    def dead(self) -> bool:
+        """Whether the engine's client saw its process exit (vLLM's own monitor sets the flag)."""
+        resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
+        return bool(getattr(resources, "engine_dead", False))
 
     def sleep(self) -> None:
         """CUDA: free the KV cache until the next generation (the trainer gets the memory)."""
-        if self.sleeps and not self.engine.is_sleeping():
-            self.engine.sleep(level=1)
+        if self.sleeps and not self._guarded(self.engine.is_sleeping):
+            self._guarded(self.engine.sleep, level=1)
 
     def wake(self) -> None:
-        if self.sleeps and self.engine.is_sleeping():
-            self.engine.wake_up()
+        if self.sleeps and self._guarded(self.engine.is_sleeping):
+            self._guarded(self.engine.wake_up)
 
     def close(self) -> None:
         """Stop the engine's process and remove the weights file (again: nothing to do)."""
