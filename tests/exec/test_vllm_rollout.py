@@ -150,11 +150,40 @@ def test_the_engine_dying_mid_run_stops_it_with_one_line_and_keeps_records_and_c
     arithmetic.main(["--out", str(tmp_path), "--train", "8", "--val", "0"])
     out = tmp_path / "run"
     args = [
-        "--preset", "smollm2", "--data", tmp_path / "train.jsonl", "--reward-fn", "gsm8k", "--algo", "grpo",
-        "--policy", "sync", "--steps", "20", "--batch", "1", "--group-size", "2", "--max-new-tokens", "8",
-        "--max-prompt-tokens", "96", "--epochs", "1", "--minibatches", "1", "--save-every", "1",
-        "--rollout-engine", "vllm", "--engine-eager", "--engine-memory", "0.25", "--out", out,
-    ]  # fmt: skip
+        "--preset",
+        "smollm2",
+        "--data",
+        tmp_path / "train.jsonl",
+        "--reward-fn",
+        "gsm8k",
+        "--algo",
+        "grpo",
+        "--policy",
+        "sync",
+        "--steps",
+        "20",
+        "--batch",
+        "1",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--max-prompt-tokens",
+        "96",
+        "--epochs",
+        "1",
+        "--minibatches",
+        "1",
+        "--save-every",
+        "1",
+        "--rollout-engine",
+        "vllm",
+        "--engine-eager",
+        "--engine-memory",
+        "0.25",
+        "--out",
+        out,
+    ]
     run = subprocess.Popen(
         [sys.executable, "-m", "oppo.exec.train", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -189,11 +218,39 @@ def test_async_rollout_workers_generate_on_their_own_engines_with_in_flight_upda
 
     out = tmp_path / "run"
     res = train(
-        "--preset", "smollm2", "--reward", smollm2_critic_folder(), "--algo", "grpo", "--group-size", "2",
-        "--batch", "2", "--max-new-tokens", "12", "--epochs", "1", "--minibatches", "1", "--steps", "3",
-        "--policy", "async", "--staleness", "1", "--rollout-workers", "1", "--inflight-updates",
-        "--rollout-engine", "vllm", "--engine-eager", "--engine-memory", "0.25", "--out", out,
-    )  # fmt: skip
+        "--preset",
+        "smollm2",
+        "--reward",
+        smollm2_critic_folder(),
+        "--algo",
+        "grpo",
+        "--group-size",
+        "2",
+        "--batch",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--epochs",
+        "1",
+        "--minibatches",
+        "1",
+        "--steps",
+        "3",
+        "--policy",
+        "async",
+        "--staleness",
+        "1",
+        "--rollout-workers",
+        "1",
+        "--inflight-updates",
+        "--rollout-engine",
+        "vllm",
+        "--engine-eager",
+        "--engine-memory",
+        "0.25",
+        "--out",
+        out,
+    )
     assert res.returncode == 0, res.stderr
     import csv
 

@@ -138,8 +138,11 @@ def test_the_shared_megatron_log_calibrates_from_its_launch_command(tmp_path):
     setup = load_setup(str(tmp_path / "cal" / "setup.toml"))
     fw = setup.framework
     assert (fw.train_backend, fw.train_tensor_parallel, fw.train_pipeline_parallel, fw.virtual_pipeline) == (
-        "megatron", 4, 2, 2,
-    )  # fmt: skip
+        "megatron",
+        4,
+        2,
+        2,
+    )
     import json
 
     report = json.loads((tmp_path / "cal" / "fidelity.json").read_text())
@@ -179,9 +182,14 @@ def test_a_link_read_back_from_an_fsdp_run_is_not_taken_by_its_megatron_twin(tmp
     A100's NVLink), not the read-back, and its prediction names it; the FSDP run itself keeps the read-back."""
     cal = tmp_path / "cal"
     res = invoke.sim(
-        "calibrate-log", "--log", DATA / "verl_qwen2_7b_gpg.log.gz", "--setup", "verl-qwen2-7b-gpg-8gpu",
-        "--out", cal,
-    )  # fmt: skip
+        "calibrate-log",
+        "--log",
+        DATA / "verl_qwen2_7b_gpg.log.gz",
+        "--setup",
+        "verl-qwen2-7b-gpg-8gpu",
+        "--out",
+        cal,
+    )
     assert res.returncode == 0, res.stderr
     fsdp = load_setup(str(cal / "setup.toml"))
     spec = fsdp.gpu_spec

@@ -14,8 +14,18 @@ def test_the_simple_layer_divides_every_nominal_second_by_one_efficiency_and_sum
     constant."""
     terms = simple_terms(inverse=2.0, per_unit_s=0.01, fixed_s=3.0)
     load = StageLoad(
-        roofline_s=1.0, small_s=5.0, gather_s=0.5, serial_s=0.25, host_s=0.1, host_copy_s=0.2, units=10.0,
-        steps=1.0, reshard_s=0.3, transfer_s=0.4, reshard_layers=28.0, reinit_steps=1.0,
-    )  # fmt: skip
+        roofline_s=1.0,
+        small_s=5.0,
+        gather_s=0.5,
+        serial_s=0.25,
+        host_s=0.1,
+        host_copy_s=0.2,
+        units=10.0,
+        steps=1.0,
+        reshard_s=0.3,
+        transfer_s=0.4,
+        reshard_layers=28.0,
+        reinit_steps=1.0,
+    )
     nominal = 1.0 + 0.5 + 0.25 + 0.1 + 0.2 + 0.3 + 0.4
     assert terms.seconds(load) == pytest.approx(2.0 * nominal + 10 * 0.01 + 3.0, rel=1e-12)

@@ -50,9 +50,18 @@ class Rollout:
             info["tokens"] = len(rows) * max(map(len, rows))  # left-padded: every row computes the width
             budgets, keys, forced, done = ([row[k] for row in decoding] for k in range(1, 5))
             self.decoder = ChunkedDecoder(
-                self.actor, rows, budgets, self.eos_id, self.pad_id, keys, self.temperature, forced, done,
-                top_k=self.top_k, top_p=self.top_p,
-            )  # fmt: skip
+                self.actor,
+                rows,
+                budgets,
+                self.eos_id,
+                self.pad_id,
+                keys,
+                self.temperature,
+                forced,
+                done,
+                top_k=self.top_k,
+                top_p=self.top_p,
+            )
 
     def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
         """Up to ``n`` iterations, timed in rounds of at most :data:`RECORDED_ITERATIONS`. Returns ({seq id: tokens
@@ -230,9 +239,9 @@ class EngineRollout:
 
     def _take(self, step: int, outputs: dict) -> None:
         if self.prefill_from is not None and outputs:  # the step's first tokens: its requests' prefill is done
-            row = TraceRow(step, self.label, "actor", "prefill", self.prefill_from, self.rec.now(),
-                           len(self.decoding), self.prefill_tokens, 0)  # fmt: skip
-            self.rec.add(row)
+            span = (self.prefill_from, self.rec.now())
+            sizes = (len(self.decoding), self.prefill_tokens, 0)  # batch, tokens prefilled, context before them
+            self.rec.add(TraceRow(step, self.label, "actor", "prefill", *span, *sizes))
             self.prefill_from = None
         for request, out in outputs.items():
             seq_id = self.seq_of.get(request)
@@ -330,8 +339,14 @@ def make_rollout(config: ExecConfig, actor, eos_id: int, pad_id: int, recorder: 
     check_model(actor.config, device, config.model.preset)
     check_budget(config.rollout.engine_memory, actor.config, dtype, max_model_len, device)
     engine = VllmEngine(
-        role_paths(config.model)["actor"], dtype, config.rollout.engine_memory, max_model_len, eos_id,
-        seed=config.seed, eager=config.rollout.engine_eager, device=device,
-    )  # fmt: skip
+        role_paths(config.model)["actor"],
+        dtype,
+        config.rollout.engine_memory,
+        max_model_len,
+        eos_id,
+        seed=config.seed,
+        eager=config.rollout.engine_eager,
+        device=device,
+    )
     sampling = {"temperature": ppo.temperature, "top_k": ppo.top_k, "top_p": ppo.top_p}
     return EngineRollout(engine, actor, recorder, label, sampling)
