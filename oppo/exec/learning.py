@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,12 @@ def add_study_args(parser) -> None:
 
 
 def study_from(args) -> TaskStudy:
+    """The study the command line asks for; a data file that is not there ends the command (exit 2, one line)."""
+    for flag in ("data", "val_data"):
+        if not Path(getattr(args, flag)).is_file():
+            hint = "python -m oppo.exec.tasks.arithmetic --out DIR makes the addition task's"
+            print(f"error: --{flag.replace('_', '-')} {getattr(args, flag)}: no such file ({hint})", file=sys.stderr)
+            raise SystemExit(2)
     return TaskStudy(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TaskStudy)})
 
 

@@ -362,3 +362,19 @@ def test_data_prompts_are_capped_by_their_own_knob_not_the_synthetic_length(task
     assert res.returncode == 0, res.stderr
     stored = json.loads((task / "run" / "config.json").read_text())["task"]
     assert stored["prompt_tokens"] == 2 and stored["max_prompt_tokens"] == 512
+
+
+def test_a_study_on_a_data_file_that_is_not_there_stops_with_one_line(tmp_path, capsys):
+    import argparse
+
+    from oppo.exec.learning import add_study_args, study_from
+
+    parser = argparse.ArgumentParser()
+    add_study_args(parser)
+    (tmp_path / "val.jsonl").write_text("")
+    args = parser.parse_args(["--data", str(tmp_path / "train.jsonl"), "--val-data", str(tmp_path / "val.jsonl")])
+    with pytest.raises(SystemExit) as stop:
+        study_from(args)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --data") and "train.jsonl" in lines[0]
