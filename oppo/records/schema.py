@@ -26,6 +26,16 @@ PHASES = ("decode", "prefill", "score", "train_actor", "train_critic", "sync", "
 HOST = "host"  # the device of work on the driver's CPU (a rule reward scoring), not a model's device
 
 
+def engine_lane(device: str, engine: str) -> str:
+    """The lane of a rollout engine's own iterations beside ``device``'s (its process, e.g. ``cpu0:vllm``)."""
+    return f"{device}:{engine}"
+
+
+def on_engine(device: str) -> bool:
+    """Whether a trace row's device is a rollout engine's lane (:func:`engine_lane`), not a trainer's device."""
+    return ":" in device and not device.startswith("cuda:")
+
+
 class TraceRow(NamedTuple):
     """One operation on one device. Times in seconds from the run's start; tokens are counts, not ids."""
 

@@ -3,19 +3,24 @@ engine made ahead, aborts and resumptions, in-flight new weights, weight pushes 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from oppo.exec.compute.rollout import EngineRollout, resumed_seed
 from oppo.exec.compute.timing import Recorder
-from oppo.exec.engines.vllm_engine import EngineError, EngineStats, Output
+from oppo.exec.engines.vllm_engine import EngineError, EngineStats, Iteration, Output
 
 EOS = 2
 
 
 class ScriptedEngine:
     """An engine whose requests make the tokens of ``script[seq id]`` (from the token their context already holds),
-    ``ahead`` tokens a poll, ending on EOS if the script has one, else at the request's budget."""
+    ``ahead`` tokens a poll, ending on EOS if the script has one, else at the request's budget; each poll is reported
+    as one iteration (its first for a request as its prefill)."""
+
+    name = "scripted"
 
     def __init__(self, script: dict[int, list[int]], ahead: int = 3) -> None:
         self.script, self.ahead, self.eos_id = script, ahead, EOS
@@ -24,19 +29,39 @@ class ScriptedEngine:
         self.added: list[tuple] = []  # (request, context, budget, seed)
         self.aborted: list[str] = []
         self.loads = 0
+        self.iterations: list[Iteration] = []
+
+    def take_iterations(self):
+        taken, self.iterations = self.iterations, []
+        return taken
 
     def add(self, request, context, budget, seed, sampling):
         seq_id = int(request.split(".")[0].removeprefix("eval"))  # held-out requests: eval<prompt index>
         start = len(context) - 1  # contexts here are [seq id] + response so far
-        self.requests[request] = {"seq": seq_id, "at": start, "left": budget}
+        self.requests[request] = {"seq": seq_id, "at": start, "left": budget, "context": len(context), "new": True}
         self.added.append((request, list(context), budget, seed))
 
     def poll(self):
         out = {}
+        fresh = [r for r in self.requests.values() if r["new"]]
+        decoding = [r for r in self.requests.values() if not r["new"]]
+        self.iterations.append(
+            Iteration(
+                end_s=time.monotonic(),
+                elapsed_s=1e-3,
+                prefill_requests=len(fresh),
+                prefill_tokens=sum(r["context"] for r in fresh),
+                decode_requests=len(decoding),
+                decode_tokens=len(decoding),
+                decode_context=sum(r["context"] for r in decoding),
+            )
+        )
         for request, r in list(self.requests.items()):
+            r["new"] = False
             tokens = self.script[r["seq"]][r["at"] : r["at"] + min(self.ahead, r["left"])]
             r["at"] += len(tokens)
             r["left"] -= len(tokens)
+            r["context"] += len(tokens)
             eos = bool(tokens) and tokens[-1] == EOS
             finished = eos or r["left"] == 0 or r["at"] >= len(self.script[r["seq"]])
             out[request] = Output(tokens, [-0.5] * len(tokens), finished, eos)
@@ -136,3 +161,30 @@ def test_weights_are_pushed_once_per_update_as_a_sync_row_and_evaluation_keeps_t
     rollout.end()
     rollout.begin(2, {0: [0]}, [(0, 4, 11, None, 0)])
     assert engine.loads == 2  # no update since: nothing pushed
+
+
+def test_the_engines_iterations_are_the_trace_rows_of_its_own_lane_in_the_step_they_served():
+    """A prefill row for the requests' first pass, then one decode row per iteration with its batch and context; the
+    trainer's lane holds no generation row (its waits are its gaps); an iteration collected after the next step
+    began keeps the step it ended in."""
+    engine = ScriptedEngine({0: [5, 6, 7, EOS], 1: [8, 8, 8, 8, 8, 8]}, ahead=1)
+    rollout = rollout_on(engine)
+    rollout.begin(0, {0: [0], 1: [1]}, [(0, 8, 11, None, 0), (1, 3, 12, None, 0)])
+    while rollout.running:
+        rollout.decode(0, 1)
+    rollout.end()
+    rows = [r for r in rollout.rec.rows if r.phase in ("prefill", "decode")]
+    assert {r.device for r in rows} == {"cpu0:scripted"} and {r.step for r in rows} == {0}
+    assert [(r.phase, r.batch_size, r.num_tokens, r.context_tokens) for r in rows[:3]] == [
+        ("prefill", 2, 2, 0),  # both prompts, a token each
+        ("decode", 2, 2, 2 + 2),  # each context grew by its first token
+        ("decode", 2, 2, 3 + 3),
+    ]
+    assert [r.batch_size for r in rows[3:]] == [1]  # sequence 1 ended at its budget of 3; 0 decodes its EOS
+    assert all(r.start_s <= r.end_s <= rollout.rec.now() for r in rows)
+    late = Iteration(time.monotonic(), 1e-3, 0, 0, 1, 1, 9)  # ended in step 0, collected in step 1
+    time.sleep(0.01)
+    rollout.begin(1, {0: [0]}, [(0, 1, 11, None, 0)])
+    engine.iterations.insert(0, late)
+    rollout.decode(1, 1)
+    assert [r.step for r in rollout.rec.rows if r.context_tokens == 9 and r.phase == "decode"] == [0]

@@ -7,11 +7,13 @@ decode, and record, alike.
 
 from __future__ import annotations
 
+import time
+
 from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig
 from oppo.exec.engines.hf import ChunkedDecoder
 from oppo.exec.engines.vllm_engine import EngineError
-from oppo.records.schema import TraceRow
+from oppo.records.schema import TraceRow, engine_lane
 
 # A decode row of the trace covers at most this many iterations, so that a step's rows span its contexts (from the
 # prompt's to the longest response's): a calibration on a run that decodes in one round per step (sync) could not
@@ -140,9 +142,11 @@ class EngineRollout:
     The engine generates between calls: :meth:`decode` hands the core at most ``n`` new tokens per sequence and keeps
     what the engine ran ahead for the next call, so the core sees the rounds it asked for. Sequences the step leaves
     unfinished are aborted in the engine at :meth:`end` (their KV blocks freed) and resume next step as prompt +
-    partial response under the new weights. Trace rows: ``prefill`` from the requests' start to their first tokens,
-    ``decode`` for each wait on the engine (``batch``: the engine's mean running requests over the iterations it
-    reported meanwhile, ``tokens``: those it generated), ``sync`` for each weight push."""
+    partial response under the new weights. Trace rows: the engine's own iterations on a lane of their own
+    (``<label>:vllm``): ``prefill`` for a pass with prompt tokens (the running requests' decode tokens in the same
+    pass are counted in it), else ``decode`` (``batch``: the requests in the pass, ``context``: the tokens already in
+    their KV caches); on the trainer's lane, ``sync`` for each weight push. The trainer's waits on the engine are
+    the gaps on its own lane."""
 
     def __init__(self, engine, actor, recorder: Recorder, label: str, sampling: dict) -> None:
         """``engine``: a started engine on ``actor``'s checkpoint; ``sampling``: temperature, top_k, top_p."""
@@ -156,7 +160,8 @@ class EngineRollout:
         self.over: dict[int, bool] = {}  # seq id -> the engine ended it (on EOS: True; at its budget: False)
         self.contexts: dict[int, list[int]] = {}
         self.decoding: dict[int, tuple] = {}
-        self.prefill_from: float | None = None  # when this step's requests went in, until their first tokens
+        self.lane = engine_lane(label, engine.name)  # the engine's own process
+        self.began: list[tuple[float, int]] = []  # (time, step) at each begin: which step an iteration served
         self.budgets: dict[int, int] = {}  # seq id -> tokens its live request may still make
 
     # -- weights ----------------------------------------------------------------------------------------
@@ -185,10 +190,9 @@ class EngineRollout:
         self.buffer = {row[0]: [] for row in decoding}
         self.handed, self.over = {row[0]: [] for row in decoding}, {}
         self._handed_before = {row[0]: 0 for row in decoding}  # handed over before its live request began
+        self.began.append((self.rec.now(), step))
         for seq_id, budget, key, _, done in decoding:
             self._request(seq_id, tokens[seq_id], budget, key, done)
-        self.prefill_from = self.rec.now() if decoding else None
-        self.prefill_tokens = sum(len(tokens[row[0]]) for row in decoding)
 
     def _request(self, seq_id: int, context: list[int], budget: int, key: int, position: int) -> None:
         """Ask the engine for up to ``budget`` tokens after ``context``, the response's token ``position`` next. The
@@ -226,23 +230,25 @@ class EngineRollout:
         return seq_id not in self.over and len(self.buffer[seq_id]) < n
 
     def _wait(self, step: int, n: int) -> None:
-        stats = self.engine.stats
-        with self.rec.op(step, self.label, "actor", "decode") as info:
-            before = stats.iterations, stats.running, stats.generated
-            running = [s for s in self.buffer if s not in self.over]
-            info["context"] = sum(len(self.contexts[s]) + len(self.handed[s]) for s in running)
-            while any(self._owed(s, n) for s in self.buffer):
-                self._take(step, self.engine.poll())
-            iterations = stats.iterations - before[0]
-            info["batch"] = round((stats.running - before[1]) / iterations) if iterations else 0
-            info["tokens"] = stats.generated - before[2]
+        while any(self._owed(s, n) for s in self.buffer):
+            self._take(step, self.engine.poll())
+        self._record_iterations()
+
+    def _record_iterations(self) -> None:
+        """The engine's iterations collected so far, as trace rows on its lane, each in the step that was generating
+        when it ended (an iteration collected late, after the trainer moved on, keeps its own time and step)."""
+        offset = self.rec.now() - time.monotonic()  # engine times (monotonic, any process) -> the run's axis
+        for it in self.engine.take_iterations():
+            start, end = it.end_s - it.elapsed_s + offset, it.end_s + offset
+            step = next((s for began, s in reversed(self.began) if began <= end), self.began[0][1])
+            if it.prefill_tokens:
+                sizes = (it.prefill_requests, it.prefill_tokens, 0)
+            else:
+                sizes = (it.decode_requests, it.decode_tokens, it.decode_context)
+            phase = "prefill" if it.prefill_tokens else "decode"
+            self.rec.add(TraceRow(step, self.lane, "actor", phase, start, end, *sizes))
 
     def _take(self, step: int, outputs: dict) -> None:
-        if self.prefill_from is not None and outputs:  # the step's first tokens: its requests' prefill is done
-            span = (self.prefill_from, self.rec.now())
-            sizes = (len(self.decoding), self.prefill_tokens, 0)  # batch, tokens prefilled, context before them
-            self.rec.add(TraceRow(step, self.label, "actor", "prefill", *span, *sizes))
-            self.prefill_from = None
         for request, out in outputs.items():
             seq_id = self.seq_of.get(request)
             if seq_id is None:  # aborted since (its last tokens were on their way)
@@ -283,10 +289,12 @@ class EngineRollout:
         engine does not decode, with the old weights, tokens that would be dropped while the trainer scores and
         trains (the sequences resume from what was handed over)."""
         self._abort()
+        self._record_iterations()
 
     def end(self) -> None:
         """Abort what is still generating (carried sequences resume from their tokens next step)."""
         self._abort()
+        self._record_iterations()
         self.buffer, self.handed, self.over, self.decoding = {}, {}, {}, {}
         self.engine.sleep()
 
@@ -313,6 +321,7 @@ class EngineRollout:
         while self.engine.busy:
             for request, result in self.engine.poll().items():
                 out[requests[request]] += result.tokens
+        self.engine.take_iterations()  # off the clock: no rows
         self.engine.sleep()
         return out
 

@@ -135,6 +135,21 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class Iteration:
+    """One engine iteration (a forward pass over the running batch and its sampling), as the engine's scheduler
+    reported it (vLLM's ``SchedulerIterationDetails``). Times in seconds on the system's monotonic clock
+    (``time.monotonic``: one clock for every process of the machine)."""
+
+    end_s: float  # when the engine core made the iteration's outputs
+    elapsed_s: float  # the model's forward and sampling
+    prefill_requests: int  # requests with prompt tokens in this pass (new, resumed or preempted ones)
+    prefill_tokens: int
+    decode_requests: int
+    decode_tokens: int
+    decode_context: int  # tokens already in the decoding requests' KV caches at the pass, summed
+
+
+@dataclass(frozen=True)
 class Output:
     """New tokens of one request since the last poll, their log-probs, and whether it ended (EOS, or its budget)."""
 
@@ -184,15 +199,21 @@ class VllmEngine:
             seed=seed,
             enforce_eager=eager,
             disable_log_stats=False,
+            enable_logging_iteration_details=True,  # each iteration's batch, tokens and time (see Iteration)
             generation_config="vllm",  # vLLM's defaults, not the checkpoint's (its extra stop ids, its sampling)
             **({"enable_sleep_mode": True} if device.startswith("cuda") else {}),
         )
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[StatsLogger.factory(self.stats)])
+        self.iterations: list[Iteration] = []  # seen since the last take_iterations()
+        self._made: dict[str, int] = {}  # the engine core's request id -> tokens it has generated
+        self._watch_iterations()
         self._watchdog = Watchdog()  # ends the engine's processes if this one dies without closing it
         self._watchdog.guard(pids=self._processes())
         self.sleeps = device.startswith("cuda")  # frees the KV cache between generations (verl's free_cache_engine)
         self._weights = None  # the folder of the weights file, made at the first push
         self.live: set[str] = set()
+
+    name = "vllm"
 
     # -- requests -------------------------------------------------------------------------------------
     def add(self, request: str, context: list[int], budget: int, key: int, sampling: dict) -> None:
@@ -239,10 +260,62 @@ class VllmEngine:
             with _alive():
                 self._guarded(self.engine.abort_request, requests)
             self.live.difference_update(requests)
+            states = getattr(getattr(self.engine, "output_processor", None), "request_states", None)
+            if states is not None:  # the aborted requests' counts
+                self._made = {r: n for r, n in self._made.items() if r in states}
 
     @property
     def busy(self) -> bool:
         return bool(self.live)
+
+    # -- iterations -----------------------------------------------------------------------------------
+    def take_iterations(self) -> list[Iteration]:
+        """The engine iterations whose outputs were collected since the last call (in the order the engine ran
+        them)."""
+        taken, self.iterations = self.iterations, []
+        return taken
+
+    def _watch_iterations(self) -> None:
+        """See each iteration's outputs as the client hands them to the engine's output processing (vLLM's stat
+        loggers get the scheduler's counts but not the iteration's time)."""
+        client = self.engine.engine_core
+        get_output = client.get_output
+
+        def get_output_seen():
+            outputs = get_output()
+            self._saw(outputs)
+            return outputs
+
+        client.get_output = get_output_seen
+
+    def _saw(self, outputs) -> None:
+        stats = getattr(outputs, "scheduler_stats", None)
+        details = getattr(stats, "iteration_details", None)
+        states = getattr(getattr(self.engine, "output_processor", None), "request_states", {})
+        context = 0
+        for out in outputs.outputs:
+            state = states.get(out.request_id)
+            if state is None:  # aborted since: its last tokens were on their way
+                continue
+            made = self._made.get(out.request_id, 0)
+            if made:  # decoding (a request's first token comes from its prefill's pass)
+                context += state.prompt_len + made
+            self._made[out.request_id] = made + len(out.new_token_ids)
+            if out.finish_reason is not None:
+                del self._made[out.request_id]
+        if details is None or details.is_dummy:
+            return
+        self.iterations.append(
+            Iteration(
+                end_s=outputs.timestamp,
+                elapsed_s=details.elapsed_ms / 1e3,
+                prefill_requests=details.num_ctx_requests,
+                prefill_tokens=details.num_ctx_tokens,
+                decode_requests=details.num_generation_requests,
+                decode_tokens=details.num_generation_tokens,
+                decode_context=context,
+            )
+        )
 
     # -- weights --------------------------------------------------------------------------------------
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:

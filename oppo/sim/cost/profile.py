@@ -3,6 +3,9 @@
 per role and phase, least squares of the relative error on the simulator's own features, in place of the engine
 and framework layers. Prefill and score rows of a role are one forward-pass fit (``forward``): the same computation,
 and together they span short (prompt) and long (whole sequence) passes. Features: see :data:`TRACE_FEATURES`.
+A rollout engine's own iterations (rows on its lane, ``cpu0:vllm``) are one row per iteration (``it = 1``): its
+decode rows fit the per-iteration model of a continuous-batching engine directly, and its prefill passes are a
+family of their own (``engine_prefill``: another implementation of the pass than the trainer's).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oppo.records.schema import HOST, TraceRow
+from oppo.records.schema import HOST, TraceRow, on_engine
 from oppo.sim.cost.engine import pass_attended
 from oppo.sim.cost.fit import nonnegative_lstsq
 
@@ -35,6 +38,10 @@ FAMILY = {
     "train_critic": "train_critic",
     "sync": "sync",
 }
+
+
+def _family(row: TraceRow) -> str:
+    return "engine_prefill" if row.phase == "prefill" and on_engine(row.device) else FAMILY[row.phase]
 
 
 def _features(row: TraceRow) -> list[float]:
@@ -68,7 +75,7 @@ def fit_trace(trace: Sequence[TraceRow]) -> dict[str, dict[str, Fit]]:
         if row.device == HOST:  # a rule reward scoring on the driver: no pass of a model (its 1 ms rows would
             continue  # make the passes' shared fit a constant per pass)
         if row.end_s > row.start_s and row.phase in FAMILY and (row.num_tokens > 0 or row.phase == "sync"):
-            groups[(row.role, FAMILY[row.phase])].append(row)
+            groups[(row.role, _family(row))].append(row)
     forward = [r for (_, phase), rows in groups.items() if phase == "forward" for r in rows]
     shared = _fit(forward) if forward else None
     fits: dict[str, dict[str, Fit]] = defaultdict(dict)
@@ -183,7 +190,7 @@ class CalibratedCost:
         return c0 + c1 * tokens + c2 * attended if tokens > 0 else 0.0
 
     def prefill_s(self, tokens: float, attended: float, rows: float = 1) -> float:
-        return self._pass("forward", tokens, attended)
+        return self._pass("engine_prefill" if "engine_prefill" in self.phases else "forward", tokens, attended)
 
     def score_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         return self._pass("forward", tokens, attended)
