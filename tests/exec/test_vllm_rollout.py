@@ -261,7 +261,8 @@ def test_a_trainer_killed_without_closing_its_engine_leaves_no_engine_process_an
 @pytest.mark.slow  # Ray and a worker with an engine of its own
 def test_async_rollout_workers_generate_on_their_own_engines_with_in_flight_updates(tmp_path):
     """SmolLM2 under a zero-head "reward model" (its critic folder: the wiring, not learning): every trained token's
-    version is at most one behind, and the workers' weight pushes are timed."""
+    version is at most one behind, the workers' weight pushes are timed, their engine's iterations are rows of its
+    lane and its counts reach the step's metrics."""
     from oppo.exec.models.pretrained import smollm2_critic_folder
     from tests.invoke import train
 
@@ -306,5 +307,10 @@ def test_async_rollout_workers_generate_on_their_own_engines_with_in_flight_upda
     with open(out / "token_lag.csv") as fh:
         lags = [float(row["mean_lag"]) for row in csv.DictReader(fh)]
     with open(out / "trace.csv") as fh:
-        pushes = [row for row in csv.DictReader(fh) if row["device"] == "cpu1" and row["phase"] == "sync"]
+        trace = list(csv.DictReader(fh))
+    pushes = [row for row in trace if row["device"] == "cpu1" and row["phase"] == "sync"]
     assert lags and max(lags) <= 1 and pushes
+    assert {row["phase"] for row in trace if row["device"] == "cpu1:vllm"} == {"prefill", "decode"}
+    with open(out / "metrics.csv") as fh:
+        steps = list(csv.DictReader(fh))
+    assert [row["engine_preemptions"] for row in steps] == ["0.0"] * 3  # the worker's engine reports its counts

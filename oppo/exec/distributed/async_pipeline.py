@@ -23,10 +23,10 @@ from oppo.exec.compute.timing import Recorder
 from oppo.exec.config import ExecConfig
 from oppo.exec.distributed.placement import _get, _one_device, _start_ray
 from oppo.exec.distributed.rollout_worker import RolloutWorker, TokenLag, shareable, token_lag
-from oppo.exec.engines.vllm_engine import EngineError
+from oppo.exec.engines.vllm_engine import EngineError, EngineStats
 from oppo.exec.models.roles import load_roles, resolve_device, token_ids
 from oppo.exec.step.parts import local_parts, scorer_roles
-from oppo.exec.step.runner import Executor, RunAborted
+from oppo.exec.step.runner import Executor, RunAborted, engine_metrics
 
 
 class AsyncPipeline(Executor):
@@ -136,7 +136,8 @@ class AsyncPipeline(Executor):
                     self._collect(plan, version, n, results)
                     trained = self.scheduler.finish_generation()
                     self.queued_groups += len({t.group_id for t in trained})
-                    self.generated.put((plan, trained, idle, self.rec.now()))
+                    engines = EngineStats.total([result[-1] for result in results])
+                    self.generated.put((plan, trained, idle, self.rec.now(), engines))
         except BaseException as err:  # the trainer raises it (a dead worker: exit 1, records kept)
             self.generated.put(err)
 
@@ -196,7 +197,7 @@ class AsyncPipeline(Executor):
 
     def _collect(self, plan, version: int, n: int, results) -> None:
         finished: dict[int, int] = {}
-        for done, new, behaviour, versions, scored, rows in results:
+        for done, new, behaviour, versions, scored, rows, _ in results:
             finished |= done
             for seq_id, tokens in new.items():
                 if versions[seq_id][0] != version:  # the bounded one: the version the step was planned with
@@ -226,7 +227,7 @@ class AsyncPipeline(Executor):
         item = self.generated.get()
         if isinstance(item, BaseException):
             raise item if isinstance(item, (RunAborted, EngineError)) else RunAborted(f"the rollout stopped: {item}")
-        plan, trained, rollout_idle, generated_at = item
+        plan, trained, rollout_idle, generated_at, engines = item
         started = self.rec.now()
         depth = self.generated.qsize() + 1
         scores = self._score(plan.step, trained)
@@ -264,6 +265,7 @@ class AsyncPipeline(Executor):
             queue_depth=depth,
             mean_token_lag=sum(lag.mean_lag * t.response_tokens for lag, t in zip(lags, trained)) / max(tokens, 1),
             **self._mismatch(scores),  # here the gap holds the policy lag too: older weights sampled the tokens
+            **engine_metrics(engines),
         )
         return outcome, self._held_out_metrics(plan.step, metrics)
 

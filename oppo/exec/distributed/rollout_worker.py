@@ -135,7 +135,8 @@ class RolloutWorker:
     def finish(self):
         """Score this step's sequences with the frozen roles. Returns ({seq id: tokens decoded this step} of those
         that hit EOS, {seq id: new tokens}, {seq id: their behaviour log-probs}, {seq id: their versions}, the
-        frozen roles' outputs ({role: {seq id: tensor}}) and the trace rows recorded."""
+        frozen roles' outputs ({role: {seq id: tensor}}), the trace rows recorded and the engine's counts since the
+        last step (:class:`~oppo.exec.engines.vllm_engine.EngineStats`; None on the hf loop)."""
         from oppo.exec.compute.scoring import ROLE_KINDS, score_once
 
         self.rollout.end()
@@ -148,7 +149,7 @@ class RolloutWorker:
                 outputs = score_once(model, ROLE_KINDS[role], seqs, self.pad_id, self.temperature)
             scored[role] = {s[0]: t.cpu() for s, t in zip(seqs, outputs)}
         rows, self.rec.rows = self.rec.rows, []
-        return self.finished, self.new, self.behaviour, self.versions, scored, rows
+        return self.finished, self.new, self.behaviour, self.versions, scored, rows, self.rollout.engine_stats()
 
     def close(self) -> None:
         """Stop the rollout engine's process, if any (before the worker is killed)."""

@@ -125,6 +125,14 @@ class EngineStats:
         self.__init__()
         return taken
 
+    @classmethod
+    def total(cls, parts: list[EngineStats | None]) -> EngineStats | None:
+        """The counts of several engines (a step's rollout workers') together; None where none has an engine."""
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        return cls(**{name: sum(getattr(p, name) for p in parts) for name in vars(parts[0])})
+
     @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else float("nan")
