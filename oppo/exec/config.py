@@ -419,8 +419,12 @@ class ExecConfig:
             raise ValueError("--rollout-is and --offpolicy decoupled are the same correction: give one")
         if rollout.rollout_engine != "vllm":
             return
-        if self.task.lengths:
-            raise ValueError("--lengths forces EOS at traced lengths inside the hf decode loop: --rollout-engine hf")
+        engine_probs = rollout.rollout_log_probs == "engine" or rollout.rollout_is != "none"
+        if self.task.lengths and (engine_probs or self.ppo.offpolicy == "decoupled"):
+            raise ValueError(
+                "--lengths on vLLM puts EOS at the traced length in place of a sampled token, which has no engine "
+                "log-prob: --rollout-log-probs recompute, --rollout-is none, no --offpolicy decoupled"
+            )
         cut = self.ppo.top_k > 0 or self.ppo.top_p < 1
         if cut and (rollout.rollout_log_probs == "engine" or rollout.rollout_is != "none"):
             raise ValueError(

@@ -3,6 +3,7 @@ engine made ahead, aborts and resumptions, in-flight new weights, weight pushes 
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -39,7 +40,7 @@ class ScriptedEngine:
         seq_id = int(request.split(".")[0].removeprefix("eval"))  # held-out requests: eval<prompt index>
         start = len(context) - 1  # contexts here are [seq id] + response so far
         self.requests[request] = {"seq": seq_id, "at": start, "left": budget, "context": len(context), "new": True}
-        self.added.append((request, list(context), budget, seed))
+        self.added.append((request, list(context), budget, seed, sampling))
 
     def poll(self):
         out = {}
@@ -130,7 +131,10 @@ def test_new_weights_in_flight_drop_every_token_made_ahead_with_the_old_ones():
     rollout.refill(0)
     assert engine.loads == 1 and set(engine.aborted) == {"1.1"}  # the running one aborted; 0 had ended
     resumed = engine.added[2:]
-    assert [(c, b, s) for _, c, b, s in resumed] == [([0, 5], 7, resumed_seed(11, 1)), ([1, 7], 7, resumed_seed(12, 1))]
+    assert [(c, b, s) for _, c, b, s, _ in resumed] == [
+        ([0, 5], 7, resumed_seed(11, 1)),
+        ([1, 7], 7, resumed_seed(12, 1)),
+    ]
     assert rollout.decode(0, 8)[1] == {0: [6, EOS], 1: [7] * 7}
 
 
@@ -143,7 +147,7 @@ def test_halt_aborts_the_requests_still_running_and_the_next_step_resumes_them()
     assert not engine.busy and engine.aborted == ["0.0"]
     rollout.end()
     rollout.begin(1, {0: [0, 5, 6]}, [(0, 4, 11, None, 2)])
-    assert engine.added[-1][1:] == ([0, 5, 6], 4, resumed_seed(11, 2))
+    assert engine.added[-1][1:4] == ([0, 5, 6], 4, resumed_seed(11, 2))
 
 
 def test_weights_are_pushed_once_per_update_as_a_sync_row_and_evaluation_keeps_the_step_records_alike():
@@ -188,3 +192,21 @@ def test_the_engines_iterations_are_the_trace_rows_of_its_own_lane_in_the_step_t
     engine.iterations.insert(0, late)
     rollout.decode(1, 1)
     assert [r.step for r in rollout.rec.rows if r.context_tokens == 9 and r.phase == "decode"] == [0]
+
+
+def test_a_traced_length_bans_eos_before_it_and_puts_eos_at_it():
+    """--lengths on an engine: the request asks for exactly the tokens up to the traced length (min_tokens: no EOS
+    before it), and the token at that length is EOS, with no engine log-prob (NaN); a resumed sequence asks for the
+    rest only."""
+    engine = ScriptedEngine({0: [5, 6, 7, 8, 9, 9, 9, 9], 1: [4, 4, 4, 4, 4, 4, 4, 4]}, ahead=8)
+    rollout = rollout_on(engine)
+    rollout.begin(0, {0: [0], 1: [1, 4]}, [(0, 8, 11, 3, 0), (1, 7, 12, 4, 1)])  # seq 1 resumes at position 1
+    assert [a[2] for a in engine.added] == [3, 3]  # 3 tokens each: to length 3, and from 1 to length 4
+    assert [a[4]["min_tokens"] for a in engine.added] == [3, 3]
+    finished, new, logps = rollout.decode(0, 8)
+    assert new == {0: [5, 6, EOS], 1: [4, 4, EOS]} and finished == {0: 3, 1: 3}
+    assert logps[0][:2] == [-0.5, -0.5] and math.isnan(logps[0][2])
+    rollout.end()
+    rollout.begin(1, {0: [0]}, [(0, 2, 11, 5, 0)])  # a budget short of the traced length: no EOS put
+    _, new, _ = rollout.decode(1, 8)
+    assert new == {0: [5, 6]} and engine.added[-1][4]["min_tokens"] == 2

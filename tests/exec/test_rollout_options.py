@@ -50,7 +50,8 @@ VLLM = {"rollout_engine": "vllm"}
         ({"rollout_log_probs": "engine"}, {"ppo": PPOConfig(offpolicy="decoupled")}, "recomputes the proximal"),
         (VLLM, {"dp": 2}, "--dp 1"),
         (VLLM, {"schedule": default_schedule(policy="async")}, "--policy async"),
-        (VLLM, {"task": TaskConfig(lengths="gsm8k")}, "--lengths"),
+        (VLLM | {"rollout_log_probs": "engine"}, {"task": TaskConfig(lengths="gsm8k")}, "no engine log-prob"),
+        (VLLM | {"rollout_is": "token"}, {"task": TaskConfig(lengths="gsm8k")}, "no engine log-prob"),
         (VLLM | {"rollout_log_probs": "engine"}, {"ppo": PPOConfig(top_p=0.9)}, "the cut distribution's log-probs"),
         (VLLM | {"rollout_is": "token"}, {"ppo": PPOConfig(top_k=5)}, "the cut distribution's log-probs"),
     ],
@@ -58,6 +59,10 @@ VLLM = {"rollout_engine": "vllm"}
 def test_rollout_options_that_cannot_go_together_are_refused(rollout, other, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ExecConfig(rollout=RolloutConfig(**rollout), **other)
+
+
+def test_traced_lengths_on_vllm_with_recomputed_log_probs_are_accepted():
+    ExecConfig(rollout=RolloutConfig(**VLLM), task=TaskConfig(lengths="gsm8k"))
 
 
 def test_engine_log_probs_skip_the_old_log_probs_pass_and_train_alike_on_the_hf_loop(tmp_path):

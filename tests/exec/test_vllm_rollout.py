@@ -102,6 +102,21 @@ def test_an_aborted_and_resumed_greedy_sequence_equals_an_uninterrupted_one(run)
     assert len(first) == 5 and first + rest == whole
 
 
+def test_traced_lengths_end_each_sampled_response_with_eos_exactly_there(run):
+    """--lengths on the engine: sampled (T = 1) responses of the traced lengths, no EOS before, EOS at the length."""
+    rollout = rollout_of(run)
+    eos = rollout.engine.eos_id
+    lengths = {i: n for i, n in enumerate((3, 7, BUDGET + 4))}  # the last is cut at the budget: no EOS put there
+    rollout.begin(0, dict(enumerate(PROMPTS[:3])), [(i, BUDGET, 21 + i, lengths[i], 0) for i in range(3)])
+    got = {i: [] for i in range(3)}
+    while rollout.running:
+        for i, chunk in rollout.decode(0, 4)[1].items():
+            got[i] += chunk
+    rollout.end()
+    assert [len(got[i]) for i in range(3)] == [3, 7, BUDGET]
+    assert got[0][-1] == got[1][-1] == eos and eos not in got[0][:-1] + got[1][:-1] + got[2]
+
+
 def test_streamed_scores_equal_full_scores_on_engine_tokens(run):
     rollout = rollout_of(run)
     actor, pad = rollout.actor, run[0].pad_id

@@ -7,6 +7,7 @@ decode, and record, alike.
 
 from __future__ import annotations
 
+import math
 import time
 
 from oppo.exec.compute.timing import Recorder
@@ -163,6 +164,7 @@ class EngineRollout:
         self.lane = engine_lane(label, engine.name)  # the engine's own process
         self.began: list[tuple[float, int]] = []  # (time, step) at each begin: which step an iteration served
         self.budgets: dict[int, int] = {}  # seq id -> tokens its live request may still make
+        self.forced_end: set[int] = set()  # seq ids whose live request ends at their traced length (EOS put there)
 
     # -- weights ----------------------------------------------------------------------------------------
     def updated(self) -> None:
@@ -191,18 +193,31 @@ class EngineRollout:
         self.handed, self.over = {row[0]: [] for row in decoding}, {}
         self._handed_before = {row[0]: 0 for row in decoding}  # handed over before its live request began
         self.began.append((self.rec.now(), step))
-        for seq_id, budget, key, _, done in decoding:
-            self._request(seq_id, tokens[seq_id], budget, key, done)
+        for seq_id, budget, key, forced, done in decoding:
+            self._request(seq_id, tokens[seq_id], budget, key, done, forced)
 
-    def _request(self, seq_id: int, context: list[int], budget: int, key: int, position: int) -> None:
+    def _request(
+        self, seq_id: int, context: list[int], budget: int, key: int, position: int, forced: int | None
+    ) -> None:
         """Ask the engine for up to ``budget`` tokens after ``context``, the response's token ``position`` next. The
         request's generator is seeded by the sequence's key and that position: a resumed sequence draws fresh noise,
-        not again the noise its first tokens drew (vLLM restarts a request's generator from its seed)."""
+        not again the noise its first tokens drew (vLLM restarts a request's generator from its seed).
+
+        ``forced``: a traced response length (``--lengths``), as the hf loop forces it: EOS is banned before it
+        (vLLM's ``min_tokens``: the request makes every token it is asked for) and the token at that length is EOS,
+        put in place of the one the engine sampled there. The engine gives no log-prob of that EOS: NaN (the
+        trainer's recomputed log-probs train; the engine-trainer gap leaves it out)."""
         request = f"{seq_id}.{self.requests}"
         self.requests += 1
         self.seq_of[request] = seq_id
+        sampling = self.sampling
+        if forced is not None:
+            budget = min(budget, forced - position)
+            sampling = sampling | {"min_tokens": budget}
+            if position + budget == forced:
+                self.forced_end.add(seq_id)
         self.budgets[seq_id] = budget
-        self.engine.add(request, context, budget, resumed_seed(key, position), self.sampling)
+        self.engine.add(request, context, budget, resumed_seed(key, position), sampling)
 
     def decode(self, step: int, n: int) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[float]]]:
         """At most ``n`` new tokens per sequence: ({seq id: tokens handed over} of those that hit EOS among them,
@@ -263,6 +278,10 @@ class EngineRollout:
                         f"the engine ended sequence {seq_id} after {made} of its {self.budgets[seq_id]} tokens "
                         "without EOS"
                     )
+                if seq_id in self.forced_end:  # its traced length: EOS there
+                    self.buffer[seq_id][-1] = (self.engine.eos_id, math.nan)
+                    self.over[seq_id] = True
+                    self.forced_end.discard(seq_id)
 
     def refill(self, step: int) -> None:
         """After new weights mid-generation: every sequence with tokens still to come (a running request, or tokens
@@ -273,16 +292,19 @@ class EngineRollout:
         self._abort()
         self.refresh(step)
         for seq_id in sorted(ahead):
-            _, budget, key, _, done = self.decoding[seq_id]
+            _, budget, key, forced, done = self.decoding[seq_id]
             self.buffer[seq_id] = []
             self.over.pop(seq_id, None)
             handed = self.handed[seq_id]
             self._handed_before[seq_id] = len(handed)
-            self._request(seq_id, self.contexts[seq_id] + handed, budget - len(handed), key, done + len(handed))
+            self.forced_end.discard(seq_id)
+            context = self.contexts[seq_id] + handed
+            self._request(seq_id, context, budget - len(handed), key, done + len(handed), forced)
 
     def _abort(self) -> None:
         self.engine.abort(list(self.seq_of))
         self.seq_of = {}
+        self.forced_end = set()
 
     def halt(self) -> None:
         """The step has what it trains: the requests still running are aborted now (their KV blocks freed), so the

@@ -487,6 +487,7 @@ def probs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor]) -> dict[
     the probabilities the rollout sampled with are from the ones the trainer computes for the same weights and tokens
     (0 to rounding for the hf loop, which samples from the trainer's own forward passes)."""
     diff = torch.cat([(t.double().exp() - e.double().exp()).abs() for t, e in zip(trainer, engine)])
+    diff = diff[~diff.isnan()]  # an EOS put at a traced length (--lengths on an engine) has no engine log-prob
     if not len(diff):
         return {"rollout_probs_diff_mean": math.nan, "rollout_probs_diff_max": math.nan}
     return {"rollout_probs_diff_mean": float(diff.mean()), "rollout_probs_diff_max": float(diff.max())}
