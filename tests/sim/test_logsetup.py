@@ -147,8 +147,8 @@ def test_setup_from_log_writes_a_setup_that_loads_as_read(tmp_path):
     assert res.returncode == 0, res.stderr
     assert load_setup(str(out)) == setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").setup()
     assert "rollout.tensor_model_parallel_size" in res.stdout  # each key used, with its verl key
-    assert "ignored actor_rollout_ref.rollout.enable_chunked_prefill=True: " in res.stdout  # and each left aside
-    assert 'kv_cache_reset = "sleep"' in out.read_text()  # a log of June 2025: vLLM's sleep mode
+    assert "ignored actor_rollout_ref.rollout.max_num_seqs=1024: " in res.stdout  # and each left aside
+    assert 'kv_cache_reset = "sleep"' in out.read_text()  # a V1 engine: vLLM's sleep mode
 
 
 def test_calibrate_log_without_a_setup_reads_it_from_the_log_and_agrees_with_the_bundled_one(tmp_path):

@@ -214,7 +214,9 @@ class RooflineCost:
     ``kv_budget_bytes`` per GPU (a batch whose KV cache does not fit runs as resident batches that fill the budget,
     continuous batching admitting a waiting row as one finishes: each resident batch reads the weights
     again), and ``eager_decode`` (every layer launches its kernels each iteration, ``layer_overhead_s`` apiece;
-    with CUDA graphs an iteration is one launch)."""
+    with CUDA graphs an iteration is one launch). The prompts' prefill (:meth:`prefill_s`) reads one more:
+    ``max_batched_tokens``, the tokens one engine iteration computes at most (vLLM's ``max_num_batched_tokens``;
+    0: no cap, one pass)."""
 
     model: ModelShape
     gpu: GPU
@@ -227,6 +229,7 @@ class RooflineCost:
     kv_budget_bytes: float = math.inf
     eager_decode: bool = True
     allreduce_bytes_per_s: float = 0.0  # the tensor-parallel all-reduce's link (0: the GPU's intra-node link)
+    max_batched_tokens: int = 0  # tokens one engine iteration computes at most (vLLM's max_num_batched_tokens; 0: any)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1 or self.n_gpus % self.tensor_parallel:
@@ -301,12 +304,26 @@ class RooflineCost:
         (``rows`` sequences: the framework layer counts micro-batches; the roofline does not need it)."""
         if tokens <= 0:
             return 0.0
-        return self._forward_s(tokens, attended) + self._pass_overhead_s
+        iterations = self.prefill_iterations(tokens)
+        return self._forward_s(tokens, attended, iterations) + iterations * self._pass_overhead_s
 
-    def _forward_s(self, tokens: float, attended: float) -> float:
+    def prefill_iterations(self, tokens: float) -> int:
+        """Engine iterations a prefill of ``tokens`` (all engines' prompts) takes: each engine's share in chunks of
+        at most ``max_batched_tokens`` (vLLM's scheduler caps an iteration's tokens whether or not it chunks its
+        prefill: V0 without chunking packs whole prompts into a budgeted prefill batch, chunked prefill and V1 split
+        a prompt across iterations; the work is the same tokens and (query, key) pairs either way), each iteration
+        reading the weights and launching the layers' kernels once; 1 without a cap."""
+        if self.max_batched_tokens <= 0:
+            return 1
+        engines = self.n_gpus // self.tensor_parallel
+        return max(1, math.ceil(tokens / engines / self.max_batched_tokens))
+
+    def _forward_s(self, tokens: float, attended: float, iterations: int = 1) -> float:
+        """A forward over ``tokens`` in ``iterations`` equal passes: the larger of their compute and of reading the
+        weights once an iteration."""
         m, n = self.model, self.n_gpus
         compute_s = m.forward_flops(tokens / n, attended / n) / self._flops
-        return max(m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
+        return max(iterations * m.weight_bytes / self._bandwidth, compute_s) / self.engine.forward_efficiency
 
     @property
     def _launch_s(self) -> float:

@@ -56,6 +56,9 @@ ROLE_STAGES = {
 
 
 KV_CACHE_RESETS = ("none", "reinit", "sleep")
+ROLLOUT_SCHEDULERS = ("v0", "v1", "unknown")
+CHUNKED_PREFILL = ("on", "off", "unknown")
+ENGINE_UNSTATED_KEYS = ("decode_cuda_graphs", "kv_cache_reset")  # priced engine keys a log may leave unstated
 TRAIN_BACKENDS = ("fsdp", "megatron")
 
 
@@ -113,6 +116,17 @@ class Framework:
     # the weights offloaded to the host after generation and reloaded before the next, the KV cache discarded)
     weight_reshard: bool = False
     kv_cache_reset: str = "none"
+    # What the run's rollout engine was, as its log shows it (docs/simulator.md, "The rollout engine's version"):
+    # rollout_scheduler, vLLM's engine generation ("v0": vLLM <= 0.7's default; "v1": vLLM >= 0.8's, always chunking
+    # its prefill); chunked_prefill, vLLM's enable_chunked_prefill ("on", "off"); both "unknown" where the log does not
+    # say (not priced: the step's work is the same, see RooflineCost.prefill_s). max_num_batched_tokens caps the
+    # tokens an engine iteration computes (0: not stated, the prompts' prefill priced as one pass). engine_unstated:
+    # the priced engine keys (ENGINE_UNSTATED_KEYS) the log does not state: priced at the value given (an assumption
+    # the setup's comment names) and recorded as "unknown" in a calibration's span (oppo/sim/logs/trust.py)
+    rollout_scheduler: str = "unknown"
+    chunked_prefill: str = "unknown"
+    max_num_batched_tokens: int = 0
+    engine_unstated: tuple[str, ...] = ()
     calibration: Calibration = Calibration()  # what the stage terms below were fitted on (none: not fitted)
     gen: StageCost = StageCost()
     old_log_prob: StageCost = StageCost()
@@ -146,6 +160,14 @@ class Framework:
             raise ValueError('framework sharded (FSDP\'s gathers) is for train_backend = "fsdp", not "megatron"')
         if self.kv_cache_reset not in KV_CACHE_RESETS:
             raise ValueError(f"framework kv_cache_reset must be one of {', '.join(KV_CACHE_RESETS)}")
+        if self.rollout_scheduler not in ROLLOUT_SCHEDULERS:
+            raise ValueError(f"framework rollout_scheduler must be one of {', '.join(ROLLOUT_SCHEDULERS)}")
+        if self.chunked_prefill not in CHUNKED_PREFILL:
+            raise ValueError(f"framework chunked_prefill must be one of {', '.join(CHUNKED_PREFILL)}")
+        if self.max_num_batched_tokens < 0:
+            raise ValueError("framework max_num_batched_tokens must be >= 0 (0: not stated)")
+        if set(self.engine_unstated) - set(ENGINE_UNSTATED_KEYS):
+            raise ValueError(f"framework engine_unstated: keys of {', '.join(ENGINE_UNSTATED_KEYS)} only")
         unknown = set(self.offload) - set(ROLE_STAGES)
         if unknown:
             raise ValueError(f"framework offload: unknown role(s) {sorted(unknown)}")

@@ -14,7 +14,9 @@ class Calibration:
     (``step_err``) and of each stage's (``stage_err``, in ``stages`` order) when each run was predicted without its
     siblings (``basis``: "leave_one_group_out", or "within" for one run's own validated steps); and the span of the
     runs, each a (min, max) or the values seen: total GPUs, nodes, parameters (billions), response caps, the GPUs,
-    algorithms, group sizes, the rollout engines' per-step resets, the engines, their tensor-parallel degrees
+    algorithms, group sizes, the rollout engines' per-step resets ("unknown" where a log does not state it), the
+    engines, their versions (scheduler, CUDA graphs, chunked prefill, token budget per iteration; "unknown" where a
+    log does not state them), their tensor-parallel degrees
     (min, max), whether they reshard and whether the training passes shard their parameters, the training backends
     and their tensor- and pipeline-parallel degrees and update micro-batches (min, max), the roles they offloaded,
     whether they pushed weights to a rollout engine of its own, and the work of a forward micro-batch (min, max);
@@ -49,6 +51,12 @@ class Calibration:
     offloads: tuple[str, ...] = ()  # each run's offloaded roles, comma-joined (":each": every micro-batch; "none")
     weight_pushes: tuple[bool, ...] = ()  # whether a run pushed weights to a rollout engine on GPUs of its own
     forward_gflop: tuple[float, ...] = ()  # (min, max) work of a scoring forward micro-batch on one GPU, GFLOP
+    # empty in a record written before the engine's version was kept: no check. The values the runs' logs show, each
+    # "unknown" where a run's log does not say (oppo.sim.logs.trust.engine_record)
+    engine_schedulers: tuple[str, ...] = ()  # vLLM's engine generation: "v0", "v1"
+    engine_cuda_graphs: tuple[str, ...] = ()  # "CUDA graphs", "eager"
+    engine_chunked_prefill: tuple[str, ...] = ()  # "on", "off"
+    engine_batched_tokens: tuple[str, ...] = ()  # max_num_batched_tokens, as text
     # empty in a record written before intervals were measured: no coverage said, and every extrapolation unbounded
     run_step_err: tuple[float, ...] = ()  # each run's median step error as ``basis`` predicted it, in ``runs`` order
     axes: tuple[str, ...] = ()  # the axes on which some run lay outside the others' span (``outside_span``'s axes)

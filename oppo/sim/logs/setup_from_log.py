@@ -40,6 +40,8 @@ ENGINE_OF = {"vllm": "vllm", "sglang": "vllm", "hf": "hf"}  # verl's rollout.nam
 # vLLM's sleep mode (free_cache_engine as sleep / wake_up) replaced re-initialising the KV cache in the verl releases
 # of spring 2025 (verl v0.3, vLLM >= 0.7); a log's date decides which one its run paid
 SLEEP_MODE_FROM = "2025-04-01"
+# vLLM 0.7.0 (2025-01-27) brought the V1 engine (opt-in until 0.8.0 made it the default): a log dated before it ran V0
+VLLM_V1_FROM = "2025-01-27"
 MEGATRON_TP1_FROM = "2025-04-13"  # ppo_megatron_trainer.yaml's tensor_model_parallel_size default: 4, then 1
 # verl PR #121: the reference's FSDP module always takes CPUOffload(offload_params=True) (before: param_offload
 # loaded it once a pass); every unshard, at every forward micro-batch, copies its shard from the host
@@ -54,8 +56,6 @@ IGNORED = (
     (r"megatron\.optimizer_offload$", bool, "Megatron's optimizer state on the host is not modelled"),
     (r"fsdp_config\.fsdp_size$", lambda v: v not in (None, -1), "hybrid sharding (HSDP) is priced as full sharding"),
     (r"fsdp_config\.grad_offload$", bool, "gradients on the host are not modelled"),
-    (r"rollout\.enable_chunked_prefill$", bool, "the engine model prefills each prompt whole"),
-    (r"rollout\.max_num_batched_tokens$", lambda v: v is not None, "the engine model prefills each prompt whole"),
     (r"rollout\.max_num_seqs$", lambda v: v is not None, "the decode batch is bounded by the KV budget only"),
     (r"rollout\.mode$", lambda v: v not in (None, "sync"), "the asynchronous agent loop is not modelled"),
     (r"multi_turn\.enable$", bool, "multi-turn rollouts are not modelled"),
@@ -338,22 +338,66 @@ def _framework(r: _Reader, seq_tokens: float) -> None:
     else:
         _fsdp(r, origin)
     _micro_batches(r, seq_tokens)
+    unstated = []  # the priced engine keys the log does not state (priced at verl's default: an assumption)
     r.take("framework.decode_cuda_graphs", f"{ARA}.rollout.enforce_eager", True, lambda eager: not eager)
+    if r.get(f"{ARA}.rollout.enforce_eager")[1] == "verl default":
+        unstated.append("decode_cuda_graphs")
     r.take("framework.rollout_tensor_parallel", f"{ARA}.rollout.tensor_model_parallel_size", 2, int)
     r.take("framework.rollout_memory_fraction", f"{ARA}.rollout.gpu_memory_utilization", 0.5, float)
     r.out.set(
         "framework.weight_reshard", True, f"{ARA}.hybrid_engine (the trainer's weights loaded into the engine)", origin
     )
+    if not _kv_cache_reset(r):
+        unstated.append("kv_cache_reset")
+    _engine_version(r)
+    if unstated:
+        r.out.set("framework.engine_unstated", unstated, "the log does not state them: verl's default", "derived")
+
+
+def _kv_cache_reset(r: _Reader) -> bool:
+    """The engine's reset between steps: none without ``free_cache_engine``; sleep mode where the log's vLLM is >= 0.7
+    or a V1 engine, else re-initialisation; without a version, by the log's date. Whether the log states it (False:
+    neither the key nor a version or date that decides, priced as a recent verl's sleep mode)."""
     free, origin = r.get(f"{ARA}.rollout.free_cache_engine", True)
+    stated = origin != "verl default"
     if not free:
         reset, why = "none", f"{ARA}.rollout.free_cache_engine"
-    elif r.config.vllm:  # sleep mode from vLLM 0.7
-        reset = "sleep" if r.config.vllm >= (0, 7) else "reinit"
-        why = f"{ARA}.rollout.free_cache_engine; the log's vLLM {'.'.join(map(str, r.config.vllm))}"
+    elif r.config.vllm or r.config.vllm_v1:  # sleep mode from vLLM 0.7; verl puts a V1 engine to sleep
+        reset = "sleep" if r.config.vllm_v1 or r.config.vllm >= (0, 7) else "reinit"
+        version = ".".join(map(str, r.config.vllm)) if r.config.vllm else "V1 engine"
+        why = f"{ARA}.rollout.free_cache_engine; the log's vLLM {version}"
     else:
         reset = "sleep" if (r.config.date or "9999") >= SLEEP_MODE_FROM else "reinit"
         why = f"{ARA}.rollout.free_cache_engine; log dated {r.config.date or 'nowhere (taken as recent)'}"
+        stated = stated and r.config.date is not None
     r.out.set("framework.kv_cache_reset", reset, why, origin)
+    return stated
+
+
+def _engine_version(r: _Reader) -> None:
+    """What the log shows of the rollout engine's version: vLLM's scheduler (V1 where a V1 engine's modules print,
+    V0 where the log's vLLM is older than 0.7 or its date before V1 existed, else unknown), chunked prefill
+    (``enable_chunked_prefill``; V1 always chunks) and the tokens an iteration computes at most
+    (``max_num_batched_tokens``; 0 where the log does not state it)."""
+    c = r.config
+    if c.vllm_v1:
+        scheduler, why = "v1", "a vLLM V1 engine's modules in the log's output"
+    elif (c.vllm and c.vllm < (0, 7)) or (c.date and c.date < VLLM_V1_FROM):
+        shown = f"vLLM {'.'.join(map(str, c.vllm))}" if c.vllm and c.vllm < (0, 7) else f"date {c.date}"
+        scheduler, why = "v0", f"the log's {shown}: before vLLM V1 (0.7.0, {VLLM_V1_FROM})"
+    else:
+        scheduler, why = "unknown", "no vLLM version, V1 module or date before V1 in the log"
+    r.out.set("framework.rollout_scheduler", scheduler, why, "derived")
+    chunked, origin = r.get(f"{ARA}.rollout.enable_chunked_prefill")
+    if origin != "verl default":
+        r.out.set(
+            "framework.chunked_prefill", "on" if chunked else "off", f"{ARA}.rollout.enable_chunked_prefill", origin
+        )
+    elif scheduler == "v1":
+        r.out.set("framework.chunked_prefill", "on", "vLLM V1 always chunks its prefill", "derived")
+    tokens, origin = r.number(f"{ARA}.rollout.max_num_batched_tokens")
+    if origin != "verl default" and tokens:
+        r.out.set("framework.max_num_batched_tokens", tokens, f"{ARA}.rollout.max_num_batched_tokens", origin)
 
 
 def _micro_batches(r: _Reader, seq_tokens: float) -> None:

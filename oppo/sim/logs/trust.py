@@ -6,8 +6,9 @@ terms of the setup that leave the span of the runs it was calibrated on.
 ``coverage`` (80%) of the steps when each run is predicted by a layer fitted without it and its siblings
 (leave-one-group-out, each run weighted alike); with one log, of its own validated steps. ``validate-log``, ``run``,
 ``compare``, ``sweep`` and ``plan`` on such a setup say that interval and name what extrapolates: more GPUs or
-nodes than any calibration run, a model outside [half the smallest, twice the largest], another GPU, algorithm or
-rollout engine reset or training backend, a training tensor- or pipeline-parallel degree or an update micro-batch
+nodes than any calibration run, a model outside [half the smallest, twice the largest], another GPU, algorithm,
+rollout engine version (vLLM's scheduler, CUDA graphs, chunked prefill, tokens per iteration: "unknown" where a
+log does not state it) or reset, training backend, a training tensor- or pipeline-parallel degree or an update micro-batch
 outside the runs', group sampling where no run sampled groups, a longer response cap, a role offloaded or weights
 pushed to a rollout engine of its own where no run did (their links at their priors), forward micro-batches of a
 work outside [half the least, twice the most] of the runs' (the host's time per micro-batch shows or hides).
@@ -109,8 +110,8 @@ def calibration(
     widen: dict[str, float] = {}
     for k, setup in enumerate(setups):
         others = setups[:k] + setups[k + 1 :]
-        if others:
-            for axis in {a for a, _ in outside_span(setup, _span(others))} - set(PRICING_NOTES):
+        if others:  # a run whose log does not state an engine setting differs from the others on it in nothing known
+            for axis in {a for a, _ in outside_span(setup, _span(others), stated_only=True)} - set(PRICING_NOTES):
                 widen[axis] = max(widen.get(axis, 0.0), run_err[k])
     return dataclasses.replace(
         _span(setups),
@@ -157,8 +158,12 @@ def _span(setups: list[Setup]) -> Calibration:
         gpu_names=tuple(sorted({s.priced_as for s in setups})),
         algos=tuple(sorted({s.algo for s in setups})),
         group_sizes=tuple(sorted({s.group_size for s in setups})),
-        kv_cache_resets=tuple(sorted({s.framework.kv_cache_reset for s in setups})),
+        kv_cache_resets=_seen(setups, "rollout kv_cache_reset"),
         engines=tuple(sorted({s.engine for s in setups})),
+        engine_schedulers=_seen(setups, "engine (scheduler)"),
+        engine_cuda_graphs=_seen(setups, "engine (CUDA graphs)"),
+        engine_chunked_prefill=_seen(setups, "engine (chunked prefill)"),
+        engine_batched_tokens=_seen(setups, "engine (max_num_batched_tokens)"),
         rollout_tensor_parallel=span([s.framework.rollout_tensor_parallel for s in setups]),
         weight_reshards=tuple(sorted({s.framework.weight_reshard for s in setups})),
         sharded=tuple(sorted({s.framework.sharded for s in setups})),
@@ -170,6 +175,50 @@ def _span(setups: list[Setup]) -> Calibration:
         weight_pushes=tuple(sorted({bool(s.placement.rollout_gpus) for s in setups})),
         forward_gflop=span([round(forward_gflop(s), 3) for s in setups]),
     )
+
+
+# the rollout engine's settings a calibration's span keeps, by axis: the Calibration field holding the runs' values
+ENGINE_AXES = {
+    "engine (scheduler)": "engine_schedulers",
+    "engine (CUDA graphs)": "engine_cuda_graphs",
+    "engine (chunked prefill)": "engine_chunked_prefill",
+    "engine (max_num_batched_tokens)": "engine_batched_tokens",
+    "rollout kv_cache_reset": "kv_cache_resets",
+}
+UNKNOWN = "unknown"
+
+
+def engine_record(setup: Setup) -> dict[str, str]:
+    """The rollout engine as the setup's log shows it, by axis of :data:`ENGINE_AXES`: each value as text, "unknown"
+    where the log does not state it (``rollout_scheduler``, ``chunked_prefill``: "unknown"; ``max_num_batched_tokens``:
+    0; ``decode_cuda_graphs``, ``kv_cache_reset``: named in ``engine_unstated``, priced at the value given)."""
+    fw = setup.framework
+    unstated = set(fw.engine_unstated)
+    graphs = "CUDA graphs" if fw.decode_cuda_graphs else "eager"
+    return {
+        "engine (scheduler)": fw.rollout_scheduler,
+        "engine (CUDA graphs)": UNKNOWN if "decode_cuda_graphs" in unstated else graphs,
+        "engine (chunked prefill)": fw.chunked_prefill,
+        "engine (max_num_batched_tokens)": str(fw.max_num_batched_tokens) if fw.max_num_batched_tokens else UNKNOWN,
+        "rollout kv_cache_reset": UNKNOWN if "kv_cache_reset" in unstated else fw.kv_cache_reset,
+    }
+
+
+def _seen(setups: list[Setup], axis: str) -> tuple[str, ...]:
+    return tuple(sorted({engine_record(s)[axis] for s in setups}))
+
+
+def _engine_outside(setup: Setup, c: Calibration, stated_only: bool) -> list[tuple[str, str]]:
+    """The rollout engine's settings of ``setup`` that no calibration run showed: a stated value no run's log stated,
+    or (unless ``stated_only``: a run against the others, where an unknown is no known difference) an unknown where
+    every run's log stated it."""
+    found = []
+    for axis, value in engine_record(setup).items():
+        seen = getattr(c, ENGINE_AXES[axis])
+        if not seen or value in seen or (stated_only and value == UNKNOWN):
+            continue
+        found.append((axis, f"{axis} {value!r} (calibrated on {', '.join(map(repr, seen))})"))
+    return found
 
 
 def offloaded(setup: Setup) -> list[str]:
@@ -235,8 +284,10 @@ def extrapolations(setup: Setup, schedule: ScheduleConfig | None = None) -> list
     return [phrase for _, phrase in outside_span(as_run(setup, schedule), c)] if c.runs else []
 
 
-def outside_span(setup: Setup, c: Calibration) -> list[tuple[str, str]]:
-    """Each term of ``setup`` outside the span ``c`` records, as (its axis, a phrase naming it)."""
+def outside_span(setup: Setup, c: Calibration, stated_only: bool = False) -> list[tuple[str, str]]:
+    """Each term of ``setup`` outside the span ``c`` records, as (its axis, a phrase naming it); with
+    ``stated_only``, an engine setting the setup's log does not state is none (a calibration run against the
+    others)."""
     found = []
     gpus, node_count, size = setup.total_gpus, nodes(setup), params_b(setup)
     if not c.gpus[0] <= gpus <= c.gpus[1]:
@@ -268,13 +319,13 @@ def outside_span(setup: Setup, c: Calibration) -> list[tuple[str, str]]:
         ("GPU", setup.priced_as, c.gpu_names),
         ("algorithm", setup.algo, c.algos),
         ("engine", setup.engine, c.engines),
-        ("rollout kv_cache_reset", setup.framework.kv_cache_reset, c.kv_cache_resets),
         ("weight_reshard", setup.framework.weight_reshard, c.weight_reshards),
         ("sharded", setup.framework.sharded, c.sharded),
         ("train_backend", setup.framework.train_backend, c.train_backends),
     ):
         if seen and value not in seen:
             found.append((what, f"{what} {value!r} (calibrated on {', '.join(map(repr, seen))})"))
+    found += _engine_outside(setup, c, stated_only)
     roles = [role for role in offloaded(setup) if not any(role in runs.split(",") for runs in c.offloads)]
     if c.offloads and roles:
         named = ", ".join(

@@ -29,6 +29,9 @@ LAUNCH = re.compile(r"\bpython3?\s+-m\s+((?:verl|recipe)\.[\w.]*main\w*)(\s.*|)$
 OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w.]*)=(.*)$", re.S)  # Hydra: key=value, +key=value, ++key=value
 CONFIG_NAME = re.compile(r"^(?:--config-name|-cn)=(\S+)$")
 VLLM_VERSION = re.compile(r"\bvllm(?:==|-| version |: )v?(\d+\.\d+)", re.I)  # "vllm==0.8.3", "vLLM version 0.6.3"
+# a vLLM V1 engine's own modules in the log's output ("vllm.v1.worker.gpu_worker.Worker", ".../vllm/v1/engine/...")
+# or its start-up line ("Initializing a V1 LLM engine"): vLLM's V1 scheduler ran
+VLLM_V1 = re.compile(r"\bvllm[./]v1[./]|\bV1 LLM engine\b")
 DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)[ T][0-2]\d:[0-5]\d")
 ARA = "actor_rollout_ref"  # the actor, rollout and reference worker's configuration
 TOP_LEVEL = ("actor_rollout_ref", "algorithm", "data", "trainer", "critic", "reward_model")
@@ -48,6 +51,7 @@ class VerlConfig:
     truncated: bool  # ... cut short: the keys after the cut come from the command or verl's defaults
     date: str | None  # the first timestamp in the log (YYYY-MM-DD): which verl / vLLM generation ran
     vllm: tuple[int, int] | None = None  # the vLLM version the log prints, if any
+    vllm_v1: bool = False  # the log shows a vLLM V1 engine at work (VLLM_V1)
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         """The value of ``key``; ``default`` where the log does not say (KeyError without one)."""
@@ -80,7 +84,8 @@ def read_verl_config(path: str | Path) -> VerlConfig | None:
     date = next((m.group(1) for line in lines if (m := DATE.search(line))), None)
     version = next((m.group(1) for line in lines if (m := VLLM_VERSION.search(line))), None)
     vllm = tuple(int(x) for x in version.split(".")) if version else None
-    return VerlConfig(str(path), values, origin, entry, config_name, printed is not None, truncated, date, vllm)
+    v1 = any(VLLM_V1.search(line) for line in lines)
+    return VerlConfig(str(path), values, origin, entry, config_name, printed is not None, truncated, date, vllm, v1)
 
 
 def _command(lines: list[str]) -> tuple[dict[str, Any], str | None, str | None]:

@@ -327,6 +327,8 @@ class Setup:
         link = self.cluster.link_bytes_per_s(gpu, first, n_gpus, group=tp)
         terms: dict[str, Any] = {"tensor_parallel": tp, "allreduce_bytes_per_s": link}
         terms["eager_decode"] = not fw.decode_cuda_graphs
+        if ENGINES[self.engine].compacts_batch:  # vLLM-class: its scheduler's token budget per iteration
+            terms["max_batched_tokens"] = fw.max_num_batched_tokens
         if fw.rollout_memory_fraction:
             budget = gpu.memory_bytes * fw.rollout_memory_fraction - model.weight_bytes / fw.rollout_tensor_parallel
             if budget <= 0:
