@@ -11,7 +11,9 @@ predicted by the simulator calibrated on the ``sync`` run.
 4. one table: measured vs predicted step time, decode tokens/s, MFU of decode and of the actor update;
 5. the real model (preset ``smollm2``, SmolLM2-135M-Instruct) in bfloat16: GRPO ``sync`` and ``oppo`` on the
    arithmetic task (written into OUT/data), ``--real-steps`` steps at the study's sizes times ``--real-scale``
-   prompts; its step times and greedy held-out accuracy before and after (``--real-steps 0`` skips it).
+   prompts, generating on each of ``--real-engines`` (the hf loop, and vLLM where it is installed: the engine
+   sleeping between generations); its step times and greedy held-out accuracy before and after (``--real-steps
+   0`` skips it).
 
 Without CUDA it exits with code 2 and one line. Sized to finish within 10 minutes on one H100.
 """
@@ -51,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--real-scale", type=int, default=8, help="prompts a step, times the CPU study's 2 (default: 8, 16 prompts)"
     )
+    parser.add_argument(
+        "--real-engines",
+        default=None,
+        help="rollout engines of the real model's runs, comma-separated (default: hf, and vllm where installed)",
+    )
     return parser
 
 
@@ -66,7 +73,24 @@ def check_args(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--dp must be >= 0 (0: every GPU present), got {args.dp}")
     if args.real_steps < 0 or args.real_scale < 1:
         raise ValueError("--real-steps must be >= 0 and --real-scale >= 1")
+    args.real_engines = real_engines(args.real_engines)
     return models
+
+
+def real_engines(given: str | None) -> tuple[str, ...]:
+    """The rollout engines the real model runs on: the given ones, else hf and vLLM where it is installed."""
+    from oppo.exec.config import ROLLOUT_ENGINES
+    from oppo.exec.engines.vllm_engine import MISSING, version
+
+    if given is None:
+        return ("hf", "vllm") if version() else ("hf",)
+    engines = tuple(e for e in given.split(",") if e)
+    unknown = [e for e in engines if e not in ROLLOUT_ENGINES]
+    if unknown or not engines:
+        raise ValueError(f"unknown rollout engine(s) {unknown or 'none'}; choose from {', '.join(ROLLOUT_ENGINES)}")
+    if "vllm" in engines and version() is None:
+        raise ValueError(MISSING)
+    return engines
 
 
 def require_cuda(dp: int) -> int:
@@ -130,16 +154,19 @@ def run_real_model(
     steps, batch = args.real_steps, 2 * args.real_scale
     study = TaskStudy(data, val, preset=preset, steps=steps, batch=batch, eval_every=steps, eval_prompts=100)
     rows = []
-    for policy in ("sync", "oppo"):
+    engines = getattr(args, "real_engines", None) or ("hf",)
+    for engine, policy in ((e, p) for e in engines for p in ("sync", "oppo")):
         config = study.config(policy, seed=0)
         model = dataclasses.replace(config.model, device=device, dtype=dtype, threads=0)
-        run = out / preset / policy
-        train(dataclasses.replace(config, model=model, save_every=0), run)
+        rollout = dataclasses.replace(config.rollout, rollout_engine=engine)
+        run = out / preset / (policy if engine == "hf" else f"{policy}@{engine}")
+        train(dataclasses.replace(config, model=model, rollout=rollout, save_every=0), run)
         steps = read_run(run)
         times = np.diff([0.0] + [s["end_s"] for s in steps])[1:]  # the first step warms up
         rows.append(
             {
                 "model": f"{preset} ({dtype}, GRPO)",
+                "engine": engine,
                 "policy": policy,
                 "median_step_s": round(float(np.median(times)), 3) if len(times) else None,
                 "held_out_before": (steps[0]["start"] or {}).get("held_out_rule_score"),

@@ -30,7 +30,8 @@ def script(*args, cwd=None):
 
 def test_help_names_every_option():
     res = script("--help")
-    assert res.returncode == 0 and all(o in res.stdout for o in ("--out", "--models", "--steps", "--dp"))
+    options = ("--out", "--models", "--steps", "--dp", "--real-engines")
+    assert res.returncode == 0 and all(o in res.stdout for o in options)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,7 @@ def test_help_names_every_option():
         (("--models", "gpt-9"), "unknown model shape"),
         (("--steps", "0"), "must be >= 1"),
         (("--dp", "-1"), "--dp must be >= 0"),
+        (("--real-engines", "sglang"), "unknown rollout engine"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path, extra, message):
