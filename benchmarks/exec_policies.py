@@ -5,17 +5,24 @@
     python benchmarks/exec_policies.py --preset smollm2 --data data/add/train.jsonl --reward-fn gsm8k --algo grpo \
         --group-size 4 --batch 4 --max-new-tokens 48 --max-prompt-tokens 96 --lengths '' --policies sync,intra,oppo
 
-Prints per policy: mean / p50 step time, ratio to sync, tokens decoded per second, the per-phase breakdown and
-the deferral histogram. tok/s counts the response tokens of the trained sequences per second. Records of each
-run go to --out/<preset>-<policy>.
+    python benchmarks/exec_policies.py --preset smollm2 --data data/add/train.jsonl --reward-fn gsm8k --algo grpo \
+        --group-size 8 --batch 2 --max-new-tokens 128 --max-prompt-tokens 96 --lengths hh_rlhf_harmless \
+        --policies sync@vllm,oppo@vllm --steps 6 --repeats 3
+
+A policy may name its rollout engine (``oppo@vllm``; default the hf loop). Prints per policy: mean / p50 step time,
+ratio to sync (on the same engine), tokens decoded per second, the per-phase breakdown and the deferral histogram.
+tok/s counts the response tokens of the trained sequences per second. With ``--repeats R`` the policies run in R
+interleaved rounds (a machine's drift falls on every policy alike) and each figure is the median over rounds, the
+step time with its range. Records of each run go to --out/<preset>-<policy>[-r<round>].
 """
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from oppo.core.config import POLICIES
-from oppo.exec.config import ExecConfig, ModelConfig, TaskConfig, default_schedule
+from oppo.exec.config import ROLLOUT_ENGINES, ExecConfig, ModelConfig, RolloutConfig, TaskConfig, default_schedule
 from oppo.exec.train import train
 
 
@@ -28,7 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--chunk", default="64", help="chunk size of streamed policies (or auto)")
     parser.add_argument("--lengths", default="alpaca_eval", help="trace of forced lengths ('': natural lengths)")
-    parser.add_argument("--lengths-model", default="alpaca-7b", help="AlpacaEval model whose lengths to replay")
+    parser.add_argument(
+        "--lengths-model", default=None, help="the trace's model whose lengths to replay (alpaca_eval: alpaca-7b)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--algo", default="ppo", help="ppo or grpo")
     parser.add_argument("--group-size", type=int, default=1)
@@ -37,9 +46,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=8, help="length of the synthetic prompts")
     parser.add_argument("--max-prompt-tokens", type=int, default=512, help="cap on a --data prompt's tokens")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds of every policy")
+    parser.add_argument("--engine-memory", type=float, default=1.0, help="KV budget of a vLLM engine (GiB)")
+    parser.add_argument("--engine-eager", action="store_true", help="vLLM without torch.compile")
     parser.add_argument("--out", default="runs/bench-exec")
     args = parser.parse_args(argv)
+    for variant in args.policies.split(","):
+        policy, _, engine = variant.partition("@")
+        if policy not in POLICIES or engine not in ("", *ROLLOUT_ENGINES):
+            parser.error(f"unknown policy {variant!r}: one of {', '.join(POLICIES)}, optionally @hf or @vllm")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     lengths = args.lengths or None
+    if lengths == "alpaca_eval" and args.lengths_model is None:
+        args.lengths_model = "alpaca-7b"
     task = TaskConfig(
         lengths=lengths,
         lengths_model=args.lengths_model if lengths else None,
@@ -48,49 +68,69 @@ def main(argv: list[str] | None = None) -> None:
         prompt_tokens=args.prompt_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
     )
-    summaries = {}
-    for policy in args.policies.split(","):
-        assert policy in POLICIES, policy
-        schedule = default_schedule(
-            policy=policy,
-            batch=args.batch,
-            max_new_tokens=args.max_new_tokens,
-            chunk=args.chunk,
-            check_tokens=8,
-            delta_init=args.batch // 4,
-            delta_max=args.batch // 4,
-            window_tokens=args.max_new_tokens // 4,
-            algo=args.algo,
-            group_size=args.group_size,
-        )
-        model = ModelConfig(preset=args.preset, threads=args.threads)
-        config = ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed, task=task)
-        out = Path(args.out) / f"{args.preset}-{policy}"
-        train(config, out)
-        summaries[policy] = json.loads((out / "summary.json").read_text())
-    report(summaries, args)
+    rounds: dict[str, list[dict]] = {}
+    for r in range(args.repeats):
+        for variant in args.policies.split(","):
+            out = Path(args.out) / f"{args.preset}-{variant}" / (f"r{r}" if args.repeats > 1 else "")
+            train(_config(args, task, variant), out)
+            rounds.setdefault(variant, []).append(json.loads((out / "summary.json").read_text()) | {"run": out})
+    report(rounds, args)
 
 
-def report(summaries: dict, args) -> None:
-    base = summaries.get("sync", next(iter(summaries.values())))["mean_step_s"]
-    print(
-        f"\npreset {args.preset}, B={args.batch}, lengths {args.lengths_model if args.lengths else 'natural'} "
-        f"(cap {args.max_new_tokens}), "
-        f"{args.steps} steps each"
+def _config(args, task: TaskConfig, variant: str) -> ExecConfig:
+    policy, _, engine = variant.partition("@")
+    schedule = default_schedule(
+        policy=policy,
+        batch=args.batch,
+        max_new_tokens=args.max_new_tokens,
+        chunk=args.chunk,
+        check_tokens=8,
+        delta_init=args.batch // 4,
+        delta_max=args.batch // 4,
+        window_tokens=args.max_new_tokens // 4,
+        algo=args.algo,
+        group_size=args.group_size,
     )
-    print(f"{'policy':<7} {'mean_s':>8} {'p50_s':>8} {'vs sync':>8} {'tok/s':>8} {'deferrals':>10}  deferral hist")
-    for policy, s in summaries.items():
-        tokens = s.get("decoded_tokens_per_s") or _tokens_per_s(Path(args.out) / f"{args.preset}-{policy}")
-        hist = ", ".join(f"{k}: {v:.0%}" for k, v in s["deferral_hist"].items())
+    model = ModelConfig(preset=args.preset, threads=args.threads)
+    rollout = RolloutConfig(
+        rollout_engine=engine or "hf", engine_memory=args.engine_memory, engine_eager=args.engine_eager
+    )
+    return ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed, task=task, rollout=rollout)
+
+
+def report(rounds: dict[str, list[dict]], args) -> None:
+    """The median over rounds of each figure; step time with its range, and its ratio to sync on the same engine."""
+    mean_s = {v: [s["mean_step_s"] for s in runs] for v, runs in rounds.items()}
+    median = {v: statistics.median(times) for v, times in mean_s.items()}
+    traced = " ".join(filter(None, (args.lengths, args.lengths_model))) or "natural"
+    print(
+        f"\npreset {args.preset}, B={args.batch}, lengths {traced} (cap {args.max_new_tokens}), {args.steps} steps "
+        f"each, median of {args.repeats} interleaved round(s)"
+    )
+    print(
+        f"{'policy':<12} {'mean_s':>8} {'[min, max]':>16} {'p50_s':>8} {'vs sync':>8} {'tok/s':>8} {'deferrals':>10}"
+        "  deferral hist (first round)"
+    )
+    for variant, runs in rounds.items():
+        engine = variant.partition("@")[2] or "hf"
+        same = [f"sync@{engine}"] + (["sync"] if engine == "hf" else [])
+        base = next((median[v] for v in same if v in median), median[next(iter(median))])
+        tokens = statistics.median(s.get("decoded_tokens_per_s") or _tokens_per_s(s["run"]) for s in runs)
+        p50 = statistics.median(s["p50_step_s"] for s in runs)
+        deferrals = statistics.median(s["mean_deferrals"] for s in runs)
+        hist = ", ".join(f"{k}: {v:.0%}" for k, v in runs[0]["deferral_hist"].items())
+        spread = f"[{min(mean_s[variant]):.2f}, {max(mean_s[variant]):.2f}]"
         print(
-            f"{policy:<7} {s['mean_step_s']:>8.3f} {s['p50_step_s']:>8.3f} {base / s['mean_step_s']:>7.2f}x "
-            f"{tokens:>8.0f} {s['mean_deferrals']:>10.2f}  {hist}"
+            f"{variant:<12} {median[variant]:>8.3f} {spread:>16} {p50:>8.3f} {base / median[variant]:>7.2f}x "
+            f"{tokens:>8.0f} {deferrals:>10.2f}  {hist}"
         )
-    print("\nseconds per step by role/phase:")
-    keys = sorted({k for s in summaries.values() for k in s["phase_s_per_step"]})
-    print(f"{'':<22}" + "".join(f"{p:>9}" for p in summaries))
+    print("\nseconds per step by role/phase (median over rounds):")
+    keys = sorted({k for runs in rounds.values() for s in runs for k in s["phase_s_per_step"]})
+    width = max(9, *(len(v) + 1 for v in rounds))
+    print(f"{'':<22}" + "".join(f"{v:>{width}}" for v in rounds))
     for key in keys:
-        print(f"{key:<22}" + "".join(f"{s['phase_s_per_step'].get(key, 0):>9.3f}" for s in summaries.values()))
+        cells = [statistics.median(s["phase_s_per_step"].get(key, 0.0) for s in runs) for runs in rounds.values()]
+        print(f"{key:<22}" + "".join(f"{c:>{width}.3f}" for c in cells))
 
 
 def _tokens_per_s(run: Path) -> float:

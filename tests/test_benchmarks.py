@@ -48,8 +48,14 @@ def test_sim_speed(tmp_path):
 
 
 def test_exec_policies(tmp_path):
-    stdout = bench_here("exec_policies", *TINY, "--policies", "sync,oppo", "--out", str(tmp_path), cwd=tmp_path)
-    assert "vs sync" in stdout and "seconds per step by role/phase" in stdout
+    args = ("--policies", "sync,oppo@hf", "--repeats", "2", "--out", str(tmp_path))
+    stdout = bench_here("exec_policies", *TINY, *args, cwd=tmp_path)
+    assert "vs sync" in stdout and "seconds per step by role/phase" in stdout and "median of 2" in stdout
+    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.startswith(("sync ", "oppo@hf "))}
+    assert rows["sync"][5] == "1.00x" and set(rows) == {"sync", "oppo@hf"}  # oppo@hf is measured against sync
+    assert (tmp_path / "tiny-cpu-oppo@hf" / "r1" / "summary.json").is_file()
+    res = bench("exec_policies", "--policies", "sync@sglang", "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 2 and "unknown policy 'sync@sglang'" in res.stderr
 
 
 def test_fidelity(tmp_path):
