@@ -35,6 +35,9 @@ def sim_setup_for(config: ExecConfig, profile: str | Path, prompt_tokens: int | 
     ``prompt_tokens`` (default: the task's, which a run without a dataset generates exactly)."""
     colocated = config.placement == "colocated"
     placement = Placement("colocated", 1, 0) if colocated else Placement("disaggregated", 1, 1)
+    on_engine = config.rollout.rollout_engine == "vllm"
+    if on_engine:  # the engine's process generates on a core of its own; the trainer keeps the other
+        placement = dataclasses.replace(placement, actor_gpus=placement.actor_gpus + 1, rollout_gpus=1)
     checkpoints = config.model.preset in ("hf", "smollm2")  # a checkpoint's own config.json is its shape
     paths = role_paths(config.model) if checkpoints else {}
     actor = f"{paths['actor']}/config.json" if checkpoints else config.model.preset
@@ -46,7 +49,7 @@ def sim_setup_for(config: ExecConfig, profile: str | Path, prompt_tokens: int | 
         reward=reward if config.reward_model else None,
         batch=config.schedule.batch,
         max_new_tokens=config.schedule.max_new_tokens,
-        engine="torch-cpu",
+        engine="vllm-cpu" if on_engine else "torch-cpu",
         cost=str(profile),
         ppo_epochs=config.ppo.epochs,
         minibatches=config.ppo.minibatches,

@@ -1,5 +1,7 @@
 """The simulator replays an executor run: its lengths by sequence id, its Δ and chunk decisions, step by step."""
 
+import dataclasses
+
 import numpy as np
 
 from oppo.catalog.lengths import load_lengths
@@ -55,3 +57,47 @@ def test_an_adaptive_run_is_replayed_with_the_lengths_and_decisions_it_recorded(
     expected = [forced_length(forced, config.seed, i, 24) if i in trained else 24 for i in range(len(replayed))]
     np.testing.assert_array_equal(replayed, expected)
     assert len(replayed) > max(trained) + 1 and set(range(max(trained))) - trained  # gaps and spare ids at the cap
+
+
+def test_a_run_on_the_vllm_engine_is_simulated_with_the_engine_on_a_core_of_its_own(tmp_path):
+    """The executor's vLLM engine generates in its own process: the simulator mirrors it with generation on a
+    device of its own (weights pushed after each update), a decode batch that loses its finished requests, and a
+    prefill of every request's prompt (one request per sample: no prefill shared within a group)."""
+    from oppo.catalog.lengths import LengthTrace
+    from oppo.exec.config import RolloutConfig
+    from oppo.fidelity import sim_setup_for
+    from oppo.sim import SimConfig, simulate
+
+    rows = []
+    for step in range(6):
+        for batch in (2, 5, 8):
+            rows.append(TraceRow(step, "cpu0:vllm", "actor", "decode", 0.0, 0.02 + 0.002 * batch, batch, batch, 0))
+        rows.append(
+            TraceRow(step, "cpu0:vllm", "actor", "prefill", 0.0, 0.02 + 1e-3 * 80 * (step + 1), 8, 80 * (step + 1), 0)
+        )
+        for role in ("actor", "reference"):
+            rows.append(TraceRow(step, "cpu0", role, "score", 0.0, 1e-3 * 400 * (step + 1), 8, 400 * (step + 1), 0))
+        rows.append(
+            TraceRow(step, "cpu0", "actor", "train_actor", 0.0, 4e-3 * 400 * (step + 1), 8, 400 * (step + 1), 0)
+        )
+        rows.append(TraceRow(step, "cpu0", "actor", "sync", 0.0, 0.9, 1, 10**8, 0))
+    save_profile(fit_trace(rows), tmp_path / "profile.json", "synthetic")
+    schedule = default_schedule(algo="grpo", policy="sync", batch=2, group_size=4, max_new_tokens=16)
+    config = ExecConfig(schedule=schedule, rollout=RolloutConfig(rollout_engine="vllm"), steps=3)
+    setup = sim_setup_for(config, tmp_path / "profile.json", prompt_tokens=10)
+    assert setup.engine == "vllm-cpu" and setup.placement.rollout_gpus == 1
+    lengths = LengthTrace("short-and-long", np.array([2, 16, 2, 2, 2, 2, 2, 2] * 8), None, ordered=True)
+    trace = simulate(SimConfig(schedule, setup, config.steps, config.seed), lengths).trace
+    generation = {r.device for r in trace if r.phase in ("decode", "prefill") and r.role == "actor"}
+    training = {r.device for r in trace if r.phase == "train_actor"}
+    assert len(generation) == 1 and not generation & training
+    prefill = [r for r in trace if r.step == 0 and r.phase == "prefill" and r.role == "actor"]
+    assert sum(r.num_tokens for r in prefill) == 8 * 10  # 2 prompts x 4 samples, each its own request
+    padded = simulate(SimConfig(schedule, dataclasses.replace(setup, engine="torch-cpu"), 3, config.seed), lengths)
+
+    def decode_s(rows):
+        return sum(r.end_s - r.start_s for r in rows if r.step == 0 and r.phase == "decode")
+
+    # one 16-token response among 2-token ones: 2 iterations of 8 requests, then 14 of 1, against 16 of 8
+    assert decode_s(trace) < 0.75 * decode_s(padded.trace)
+    assert len([r for r in trace if r.phase == "sync"]) == 3  # the weights pushed after each update

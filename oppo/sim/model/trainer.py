@@ -287,10 +287,10 @@ class Trainer(Generation):
         """The contexts the engine prefills, of the running rows' ``contexts`` (admission order): on an engine that
         pads its batch, every row to the longest; on one that samples a prompt's responses as one request (vLLM's
         ``n``: the samples share the prompt's prefill and its KV blocks), each group's fresh prompt once, and every
-        resumed prefix (its own tokens)."""
+        resumed prefix (its own tokens); on one that takes a request per sample, every row its own context."""
         if not self.engine.compacts_batch:  # left-padded batch: every row computes the longest context
             return np.full_like(contexts, contexts.max())
-        if self.config.schedule.group_size == 1:
+        if self.config.schedule.group_size == 1 or not self.engine.group_prefill:
             return contexts
         group_of, seen, keep = self.scheduler.buffer.group_id, set(), []
         for row, seq_id in enumerate(plan.budgets):
