@@ -152,6 +152,8 @@ class Engine:
     ``compacts_batch``: finished sequences leave the decode batch (continuous batching); without it (HF
     ``generate``, our executor) every row is computed until the last one stops, and batches are left-padded.
     ``needs_weight_sync``: the engine holds its own weight copy (vLLM), so trained weights are pushed each step.
+    ``group_prefill``: a prompt's G samples are one request (vLLM's ``n``, as verl asks for them): they share the
+    prompt's prefill; without it each sample is a request of its own and prefills the prompt itself.
     """
 
     name: str
@@ -161,6 +163,7 @@ class Engine:
     needs_weight_sync: bool
     weight_gather_bytes_per_s: float = 0.0
     compacts_batch: bool = False
+    group_prefill: bool = False
 
 
 ENGINES = {
@@ -170,8 +173,12 @@ ENGINES = {
         # no CUDA graphs (~25 ms host time per decode iteration [assumed]), weights all-gathered per forward.
         # weight_gather_bytes_per_s is FITTED to the paper's TRL 7B step time on 8 x H200 (~6 min per step).
         Engine("hf", 0.025, 0.6, 1.0, needs_weight_sync=False, weight_gather_bytes_per_s=50e9),
-        Engine("vllm", 0.003, 0.9, 1.0, needs_weight_sync=True, compacts_batch=True),
+        Engine("vllm", 0.003, 0.9, 1.0, needs_weight_sync=True, compacts_batch=True, group_prefill=True),
         Engine("torch-cpu", 0.0, 1.0, 1.0, needs_weight_sync=False),
+        # vLLM on CPU cores, as the executor runs it (--rollout-engine vllm): costs from a profile calibrated on its
+        # own iterations (oppo.sim.cost.profile); continuous batching, weights pushed after each update, and a
+        # request per sample (each its own sampling key; 128-token KV blocks: a short prompt's prefix is not shared)
+        Engine("vllm-cpu", 0.0, 1.0, 1.0, needs_weight_sync=True, compacts_batch=True),
     )
 }
 
