@@ -8,10 +8,11 @@ terms of the setup that leave the span of the runs it was calibrated on.
 ``compare``, ``sweep`` and ``plan`` on such a setup say that interval and name what extrapolates: more GPUs or
 nodes than any calibration run, a model outside [half the smallest, twice the largest], another GPU, algorithm,
 rollout engine version (vLLM's scheduler, CUDA graphs, chunked prefill, tokens per iteration: "unknown" where a
-log does not state it) or reset, training backend, a training tensor- or pipeline-parallel degree or an update micro-batch
-outside the runs', group sampling where no run sampled groups, a longer response cap, a role offloaded or weights
-pushed to a rollout engine of its own where no run did (their links at their priors), forward micro-batches of a
-work outside [half the least, twice the most] of the runs' (the host's time per micro-batch shows or hides).
+log does not state it) or reset, training backend, a training tensor- or pipeline-parallel degree or an update
+micro-batch outside the runs', group sampling where no run sampled groups, a longer response cap, a role offloaded
+or weights pushed to a rollout engine of its own where no run did (their links at their priors), forward
+micro-batches of a work outside [half the least, twice the most] of the runs' (the host's time per micro-batch
+shows or hides).
 """
 
 from __future__ import annotations
