@@ -150,3 +150,33 @@ def test_without_the_v1_run_a_v1_engine_has_no_bound_and_an_unstated_engine_is_i
     assert "engine (scheduler) 'unknown' (calibrated on 'v0')" in trust_note(
         _with(v0_only, rollout_scheduler="unknown")
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "date", "scheduler", "reset"),
+    [
+        (
+            "INFO 05-02 10:00:01 llm_engine.py:234] Initializing a V1 LLM engine (v0.8.5) with config: ...",
+            None,
+            "v1",
+            "sleep",
+        ),
+        ("INFO vLLM version 0.6.3", None, "v0", "reinit"),  # printed, before V1 existed
+        ("(WorkerDict pid=1) INFO: started", "2025-01-20 09:00:00", "v0", "reinit"),  # dated before vLLM 0.7.0
+        ("(WorkerDict pid=1) INFO: started", "2025-03-01 09:00:00", "unknown", "reinit"),  # V1 opt-in then: unknown
+    ],
+)
+def test_the_engine_generation_is_read_from_what_the_log_prints(tmp_path, line, date, scheduler, reset):
+    """A V1 engine's start-up line or modules say V1; a vLLM older than 0.7 or a date before it say V0; otherwise
+    the scheduler is unknown. free_cache_engine stated: sleep mode with a V1 engine, else by version or date."""
+    log = tmp_path / "run.log"
+    stamp = f"{date},000 INFO worker.py:1 -- started\n" if date else ""
+    log.write_text(
+        stamp + "+ python3 -m verl.trainer.main_ppo data.train_batch_size=32 data.max_response_length=128 "
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct trainer.n_gpus_per_node=1 "
+        f"actor_rollout_ref.rollout.free_cache_engine=True actor_rollout_ref.rollout.enforce_eager=True\n{line}\n"
+        "step:1 - timing_s/gen:1.0 - response_length/mean:100.0 - response_length/max:128.0 - prompt_length/mean:50\n"
+    )
+    setup = setup_from_log(log, gpu="h100").setup()
+    assert setup.framework.rollout_scheduler == scheduler
+    assert setup.framework.kv_cache_reset == reset and setup.framework.engine_unstated == ()
