@@ -99,7 +99,8 @@ def _config(args, task: TaskConfig, variant: str) -> ExecConfig:
 
 
 def report(rounds: dict[str, list[dict]], args) -> None:
-    """The median over rounds of each figure; step time with its range, and its ratio to sync on the same engine."""
+    """The median over rounds of each figure; step time with its range, and the median of its rounds' ratios to sync
+    on the same engine (n/a without one)."""
     mean_s = {v: [s["mean_step_s"] for s in runs] for v, runs in rounds.items()}
     median = {v: statistics.median(times) for v, times in mean_s.items()}
     traced = " ".join(filter(None, (args.lengths, args.lengths_model))) or "natural"
@@ -113,15 +114,17 @@ def report(rounds: dict[str, list[dict]], args) -> None:
     )
     for variant, runs in rounds.items():
         engine = variant.partition("@")[2] or "hf"
-        same = [f"sync@{engine}"] + (["sync"] if engine == "hf" else [])
-        base = next((median[v] for v in same if v in median), median[next(iter(median))])
+        base = next((v for v in (f"sync@{engine}", "sync" if engine == "hf" else "") if v in mean_s), None)
+        # each round's ratio to its own sync run (interleaved: the drift between rounds cancels), then the median
+        ratio = statistics.median(b / m for b, m in zip(mean_s[base], mean_s[variant])) if base else None
         tokens = statistics.median(s.get("decoded_tokens_per_s") or _tokens_per_s(s["run"]) for s in runs)
         p50 = statistics.median(s["p50_step_s"] for s in runs)
         deferrals = statistics.median(s["mean_deferrals"] for s in runs)
         hist = ", ".join(f"{k}: {v:.0%}" for k, v in runs[0]["deferral_hist"].items())
         spread = f"[{min(mean_s[variant]):.2f}, {max(mean_s[variant]):.2f}]"
         print(
-            f"{variant:<12} {median[variant]:>8.3f} {spread:>16} {p50:>8.3f} {base / median[variant]:>7.2f}x "
+            f"{variant:<12} {median[variant]:>8.3f} {spread:>16} {p50:>8.3f} "
+            f"{f'{ratio:.2f}x' if ratio else 'n/a':>8} "
             f"{tokens:>8.0f} {deferrals:>10.2f}  {hist}"
         )
     print("\nseconds per step by role/phase (median over rounds):")

@@ -36,7 +36,9 @@ def sim_setup_for(config: ExecConfig, profile: str | Path, prompt_tokens: int | 
     colocated = config.placement == "colocated"
     placement = Placement("colocated", 1, 0) if colocated else Placement("disaggregated", 1, 1)
     on_engine = config.rollout.rollout_engine == "vllm"
-    if on_engine:  # the engine's process generates on a core of its own; the trainer keeps the other
+    if on_engine:  # vLLM's CPU build binds its worker to the cores its engine-core process leaves (on 2 cores: one,
+        # the trainer keeps the other): generation on a device of its own. The executor pins neither; on more cores
+        # the trainer's threads and the worker's share them, which this does not model
         placement = dataclasses.replace(placement, actor_gpus=placement.actor_gpus + 1, rollout_gpus=1)
     checkpoints = config.model.preset in ("hf", "smollm2")  # a checkpoint's own config.json is its shape
     paths = role_paths(config.model) if checkpoints else {}

@@ -71,9 +71,9 @@ def test_a_run_on_the_vllm_engine_is_simulated_with_the_engine_on_a_core_of_its_
     rows = []
     for step in range(6):
         for batch in (2, 5, 8):
-            rows.append(TraceRow(step, "cpu0:vllm", "actor", "decode", 0.0, 0.02 + 0.002 * batch, batch, batch, 0))
+            rows.append(TraceRow(step, "cpu0/vllm", "actor", "decode", 0.0, 0.02 + 0.002 * batch, batch, batch, 0))
         rows.append(
-            TraceRow(step, "cpu0:vllm", "actor", "prefill", 0.0, 0.02 + 1e-3 * 80 * (step + 1), 8, 80 * (step + 1), 0)
+            TraceRow(step, "cpu0/vllm", "actor", "prefill", 0.0, 0.02 + 1e-3 * 80 * (step + 1), 8, 80 * (step + 1), 0)
         )
         for role in ("actor", "reference"):
             rows.append(TraceRow(step, "cpu0", role, "score", 0.0, 1e-3 * 400 * (step + 1), 8, 400 * (step + 1), 0))

@@ -27,13 +27,14 @@ HOST = "host"  # the device of work on the driver's CPU (a rule reward scoring),
 
 
 def engine_lane(device: str, engine: str) -> str:
-    """The lane of a rollout engine's own iterations beside ``device``'s (its process, e.g. ``cpu0:vllm``)."""
-    return f"{device}:{engine}"
+    """The lane of a rollout engine's own iterations beside ``device``'s (its process, e.g. ``cpu0/vllm``,
+    ``cuda:0/vllm``: a slash, which no device name holds)."""
+    return f"{device}/{engine}"
 
 
 def on_engine(device: str) -> bool:
     """Whether a trace row's device is a rollout engine's lane (:func:`engine_lane`), not a trainer's device."""
-    return ":" in device and not device.startswith("cuda:")
+    return "/" in device
 
 
 class TraceRow(NamedTuple):

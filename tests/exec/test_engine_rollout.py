@@ -178,7 +178,7 @@ def test_the_engines_iterations_are_the_trace_rows_of_its_own_lane_in_the_step_t
         rollout.decode(0, 1)
     rollout.end()
     rows = [r for r in rollout.rec.rows if r.phase in ("prefill", "decode")]
-    assert {r.device for r in rows} == {"cpu0:scripted"} and {r.step for r in rows} == {0}
+    assert {r.device for r in rows} == {"cpu0/scripted"} and {r.step for r in rows} == {0}
     assert [(r.phase, r.batch_size, r.num_tokens, r.context_tokens) for r in rows[:3]] == [
         ("prefill", 2, 2, 0),  # both prompts, a token each
         ("decode", 2, 2, 2 + 2),  # each context grew by its first token
@@ -189,9 +189,11 @@ def test_the_engines_iterations_are_the_trace_rows_of_its_own_lane_in_the_step_t
     late = Iteration(time.monotonic(), 1e-3, 0, 0, 1, 1, 9)  # ended in step 0, collected in step 1
     time.sleep(0.01)
     rollout.begin(1, {0: [0]}, [(0, 1, 11, None, 0)])
-    engine.iterations.insert(0, late)
+    mixed = Iteration(time.monotonic(), 1e-3, 2, 40, 3, 3, 50)  # two prompts beside three decoding requests
+    engine.iterations[:0] = [late, mixed]
     rollout.decode(1, 1)
     assert [r.step for r in rollout.rec.rows if r.context_tokens == 9 and r.phase == "decode"] == [0]
+    assert [(r.step, r.batch_size, r.num_tokens) for r in rollout.rec.rows if r.context_tokens == 50] == [(1, 5, 43)]
 
 
 def test_a_traced_length_bans_eos_before_it_and_puts_eos_at_it():
@@ -210,3 +212,34 @@ def test_a_traced_length_bans_eos_before_it_and_puts_eos_at_it():
     rollout.begin(1, {0: [0]}, [(0, 2, 11, 5, 0)])  # a budget short of the traced length: no EOS put
     _, new, _ = rollout.decode(1, 8)
     assert new == {0: [5, 6]} and engine.added[-1][4]["min_tokens"] == 2
+
+
+def test_a_pass_counts_the_kv_context_of_every_decoding_request_even_one_aborted_meanwhile():
+    """The engine's outputs of a pass, as vLLM hands them over (core ids, new tokens): a request's first token
+    comes from its prefill; from then on its KV holds the prompt and all but the token fed in. A request aborted
+    after the pass ran still counts in it (the pass's batch holds it)."""
+    from types import SimpleNamespace
+
+    from oppo.exec.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine.__new__(VllmEngine)  # the bookkeeping alone, no engine process
+    engine.iterations, engine._retired = [], []
+    engine._counts = {"a-1": [10, 0], "b-2": [20, 0]}
+    engine._core_id = {"a": "a-1", "b": "b-2"}
+
+    def outputs(tokens: dict[str, int], decoding: int, prefill: int = 0):
+        outs = [SimpleNamespace(request_id=r, new_token_ids=[7] * n, finish_reason=None) for r, n in tokens.items()]
+        details = SimpleNamespace(
+            is_dummy=False, elapsed_ms=5.0, num_ctx_requests=prefill, num_ctx_tokens=30 * bool(prefill),
+            num_generation_requests=decoding, num_generation_tokens=decoding,
+        )  # fmt: skip
+        return SimpleNamespace(outputs=outs, scheduler_stats=SimpleNamespace(iteration_details=details), timestamp=1.0)
+
+    engine._saw(outputs({"a-1": 1, "b-2": 1}, decoding=0, prefill=2))  # both prompts: a first token each
+    engine._saw(outputs({"a-1": 1, "b-2": 1}, decoding=2))
+    engine.live, engine.engine = {"a", "b"}, SimpleNamespace(abort_request=lambda ids: None)
+    engine._guarded = lambda call, *args: call(*args)
+    engine.abort(["b"])  # after its next pass ran: that pass's outputs are still on their way
+    engine._saw(outputs({"a-1": 1, "b-2": 1}, decoding=2))
+    assert [it.decode_context for it in engine.iterations] == [0, 10 + 20, 11 + 21]
+    assert [(it.prefill_requests, it.decode_requests) for it in engine.iterations] == [(2, 0), (0, 2), (0, 2)]

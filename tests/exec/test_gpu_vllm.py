@@ -78,4 +78,4 @@ def test_a_grpo_run_in_bfloat16_on_the_engine_trains_and_records_its_iterations(
     assert len(steps) == 3 and all(math.isfinite(g) and 0 <= g < 0.1 for g in gaps), gaps
     with open(out / "trace.csv") as fh:
         lanes = {(r["device"], r["phase"]) for r in csv.DictReader(fh)}
-    assert {phase for device, phase in lanes if device.endswith(":vllm")} == {"prefill", "decode"}
+    assert {phase for device, phase in lanes if device.endswith("/vllm")} == {"prefill", "decode"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -105,6 +106,18 @@ def test_a_process_id_reused_by_another_process_is_left_alone(tmp_path):
         assert other.poll() is None
         reaper.reap([[other.pid, ticks]], [], grace_s=5.0)  # the very process
         assert other.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if other.poll() is None:
+            other.kill()
+
+
+def test_a_line_cut_short_by_the_trainers_death_still_ends_what_was_guarded(tmp_path):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        guarded = json.dumps({"pids": [reaper.identity(other.pid)], "remove": []})
+        told = guarded + "\n" + '{"pids": [['  # the second line cut short
+        watchdog = subprocess.run([sys.executable, "-I", reaper.__file__], input=told, text=True, timeout=30)
+        assert watchdog.returncode == 0 and other.wait(timeout=10) == -signal.SIGTERM
     finally:
         if other.poll() is None:
             other.kill()

@@ -138,3 +138,14 @@ def test_a_resumed_run_marks_the_rollout_engines_weights_as_changed(tmp_path, mo
     assert res.returncode == 0, res.stderr
     epochs, minibatches = 2, 2  # the tiny preset's defaults: updates a step
     assert len(calls) == 1 + epochs * minibatches
+
+
+def test_the_engine_trainer_gap_leaves_out_an_eos_without_engine_log_prob_but_shows_a_trainers_nan():
+    from oppo.exec.step.runner import probs_diff
+
+    trainer = [torch.tensor([math.log(0.5), math.log(0.25)], dtype=torch.float64)]
+    engine = [torch.tensor([math.log(0.4), math.nan], dtype=torch.float64)]  # an EOS put at a traced length
+    gap = probs_diff(trainer, engine)
+    assert gap["rollout_probs_diff_mean"] == pytest.approx(0.1) and gap["rollout_probs_diff_max"] == pytest.approx(0.1)
+    diverged = probs_diff([torch.tensor([math.nan, math.log(0.5)])], [torch.tensor([math.log(0.5), math.log(0.5)])])
+    assert math.isnan(diverged["rollout_probs_diff_mean"])

@@ -149,6 +149,12 @@ def test_one_grpo_step_trains_on_engine_tokens_and_records_the_engine(run):
     assert metrics.engine_preemptions == 0  # 0.25 GiB holds every request at once
     phases = {(r.role, r.phase) for r in executor.rec.rows}
     assert {("actor", "prefill"), ("actor", "decode"), ("actor", "train_actor")} <= phases
+    passes = [r for r in executor.rec.rows if r.device == "cpu0/vllm"]  # the engine's own iterations
+    assert passes[0].phase == "prefill" and {r.step for r in passes} == {0}
+    decode = [r for r in passes if r.phase == "decode"]
+    assert decode and all(r.num_tokens == r.batch_size for r in decode)  # a token per running request a pass
+    steady = [(a, b) for a, b in zip(decode, decode[1:]) if a.batch_size == b.batch_size]
+    assert steady and all(b.context_tokens == a.context_tokens + a.batch_size for a, b in steady)  # each KV +1
     executor.step()  # the second step pushes the updated weights first
     assert any(r.phase == "sync" and r.role == "actor" for r in executor.rec.rows)
 
@@ -325,7 +331,7 @@ def test_async_rollout_workers_generate_on_their_own_engines_with_in_flight_upda
         trace = list(csv.DictReader(fh))
     pushes = [row for row in trace if row["device"] == "cpu1" and row["phase"] == "sync"]
     assert lags and max(lags) <= 1 and pushes
-    assert {row["phase"] for row in trace if row["device"] == "cpu1:vllm"} == {"prefill", "decode"}
+    assert {row["phase"] for row in trace if row["device"] == "cpu1/vllm"} == {"prefill", "decode"}
     with open(out / "metrics.csv") as fh:
         steps = list(csv.DictReader(fh))
     assert [row["engine_preemptions"] for row in steps] == ["0.0"] * 3  # the worker's engine reports its counts

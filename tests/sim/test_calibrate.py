@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from oppo.records.schema import TraceRow
+from oppo.records.schema import TraceRow, engine_lane
 from oppo.sim.cost.engine import pass_attended
 from oppo.sim.cost.fit import nonnegative_lstsq
 from oppo.sim.cost.profile import CalibratedCost, fit_trace, load_profile, save_profile
@@ -125,23 +125,22 @@ def test_a_rule_rewards_rows_on_the_host_are_no_forward_pass():
     assert "reward" not in fits  # a rule on the host: no model's pass to price
 
 
-def test_a_rollout_engines_iterations_fit_its_own_decode_and_prefill_not_the_trainers_passes():
+@pytest.mark.parametrize("device", ["cpu0", "cuda:0"])
+def test_a_rollout_engines_iterations_fit_its_own_decode_and_prefill_not_the_trainers_passes(device):
     """An engine lane's rows (one per iteration) recover a per-iteration decode model c0 + c1 B + c2 C, and its
     prefill passes (10x cheaper a token than the trainer's forward here) are priced apart from the trainer's."""
-    rng = np.random.default_rng(3)
+    rng, lane = np.random.default_rng(3), engine_lane(device, "vllm")
     decode = (4e-2, 2e-3, 1e-5)  # s per iteration, per running request, per context token in the KV caches
     rows = []
     for step in range(12):
         for batch in (4, 8, 16):
             for ctx in (200, 800, 1600):
                 t = decode[0] + decode[1] * batch + decode[2] * ctx
-                rows.append(
-                    TraceRow(step, "cpu0:vllm", "actor", "decode", 0.0, t * rng.normal(1, 0.01), batch, batch, ctx)
-                )
+                rows.append(TraceRow(step, lane, "actor", "decode", 0.0, t * rng.normal(1, 0.01), batch, batch, ctx))
         for n in (100, 400, 1600):
-            rows.append(TraceRow(step, "cpu0:vllm", "actor", "prefill", 0.0, 2e-4 * n * rng.normal(1, 0.01), 4, n, 0))
+            rows.append(TraceRow(step, lane, "actor", "prefill", 0.0, 2e-4 * n * rng.normal(1, 0.01), 4, n, 0))
             for role in ("actor", "reference"):
-                rows.append(TraceRow(step, "cpu0", role, "score", 0.0, 2e-3 * n * rng.normal(1, 0.01), 4, n, 0))
+                rows.append(TraceRow(step, device, role, "score", 0.0, 2e-3 * n * rng.normal(1, 0.01), 4, n, 0))
     fits = fit_trace(rows)
     np.testing.assert_allclose(fits["actor"]["decode"].coefficients, decode, rtol=0.1)
     cost = CalibratedCost({p: f.coefficients for p, f in fits["actor"].items()})

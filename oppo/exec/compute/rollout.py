@@ -144,7 +144,7 @@ class EngineRollout:
     what the engine ran ahead for the next call, so the core sees the rounds it asked for. Sequences the step leaves
     unfinished are aborted in the engine at :meth:`end` (their KV blocks freed) and resume next step as prompt +
     partial response under the new weights. Trace rows: the engine's own iterations on a lane of their own
-    (``<label>:vllm``): ``prefill`` for a pass with prompt tokens (the running requests' decode tokens in the same
+    (``<label>/vllm``): ``prefill`` for a pass with prompt tokens (the running requests' decode tokens in the same
     pass are counted in it), else ``decode`` (``batch``: the requests in the pass, ``context``: the tokens already in
     their KV caches); on the trainer's lane, ``sync`` for each weight push. The trainer's waits on the engine are
     the gaps on its own lane."""
@@ -256,8 +256,9 @@ class EngineRollout:
         for it in self.engine.take_iterations():
             start, end = it.end_s - it.elapsed_s + offset, it.end_s + offset
             step = next((s for began, s in reversed(self.began) if began <= end), self.began[0][1])
-            if it.prefill_tokens:
-                sizes = (it.prefill_requests, it.prefill_tokens, 0)
+            if it.prefill_tokens:  # the running requests' decode tokens in the same pass count in it
+                requests, tokens = it.prefill_requests + it.decode_requests, it.prefill_tokens + it.decode_tokens
+                sizes = (requests, tokens, it.decode_context)
             else:
                 sizes = (it.decode_requests, it.decode_tokens, it.decode_context)
             phase = "prefill" if it.prefill_tokens else "decode"

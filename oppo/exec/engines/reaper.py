@@ -128,8 +128,11 @@ def main() -> None:
     for line in sys.stdin:
         if line.strip() == "done":
             return
-        told = json.loads(line)
-        guarded, remove = told["pids"], told["remove"]
+        try:
+            told = json.loads(line)
+            guarded, remove = told["pids"], told["remove"]
+        except (ValueError, KeyError, TypeError):  # a line cut short (the trainer killed mid-write): it is gone
+            break
     reap(guarded, remove)  # no "done": the trainer is gone
 
 

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,10 +147,15 @@ class EngineStats:
 class Iteration:
     """One engine iteration (a forward pass over the running batch and its sampling), as the engine's scheduler
     reported it (vLLM's ``SchedulerIterationDetails``). Times in seconds on the system's monotonic clock
-    (``time.monotonic``: one clock for every process of the machine)."""
+    (``time.monotonic``: one clock for every process of the machine).
+
+    ``elapsed_s`` is what vLLM times: from the model's launch to its sampled tokens in the CPU build (its worker in
+    a process of its own, synchronous scheduling). On CUDA the engine times only the wait for the sampled tokens (a
+    single-GPU engine runs the model before the timer starts; async scheduling launches the next pass first), so
+    there a row understates its pass."""
 
     end_s: float  # when the engine core made the iteration's outputs
-    elapsed_s: float  # the model's forward and sampling
+    elapsed_s: float  # see above
     prefill_requests: int  # requests with prompt tokens in this pass (new, resumed or preempted ones)
     prefill_tokens: int
     decode_requests: int
@@ -213,7 +219,11 @@ class VllmEngine:
         )
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[StatsLogger.factory(self.stats)])
         self.iterations: list[Iteration] = []  # seen since the last take_iterations()
-        self._made: dict[str, int] = {}  # the engine core's request id -> tokens it has generated
+        # the engine core's request id (ours with a random suffix) -> [prompt tokens, tokens generated], kept for an
+        # aborted request until the next abort (its last outputs may still be on their way, and count in a pass)
+        self._counts: dict[str, list[int]] = {}
+        self._core_id: dict[str, str] = {}  # our request id -> the engine core's
+        self._retired: list[str] = []  # core ids aborted at the last abort
         self._watch_iterations()
         self._watchdog = Watchdog()  # ends the engine's processes if this one dies without closing it
         self._watchdog.guard(pids=self._processes())
@@ -240,8 +250,10 @@ class VllmEngine:
             **sampling,
         )
         with _alive():
-            self._guarded(self.engine.add_request, request, {"prompt_token_ids": list(context)}, params)
+            core_id = self._guarded(self.engine.add_request, request, {"prompt_token_ids": list(context)}, params)
         self.live.add(request)
+        self._core_id[request] = core_id
+        self._counts[core_id] = [len(context), 0]
 
     def poll(self) -> dict[str, Output]:
         """What the engine produced since the last call (waits for at least one iteration), by request."""
@@ -259,6 +271,7 @@ class VllmEngine:
             out[result.request_id] = Output(tokens, logps, result.finished, eos)
             if result.finished:
                 self.live.discard(result.request_id)
+                self._core_id.pop(result.request_id, None)
         return out
 
     def abort(self, requests: list[str]) -> None:
@@ -268,9 +281,9 @@ class VllmEngine:
             with _alive():
                 self._guarded(self.engine.abort_request, requests)
             self.live.difference_update(requests)
-            states = getattr(getattr(self.engine, "output_processor", None), "request_states", None)
-            if states is not None:  # the aborted requests' counts
-                self._made = {r: n for r, n in self._made.items() if r in states}
+            for core_id in self._retired:
+                self._counts.pop(core_id, None)
+            self._retired = [self._core_id.pop(r) for r in requests if r in self._core_id]
 
     @property
     def busy(self) -> bool:
@@ -299,18 +312,17 @@ class VllmEngine:
     def _saw(self, outputs) -> None:
         stats = getattr(outputs, "scheduler_stats", None)
         details = getattr(stats, "iteration_details", None)
-        states = getattr(getattr(self.engine, "output_processor", None), "request_states", {})
         context = 0
         for out in outputs.outputs:
-            state = states.get(out.request_id)
-            if state is None:  # aborted since: its last tokens were on their way
+            counts = self._counts.get(out.request_id)
+            if counts is None:  # aborted before the last abort: its counts are gone
                 continue
-            made = self._made.get(out.request_id, 0)
-            if made:  # decoding (a request's first token comes from its prefill's pass)
-                context += state.prompt_len + made
-            self._made[out.request_id] = made + len(out.new_token_ids)
+            prompt, made = counts
+            if made:  # decoding: its KV holds the prompt and all but the token fed in (the first came from prefill)
+                context += prompt + made - 1
+            counts[1] += len(out.new_token_ids)
             if out.finish_reason is not None:
-                del self._made[out.request_id]
+                del self._counts[out.request_id]
         if details is None or details.is_dummy:
             return
         self.iterations.append(
@@ -375,9 +387,16 @@ class VllmEngine:
         return box.get("value")
 
     def _processes(self) -> list[int]:
-        """The engine cores' process ids (their workers are their children)."""
-        manager = getattr(getattr(self.engine.engine_core, "resources", None), "engine_manager", None)
-        return [process.pid for process in getattr(manager, "processes", [])]
+        """The engine cores' process ids (their workers are their children); none for an engine in this process."""
+        client = self.engine.engine_core
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+        pids = [process.pid for process in getattr(manager, "processes", [])]
+        if not pids and type(client).__name__ != "InprocClient":  # another vLLM keeps them elsewhere
+            warnings.warn(
+                "the vLLM engine's processes were not found: if this run is killed, end them by their ids",
+                stacklevel=2,
+            )
+        return pids
 
     @property
     def dead(self) -> bool:

@@ -486,8 +486,9 @@ def probs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor]) -> dict[
     """The mean and the largest |p_engine - p_trainer| over the sampled tokens (verl's rollout_probs_diff_*): how far
     the probabilities the rollout sampled with are from the ones the trainer computes for the same weights and tokens
     (0 to rounding for the hf loop, which samples from the trainer's own forward passes)."""
-    diff = torch.cat([(t.double().exp() - e.double().exp()).abs() for t, e in zip(trainer, engine)])
-    diff = diff[~diff.isnan()]  # an EOS put at a traced length (--lengths on an engine) has no engine log-prob
+    # an EOS put at a traced length (--lengths on an engine) has no engine log-prob (NaN): left out; a NaN of the
+    # trainer's stays in, and shows
+    diff = torch.cat([(t.double().exp() - e.double().exp()).abs()[~e.isnan()] for t, e in zip(trainer, engine)])
     if not len(diff):
         return {"rollout_probs_diff_mean": math.nan, "rollout_probs_diff_max": math.nan}
     return {"rollout_probs_diff_mean": float(diff.mean()), "rollout_probs_diff_max": float(diff.max())}

@@ -3,7 +3,7 @@
 per role and phase, least squares of the relative error on the simulator's own features, in place of the engine
 and framework layers. Prefill and score rows of a role are one forward-pass fit (``forward``): the same computation,
 and together they span short (prompt) and long (whole sequence) passes. Features: see :data:`TRACE_FEATURES`.
-A rollout engine's own iterations (rows on its lane, ``cpu0:vllm``) are one row per iteration (``it = 1``): its
+A rollout engine's own iterations (rows on its lane, ``cpu0/vllm``) are one row per iteration (``it = 1``): its
 decode rows fit the per-iteration model of a continuous-batching engine directly, and its prefill passes are a
 family of their own (``engine_prefill``: another implementation of the pass than the trainer's).
 """
