@@ -187,6 +187,30 @@ def test_a_setup_that_contradicts_the_logs_configuration_is_refused(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("framework", "clash"),
+    [
+        ("decode_cuda_graphs = true", "its decode_cuda_graphs (as enforce_eager) is False, the log's"),
+        ('chunked_prefill = "off"', "its chunked_prefill (as enable_chunked_prefill) is False, the log's"),
+        ("max_num_batched_tokens = 4096", "its max_num_batched_tokens is 4096, the log's"),
+        ('rollout_scheduler = "v0"', "its rollout_scheduler is 'v0', the log shows a vLLM V1 engine at work"),
+    ],
+)
+def test_a_setup_whose_rollout_engine_contradicts_the_log_is_refused(framework, clash):
+    """The engine's version the log shows (eager, chunked prefill on, 8,192 tokens an iteration, a V1 engine) and a
+    setup stating another: refused by name; a setup that leaves it unstated is not."""
+    gpg = load_setup("verl-qwen2-7b-gpg-8gpu")
+    key, value = (part.strip() for part in framework.split("="))
+    value = {"true": True}.get(value, int(value) if value.isdigit() else value.strip('"'))
+    changed = dataclasses.replace(gpg, framework=dataclasses.replace(gpg.framework, **{key: value}))
+    assert contradictions(changed, DATA / "verl_qwen2_7b_gpg.log.gz").startswith(clash)
+    unstated = dataclasses.replace(
+        gpg.framework, rollout_scheduler="unknown", chunked_prefill="unknown", max_num_batched_tokens=0
+    )
+    unstated = dataclasses.replace(unstated, decode_cuda_graphs=True, engine_unstated=("decode_cuda_graphs",))
+    assert contradictions(dataclasses.replace(gpg, framework=unstated), DATA / "verl_qwen2_7b_gpg.log.gz") == ""
+
+
 def edited_log(tmp_path: Path, old: str, new: str) -> Path:
     text = gzip.decompress((DATA / "verl_qwen2_7b_gpg.log.gz").read_bytes()).decode()
     assert old in text

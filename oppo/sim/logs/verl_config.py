@@ -247,7 +247,7 @@ REQUIRE_BATCHES = "async_training.require_batches"
 
 
 # setup fields a log's own configuration fixes: a --setup that disagrees describes another run
-CHECKED = (
+CHECKED = (  # (the setup's key, the log's, the setup's value as the log's key has it: None, the setup does not say)
     ("group_size", f"{ARA}.rollout.n", lambda s: s.group_size),
     ("batch", "data.train_batch_size", lambda s: s.batch),
     ("max_new_tokens", "data.max_response_length", lambda s: s.max_new_tokens),
@@ -255,6 +255,21 @@ CHECKED = (
         "rollout_tensor_parallel",
         f"{ARA}.rollout.tensor_model_parallel_size",
         lambda s: s.framework.rollout_tensor_parallel,
+    ),
+    (  # the rollout engine's version, where the setup states it
+        "decode_cuda_graphs (as enforce_eager)",
+        f"{ARA}.rollout.enforce_eager",
+        lambda s: None if "decode_cuda_graphs" in s.framework.engine_unstated else not s.framework.decode_cuda_graphs,
+    ),
+    (
+        "chunked_prefill (as enable_chunked_prefill)",
+        f"{ARA}.rollout.enable_chunked_prefill",
+        lambda s: {"on": True, "off": False}.get(s.framework.chunked_prefill),
+    ),
+    (
+        "max_num_batched_tokens",
+        f"{ARA}.rollout.max_num_batched_tokens",
+        lambda s: s.framework.max_num_batched_tokens or None,
     ),
 )
 
@@ -270,6 +285,8 @@ def contradictions(setup: Setup, path: str | Path) -> str:
         if key == "data.train_batch_size" and fully_async(config):  # 0: a trainer step's batch is its mini-batches
             key = "actor.ppo_mini_batch_size x async_training.require_batches"
             logged = config.get(f"{ARA}.actor.ppo_mini_batch_size", 256) * config.get(REQUIRE_BATCHES, 1)
-        if logged is not None and value_of(setup) != logged:
+        if logged is not None and value_of(setup) is not None and value_of(setup) != logged:
             return f"its {name} is {value_of(setup)}, the log's {key} is {logged}"
+    if config.vllm_v1 and setup.framework.rollout_scheduler == "v0":
+        return "its rollout_scheduler is 'v0', the log shows a vLLM V1 engine at work"
     return ""
