@@ -23,14 +23,18 @@ TRAINER = textwrap.dedent(
     """
     import subprocess, sys, time
     from oppo.exec.engines.reaper import Watchdog, descendants
+    watchdog = Watchdog()
+    if sys.argv[2] == "starting":  # killed while the engine starts: its processes not named yet
+        watchdog.adopt_new_children()
     engine = subprocess.Popen([sys.executable, "-c",
         "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
         "time.sleep(600)"])
     while not descendants(engine.pid):
         time.sleep(0.05)
-    watchdog = Watchdog()
-    watchdog.guard(pids=[engine.pid])
-    watchdog.guard(remove=[sys.argv[1]])
+    if sys.argv[2] == "starting":
+        time.sleep(1.0)  # the watchdog looks every 0.2 s
+    else:
+        watchdog.guard(pids=[engine.pid], remove=[sys.argv[1]])
     print(engine.pid, *descendants(engine.pid), watchdog.process.pid, flush=True)
     if sys.argv[2] == "release":
         watchdog.release()
@@ -66,14 +70,16 @@ def _trainer(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, list[int], Pa
     return trainer, pids, folder
 
 
-def test_a_killed_trainer_leaves_no_engine_process_and_no_weights_file(tmp_path):
-    trainer, (engine, worker, watchdog), folder = _trainer(tmp_path, "wait")
+@pytest.mark.parametrize("mode", ["wait", "starting"])
+def test_a_killed_trainer_leaves_no_engine_process_and_no_weights_file(tmp_path, mode):
+    """Killed with its engine running (its processes named), or while the engine started (found as they came)."""
+    trainer, (engine, worker, watchdog), folder = _trainer(tmp_path, mode)
     try:
         assert _alive(engine) and _alive(worker)
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(timeout=10)
         assert _wait_gone([engine, worker, watchdog]) == []
-        assert not folder.exists()
+        assert not folder.exists() if mode == "wait" else folder.exists()  # a starting engine has pushed nothing
     finally:
         for pid in (engine, worker, watchdog):  # ours: started by this test's trainer
             if _alive(pid):

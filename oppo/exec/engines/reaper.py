@@ -5,8 +5,10 @@ otherwise keep its cores, its memory and a model-sized file in /dev/shm after th
 The trainer starts it as a script (standard library only: it imports nothing of oppo, torch or vLLM) with a pipe on
 its standard input, and writes one JSON line per change of what to guard::
 
-    {"pids": [[pid, start_ticks], ...], "remove": ["/dev/shm/oppo-weights-..."]}
+    {"pids": [[pid, start_ticks], ...], "remove": ["/dev/shm/oppo-weights-..."], "adopt": [pid, [pid, ...]]}
 
+``adopt`` (while the engine starts, before its processes are known): every process that appears below the first
+pid, but for the listed ones (there before), is guarded too; null once the engine's processes are named.
 ``done`` on a line of its own: the trainer closed the engine itself; the watchdog exits and touches nothing. The end
 of its input without ``done`` means the trainer died: it ends each guarded process and its descendants (SIGTERM, then
 SIGKILL after a grace period) and removes the folders. A process is recognised by its id *and* its start time (clock
@@ -18,14 +20,17 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 GRACE_S = 5.0  # SIGTERM to SIGKILL: vLLM's engine core shuts its workers down on SIGTERM
+ADOPT_POLL_S = 0.2  # how often the processes below a starting engine's trainer are looked for
 
 
 def start_ticks(pid: int) -> int | None:
@@ -90,12 +95,14 @@ def _signal(victims: list[tuple[int, int | None]], sig: int) -> None:
 
 
 class Watchdog:
-    """The trainer's end of the watchdog: :meth:`guard` names what to clean up if the trainer dies; :meth:`release`
-    (at a normal close) lets the watchdog exit without touching anything."""
+    """The trainer's end of the watchdog: :meth:`adopt_new_children` covers an engine while it starts, :meth:`guard`
+    names what to clean up if the trainer dies; :meth:`release` (at a normal close) lets the watchdog exit without
+    touching anything."""
 
     def __init__(self) -> None:
         self.pids: list[list[int]] = []
         self.remove: list[str] = []
+        self.adopt: list | None = None
         self.process = subprocess.Popen(
             [sys.executable, "-I", __file__],  # isolated: no user site, no current folder on the path
             stdin=subprocess.PIPE,
@@ -104,10 +111,20 @@ class Watchdog:
             start_new_session=True,  # a Ctrl-C or a signal to the trainer's group leaves it to clean up
         )
 
+    def adopt_new_children(self) -> None:
+        """Guard every process this one starts from now until the next :meth:`guard` (an engine starting)."""
+        me = os.getpid()
+        self.adopt = [me, [pid for pid in descendants(me)]]
+        self._tell()
+
     def guard(self, pids: list[int] = (), remove: list[str | Path] = ()) -> None:
         self.pids += [identity(pid) for pid in pids if start_ticks(pid) is not None]
         self.remove += [str(folder) for folder in remove]
-        self._say(json.dumps({"pids": self.pids, "remove": self.remove}))
+        self.adopt = None
+        self._tell()
+
+    def _tell(self) -> None:
+        self._say(json.dumps({"pids": self.pids, "remove": self.remove, "adopt": self.adopt}))
 
     def release(self) -> None:
         self._say("done")
@@ -124,16 +141,37 @@ class Watchdog:
 
 
 def main() -> None:
-    guarded, remove = [], []
-    for line in sys.stdin:
-        if line.strip() == "done":
-            return
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_read, args=(lines,), daemon=True).start()
+    told = {"pids": [], "remove": [], "adopt": None}
+    adopted: dict[int, int | None] = {}  # pid -> start ticks of the processes that appeared while an engine started
+    while True:
         try:
-            told = json.loads(line)
-            guarded, remove = told["pids"], told["remove"]
-        except (ValueError, KeyError, TypeError):  # a line cut short (the trainer killed mid-write): it is gone
+            line = lines.get(timeout=ADOPT_POLL_S)
+        except queue.Empty:
+            line = ""
+        if line == "done":  # the trainer closed the engine itself
+            return
+        if line is None:  # the trainer is gone
             break
-    reap(guarded, remove)  # no "done": the trainer is gone
+        if line:
+            try:
+                said = json.loads(line)
+                told = {"pids": list(said["pids"]), "remove": list(said["remove"]), "adopt": said.get("adopt")}
+            except (ValueError, KeyError, TypeError):  # a line cut short (the trainer killed mid-write): it is gone
+                break
+        if told.get("adopt"):
+            parent, before = told["adopt"]
+            for pid in set(descendants(parent)) - set(before) - {os.getpid()}:
+                adopted.setdefault(pid, start_ticks(pid))
+    reap(told["pids"] + [[pid, ticks] for pid, ticks in adopted.items() if ticks is not None], told["remove"])
+
+
+def _read(lines: queue.Queue) -> None:
+    """Standard input's lines (stripped) into ``lines``, then None at its end."""
+    for line in sys.stdin:
+        lines.put(line.strip())
+    lines.put(None)
 
 
 if __name__ == "__main__":

@@ -217,7 +217,10 @@ class VllmEngine:
             generation_config="vllm",  # vLLM's defaults, not the checkpoint's (its extra stop ids, its sampling)
             **({"enable_sleep_mode": True} if device.startswith("cuda") else {}),
         )
+        self._watchdog = Watchdog()  # ends the engine's processes if this one dies without closing it
+        self._watchdog.adopt_new_children()  # while it starts, before they are known
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[StatsLogger.factory(self.stats)])
+        self._watchdog.guard(pids=self._processes())
         self.iterations: list[Iteration] = []  # seen since the last take_iterations()
         # the engine core's request id (ours with a random suffix) -> [prompt tokens, tokens generated], kept for an
         # aborted request until the next abort (its last outputs may still be on their way, and count in a pass)
@@ -225,8 +228,6 @@ class VllmEngine:
         self._core_id: dict[str, str] = {}  # our request id -> the engine core's
         self._retired: list[str] = []  # core ids aborted at the last abort
         self._watch_iterations()
-        self._watchdog = Watchdog()  # ends the engine's processes if this one dies without closing it
-        self._watchdog.guard(pids=self._processes())
         self.sleeps = device.startswith("cuda")  # frees the KV cache between generations (verl's free_cache_engine)
         self._weights = None  # the folder of the weights file, made at the first push
         self.live: set[str] = set()
