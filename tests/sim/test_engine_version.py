@@ -180,3 +180,23 @@ def test_the_engine_generation_is_read_from_what_the_log_prints(tmp_path, line, 
     setup = setup_from_log(log, gpu="h100").setup()
     assert setup.framework.rollout_scheduler == scheduler
     assert setup.framework.kv_cache_reset == reset and setup.framework.engine_unstated == ()
+
+
+@pytest.mark.parametrize(
+    ("date", "graphs"), [("2025-09-01 09:00:00", True), ("2025-06-01 09:00:00", False), (None, False)]
+)
+def test_an_unstated_enforce_eager_is_verls_default_of_the_logs_date_and_unknown(tmp_path, date, graphs):
+    """verl's rollout decodes with CUDA graphs by default since August 2025 (its PR #2956), eagerly before: a log
+    that does not state enforce_eager is priced with its date's default (undated: eager, as before), and the key is
+    named unstated (an unknown in a calibration's span)."""
+    log = tmp_path / "run.log"
+    stamp = f"{date},000 INFO worker.py:1 -- started\n" if date else ""
+    log.write_text(
+        stamp + "+ python3 -m verl.trainer.main_ppo data.train_batch_size=32 data.max_response_length=128 "
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct trainer.n_gpus_per_node=1\n"
+        "step:1 - timing_s/gen:1.0 - response_length/mean:100.0 - response_length/max:128.0 - prompt_length/mean:50\n"
+    )
+    setup = setup_from_log(log, gpu="h100").setup()
+    assert setup.framework.decode_cuda_graphs is graphs
+    assert "decode_cuda_graphs" in setup.framework.engine_unstated
+    assert engine_record(setup)["engine (CUDA graphs)"] == "unknown"

@@ -42,6 +42,9 @@ ENGINE_OF = {"vllm": "vllm", "sglang": "vllm", "hf": "hf"}  # verl's rollout.nam
 SLEEP_MODE_FROM = "2025-04-01"
 # vLLM 0.7.0 (2025-01-27) brought the V1 engine (opt-in until 0.8.0 made it the default): a log dated before it ran V0
 VLLM_V1_FROM = "2025-01-27"
+# verl PR #2956 (opened 2025-08-07, "enable vllm cuda graph in default"): rollout.enforce_eager defaults to False since;
+# an unstated enforce_eager of a log dated from then is priced with CUDA graphs (an assumption: engine_unstated)
+CUDA_GRAPHS_FROM = "2025-08-07"
 MEGATRON_TP1_FROM = "2025-04-13"  # ppo_megatron_trainer.yaml's tensor_model_parallel_size default: 4, then 1
 # verl PR #121: the reference's FSDP module always takes CPUOffload(offload_params=True) (before: param_offload
 # loaded it once a pass); every unshard, at every forward micro-batch, copies its shard from the host
@@ -339,7 +342,8 @@ def _framework(r: _Reader, seq_tokens: float) -> None:
         _fsdp(r, origin)
     _micro_batches(r, seq_tokens)
     unstated = []  # the priced engine keys the log does not state (priced at verl's default: an assumption)
-    r.take("framework.decode_cuda_graphs", f"{ARA}.rollout.enforce_eager", True, lambda eager: not eager)
+    eager = not (r.config.date and r.config.date >= CUDA_GRAPHS_FROM)  # verl's default then (undated: eager)
+    r.take("framework.decode_cuda_graphs", f"{ARA}.rollout.enforce_eager", eager, lambda eager: not eager)
     if r.get(f"{ARA}.rollout.enforce_eager")[1] == "verl default":
         unstated.append("decode_cuda_graphs")
     r.take("framework.rollout_tensor_parallel", f"{ARA}.rollout.tensor_model_parallel_size", 2, int)
