@@ -22,7 +22,15 @@ import statistics
 from pathlib import Path
 
 from oppo.core.config import POLICIES
-from oppo.exec.config import ROLLOUT_ENGINES, ExecConfig, ModelConfig, RolloutConfig, TaskConfig, default_schedule
+from oppo.exec.config import (
+    ROLLOUT_ENGINES,
+    ExecConfig,
+    ModelConfig,
+    PPOConfig,
+    RolloutConfig,
+    TaskConfig,
+    default_schedule,
+)
 from oppo.exec.train import train
 
 
@@ -46,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=8, help="length of the synthetic prompts")
     parser.add_argument("--max-prompt-tokens", type=int, default=512, help="cap on a --data prompt's tokens")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=2, help="PPO epochs over each step's batch")
+    parser.add_argument("--minibatches", type=int, default=2, help="minibatches per epoch")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds of every policy")
     parser.add_argument("--engine-memory", type=float, default=1.0, help="KV budget of a vLLM engine (GiB)")
     parser.add_argument("--engine-eager", action="store_true", help="vLLM without torch.compile")
@@ -95,7 +105,10 @@ def _config(args, task: TaskConfig, variant: str) -> ExecConfig:
     rollout = RolloutConfig(
         rollout_engine=engine or "hf", engine_memory=args.engine_memory, engine_eager=args.engine_eager
     )
-    return ExecConfig(schedule=schedule, model=model, steps=args.steps, seed=args.seed, task=task, rollout=rollout)
+    ppo = PPOConfig(epochs=args.epochs, minibatches=args.minibatches)
+    return ExecConfig(
+        schedule=schedule, model=model, ppo=ppo, steps=args.steps, seed=args.seed, task=task, rollout=rollout
+    )
 
 
 def report(rounds: dict[str, list[dict]], args) -> None:
