@@ -192,7 +192,7 @@ class EngineRollout:
         self.buffer = {row[0]: [] for row in decoding}
         self.handed, self.over = {row[0]: [] for row in decoding}, {}
         self._handed_before = {row[0]: 0 for row in decoding}  # handed over before its live request began
-        self.began.append((self.rec.now(), step))
+        self.began = self.began[-1:] + [(self.rec.now(), step)]  # an iteration is collected at most a step late
         for seq_id, budget, key, forced, done in decoding:
             self._request(seq_id, tokens[seq_id], budget, key, done, forced)
 
@@ -206,7 +206,8 @@ class EngineRollout:
         ``forced``: a traced response length (``--lengths``), as the hf loop forces it: EOS is banned before it
         (vLLM's ``min_tokens``: the request makes every token it is asked for) and the token at that length is EOS,
         put in place of the one the engine sampled there. The engine gives no log-prob of that EOS: NaN (the
-        trainer's recomputed log-probs train; the engine-trainer gap leaves it out)."""
+        trainer's recomputed log-probs train; the engine-trainer gap leaves it out), and its log-probs before it are
+        of the distribution with EOS banned (renormalised without it)."""
         request = f"{seq_id}.{self.requests}"
         self.requests += 1
         self.seq_of[request] = seq_id
