@@ -146,3 +146,18 @@ def test_a_rollout_engines_iterations_fit_its_own_decode_and_prefill_not_the_tra
     cost = CalibratedCost({p: f.coefficients for p, f in fits["actor"].items()})
     assert cost.prefill_s(1000, 0.0) == pytest.approx(0.2, rel=0.05)  # the engine's pass
     assert cost.score_s(1000, 0.0) == pytest.approx(2.0, rel=0.05)  # the trainer's
+
+
+def test_passes_of_one_size_are_priced_per_token_not_as_a_constant():
+    """A sync run's scorers on vLLM see whole sequences only (the short prompt prefills are the engine's): the rows
+    cannot separate a fixed cost from a per-token one, so a pass is priced by its tokens, and a streamed chunk of an
+    eighth of the tokens costs an eighth (a constant charged it the whole pass)."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for step in range(8):
+        n = int(rng.integers(900, 1100))  # ~16 sequences of ~60 tokens, every step
+        for role in ("actor", "reference"):
+            rows.append(TraceRow(step, "cpu0", role, "score", 0.0, 7.2 * rng.normal(1, 0.03), 16, n, 0))
+    cost = CalibratedCost({p: f.coefficients for p, f in fit_trace(rows)["reference"].items()})
+    whole = cost.score_s(1000, 0.0)
+    assert whole == pytest.approx(7.2, rel=0.05) and cost.prefill_s(125, 0.0) == pytest.approx(whole / 8, rel=0.05)

@@ -91,21 +91,42 @@ def _xy(rows: list[TraceRow]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([_features(r) for r in rows]), np.array([r.end_s - r.start_s for r in rows])
 
 
+# Where the rows cannot tell a pass's terms apart, the one its physics names first: a forward or training pass's
+# seconds grow with its tokens (its FLOPs), then with its attended pairs; a constant per pass only where the rows
+# say so. Passes whose sizes span less than SPAN_TO_SEPARATE (a sync run's scorers on vLLM: whole sequences only,
+# the short prompt prefills being the engine's) cannot separate a fixed cost from a per-token one, and noise then
+# picks either: a constant fitted to one size charged a 32-token streamed chunk the whole sequence's 7.2 s (a vLLM
+# `oppo` run predicted 71 s a step against 49 s measured). There the pass is priced per token.
+PASS_PREFERENCE = (1, 2, 0)
+SPAN_TO_SEPARATE = 2.0
+
+
 def _fit(rows: list[TraceRow]) -> np.ndarray:
     x, y = _xy(rows)
-    return supported_lstsq(x / y[:, None], np.ones_like(y), groups=np.array([r.step for r in rows]))
+    groups = np.array([r.step for r in rows])
+    if rows[0].phase in ("decode", "sync"):
+        return supported_lstsq(x / y[:, None], np.ones_like(y), groups=groups)
+    tokens = x[:, 1]
+    if tokens.max() < SPAN_TO_SEPARATE * tokens.min():  # one size: the physics' first term alone
+        coef = np.zeros(x.shape[1])
+        coef[PASS_PREFERENCE[0]] = nonnegative_lstsq(x[:, [PASS_PREFERENCE[0]]] / y[:, None], np.ones_like(y))[0]
+        return coef
+    return supported_lstsq(x / y[:, None], np.ones_like(y), groups=groups, prefer=PASS_PREFERENCE)
 
 
 HELD_OUT_FOLDS = 10  # folds of the cross-validation that picks a fit's columns (one group each below this many)
 SIMPLER_WITHIN = 1.1  # a model with fewer columns wins while its held-out error is within 10% of the best
 
 
-def supported_lstsq(a: np.ndarray, b: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+def supported_lstsq(
+    a: np.ndarray, b: np.ndarray, groups: np.ndarray | None = None, prefer: Sequence[int] = ()
+) -> np.ndarray:
     """:func:`nonnegative_lstsq` on the columns the rows support: every subset of the non-zero columns is scored by
     its held-out error (at most :data:`HELD_OUT_FOLDS` folds; ``groups``, e.g. each row's step, are held out whole,
     so that rows of one step never predict each other), and of the fewest columns within :data:`SIMPLER_WITHIN` of
-    the best, the subset with the least error is kept; the other columns are 0. A subset needs a
-    row to spare when one is held out, so ``n`` rows support at most ``n - 2`` columns.
+    the best, the subset with the least error is kept (with ``prefer``, an order of the columns: the subset of
+    the most preferred columns among those within :data:`SIMPLER_WITHIN` of the best); the other columns are 0. A
+    subset needs a row to spare when one is held out, so ``n`` rows support at most ``n - 2`` columns.
 
     A run that never varies a load cannot tell its terms apart: a sync run decodes every step at one batch size
     and nearly the same context, so its per-iteration, per-row and per-context decode terms are (nearly) collinear,
@@ -126,7 +147,9 @@ def supported_lstsq(a: np.ndarray, b: np.ndarray, groups: np.ndarray | None = No
     errors = dict(zip(subsets, (_held_out_error(a[:, list(s)], b, folds) for s in subsets)))
     best = min(errors.values())
     size = min(len(s) for s, e in errors.items() if e <= best * SIMPLER_WITHIN)
-    chosen = min((s for s in subsets if len(s) == size), key=errors.__getitem__)
+    rank = {column: i for i, column in enumerate(prefer)}
+    good = [s for s in subsets if len(s) == size and (errors[s] <= best * SIMPLER_WITHIN or not prefer)]
+    chosen = min(good, key=lambda s: (sorted(rank.get(c, k) for c in s), errors[s]))
     coef = np.zeros(k)
     coef[list(chosen)] = nonnegative_lstsq(a[:, list(chosen)], b)
     return coef
