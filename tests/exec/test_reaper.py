@@ -32,7 +32,7 @@ TRAINER = textwrap.dedent(
     while not descendants(engine.pid):
         time.sleep(0.05)
     if sys.argv[2] == "starting":
-        time.sleep(1.0)  # the watchdog looks every 0.2 s
+        time.sleep(3.0)  # the watchdog looks every 0.2 s (once started: slower on a loaded machine)
     else:
         watchdog.guard(pids=[engine.pid], remove=[sys.argv[1]])
     print(engine.pid, *descendants(engine.pid), watchdog.process.pid, flush=True)
