@@ -33,6 +33,7 @@ RUNS = {
         ("verl_deepseek_7b_ppo_8xmi300x.csv.gz", "verl-deepseek-llm-7b-ppo-8xmi300x"),
         ("verl_qwen2_7b_gpg.log.gz", "verl-qwen2-7b-gpg-8gpu"),
         ("verl_qwen2_7b_grpo_megatron_excerpt.log.gz", "verl-qwen2-7b-grpo-megatron-16gpu"),
+        ("verl_qwen2_7b_gpg_megatron.log.gz", "verl-qwen2-7b-gpg-megatron-8gpu"),
     ),
 }
 RUNS["small"] = RUNS["shared"][:3]

@@ -39,12 +39,16 @@ from tests import invoke
 DATA = Path(__file__).with_name("data")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
 SAME_STAGE = ("old_log_prob", "values", "update_actor", "update_critic")  # TRL stages: the shared layer's own
-SHARED_RUNS = (  # the five shared runs, as oppo/data/framework/verl-shared.toml's header fits them
+SHARED_RUNS = (  # the five shared FSDP runs, as oppo/data/framework/verl-shared.toml's header fits them
     ("verl_qwen2.5_0.5b_resp512.log.gz", "verl-qwen2.5-0.5b-gsm8k"),
     ("verl_qwen2.5_0.5b_resp256.log.gz", "verl-qwen2.5-0.5b-gsm8k-cap256"),
     ("verl_gemma_2_2b.log.gz", "verl-gemma-2-2b-gsm8k"),
     ("verl_deepseek_7b_ppo_8xmi300x.csv.gz", "verl-deepseek-llm-7b-ppo-8xmi300x"),
     ("verl_qwen2_7b_gpg.log.gz", "verl-qwen2-7b-gpg-8gpu"),
+)
+MEGATRON_RUNS = (  # the two Megatron runs the bundled layer is fitted on besides (its header's command)
+    ("verl_qwen2_7b_grpo_megatron_excerpt.log.gz", "verl-qwen2-7b-grpo-megatron-16gpu"),
+    ("verl_qwen2_7b_gpg_megatron.log.gz", "verl-qwen2-7b-gpg-megatron-8gpu"),
 )
 
 
@@ -117,10 +121,10 @@ def test_the_trl_presets_take_the_layer_fitted_across_the_shared_runs():
 
 
 @pytest.mark.slow
-def test_the_bundled_shared_layer_is_what_the_five_shared_logs_fit():
+def test_the_bundled_shared_layer_is_what_the_seven_shared_logs_fit():
     """``oppo/data/framework/verl-shared.toml`` is the fit its header's command makes (to 1e-6 relative: the same
     computation, written with repr floats)."""
-    logs = [(load_run_log(DATA / log), setup) for log, setup in SHARED_RUNS]
+    logs = [(load_run_log(DATA / log), setup) for log, setup in SHARED_RUNS + MEGATRON_RUNS]
     runs = [logged_run(resolve_gpu(load_setup(setup), log, 0.6), log, 0.6) for log, setup in logs]  # as the command
     fitted = fit_layer(runs)
     assert set(fitted) == set(shared_layer())

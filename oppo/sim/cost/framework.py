@@ -355,10 +355,11 @@ class FrameworkCost:
         runs its share in micro-batches through the pipeline; ``allreduces`` all-reduces of each layer's
         activations (``tokens`` x hidden, bf16, ring: 2 (t - 1) / t of them per GPU over the tensor-parallel link)
         on a GPU's layers / p; with ``gradients``, the reduction of a GPU's 1 / (t p) of the gradients over the d
-        replicas, in fp32 (below). The micro-batch term sees a micro-batch's tokens on a GPU as FSDP's does: it is a
-        cost per micro-batch in proportion to the GPU's share of the model (its weights read, its layers' kernels
-        launched) that the micro-batch's tokens amortise; tensor parallelism narrows a GPU's matrix products (their
-        N dimension), not the tokens they run over (M), so it does not divide them.
+        replicas, in fp32 (below). No micro-batch term (``small_s``): what it prices is FSDP's per micro-batch cost in
+        proportion to the model (each layer's flat parameters gathered, freed and their gradients reduce-scattered
+        every micro-batch); Megatron keeps a GPU's weights resident and accumulates its gradients in place, reduced
+        once a step (priced below). The host's time per micro-batch (``units``): a forward micro-batch counts whole,
+        a training micro-batch 1 / p of one (below).
 
         Sequence parallel replaces each all-reduce by a reduce-scatter and an all-gather, (t - 1) / t each: the same
         bytes (its backward's second all-gather of a column-parallel layer's input runs beside the input gradient's
@@ -373,7 +374,6 @@ class FrameworkCost:
         replicas = max(1, self.base.n_gpus // (t * p))
         units = micro_batches(rows, micro_batch, replicas)
         compute = roofline_s * (v * units + p - 1) / (v * units)  # the pipeline's fill and drain
-        gpu_tokens = tokens / replicas / units
         serial = 0.0
         activations = tokens / replicas * model.hidden * model.bytes_per_param  # a replica's, every micro-batch
         if t > 1 and self.tensor_bytes_per_s > 0:
@@ -386,9 +386,14 @@ class FrameworkCost:
             # and all-gathers the updated bf16 parameters ((d - 1) / d x 2)
             per_param = 6 if fw.distributed_optimizer else 8
             serial += model.params / (t * p) * per_param * (replicas - 1) / replicas / self.collective_bytes_per_s
-        # the host's time per micro-batch (Python, kernel launches: per layer) runs a GPU's layers, 1 / p of the
-        # model's, where an FSDP micro-batch runs them all: a micro-batch counts 1 / p of one
-        return StageLoad(compute, small_s=compute / max(gpu_tokens, 1.0), units=units / p, serial_s=serial)
+        # The host's time per micro-batch. A training micro-batch's is its layers' (the backward's and the
+        # recompute's launches, FSDP's per-layer hooks where the family was fitted): a GPU runs 1 / p of the layers,
+        # so it counts 1 / p of one. A forward micro-batch's is mostly outside the layers (verl's slicing and packing
+        # of the micro-batch, its log-probs over the vocabulary, its results gathered from the last stage): it
+        # counts whole. The two Megatron logs (tests/sim/data) say so: their forward passes take 82-86 ms a
+        # micro-batch on devices 2.6x apart in peak (~50 ms of it whatever the compute); counted 1 / p the GPG
+        # twin's old_log_prob was predicted 40% fast, counted whole its update 44% slow (docs/simulator.md)
+        return StageLoad(compute, units=units / p if gradients else units, serial_s=serial)
 
     def sync_s(self) -> float:
         return self.base.sync_s()
