@@ -2,6 +2,7 @@
 each term of the setup outside the span of the calibration runs."""
 
 import dataclasses
+import json
 import subprocess
 from pathlib import Path
 
@@ -93,11 +94,27 @@ def test_a_stage_no_calibration_run_timed_is_named_with_the_family_that_prices_i
     assert "update_critic priced by the terms fitted on update_actor" in found, found
 
 
-def test_an_uncalibrated_setup_says_nothing():
+def test_an_uncalibrated_setup_says_it_has_no_bound(tmp_path):
     """A setup whose framework layer is neither calibrated nor the shared layer's terms (a verl run's setup before
-    calibrate-log: the roofline) has nothing to say; a paper preset borrows the shared layer's (the next tests)."""
-    assert trust_note(load_setup("verl-gemma-2-2b-gsm8k")) is None
+    calibrate-log: the roofline) predicts from priors: its note says so, no ± figure, on ``run`` too (it said nothing
+    before); a paper preset borrows the shared layer's (the next tests)."""
+    note = trust_note(load_setup("verl-gemma-2-2b-gsm8k"))
+    assert (
+        note.startswith("note: verl-gemma-2-2b-gsm8k predicts a sync step with no bound: uncalibrated")
+        and "±" not in note
+    )
     assert extrapolations(load_setup("verl-gemma-2-2b-gsm8k")) == []
+    res = invoke.sim("run", "--setup", "verl-qwen2.5-0.5b-gsm8k", "--steps", "1", "--out", tmp_path / "r")
+    assert res.returncode == 0, res.stderr
+    assert "verl-qwen2.5-0.5b-gsm8k predicts a sync step with no bound: uncalibrated" in res.stderr
+    # validate-log's fidelity.json: the interval's keys, no bound
+    log = Path(__file__).with_name("data") / "verl_qwen2_7b_grpo_megatron_excerpt.log.gz"
+    res = invoke.sim(
+        "validate-log", "--log", log, "--setup", "verl-qwen2-7b-grpo-megatron-16gpu", "--out", tmp_path / "v"
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "v" / "fidelity.json").read_text())
+    assert report["interval"]["step"] is None and report["interval"]["extrapolates"] == ["uncalibrated"]
 
 
 def test_a_run_that_declares_no_per_step_cost_is_not_charged_one():

@@ -17,7 +17,7 @@ import numpy as np
 from oppo.cli import format_table
 from oppo.records.io import atomic_write_text, write_json
 from oppo.sim.logs.read import load_run_log
-from oppo.sim.logs.trust import calibration, held_out_inside, interval, trust_note
+from oppo.sim.logs.trust import calibration, held_out_inside, interval, interval_record, trust_note
 from oppo.sim.setup.presets import Setup
 from oppo.sim.setup.toml_file import load_setup, setup_toml
 
@@ -203,7 +203,7 @@ def _log_fidelity(setup, log, first: int, out: Path, replayed=None) -> dict:
     note = trust_note(setup)
     if note:
         report["prediction_note"] = note
-        report["interval"] = interval(setup).as_dict()
+        report["interval"] = interval_record(setup)
     write_json(out / "fidelity.json", report | {"log": log.source, "setup": setup.name})
     plots.plot_fidelity(measured, predicted, first, out / "fidelity.png", f"{setup.name} on {Path(log.source).name}")
     rows = [

@@ -29,6 +29,7 @@ from oppo.sim.cost.engine import model_shape
 from oppo.sim.cost.fit import SHARED_TERMS
 from oppo.sim.cost.framework import ROLE_STAGES, SHARED_LAYER, read_layer, shared_layer
 from oppo.sim.cost.span import Calibration
+from oppo.sim.cost.stage import IDENTITY
 from oppo.sim.setup.presets import Setup
 
 COVERAGE = 0.8  # share of predicted steps an interval holds
@@ -435,6 +436,21 @@ def interval(setup: Setup, *schedules: ScheduleConfig | None) -> Interval | None
     return Interval(step, coverage, axes, (), stages, held_out, (sum(inside), len(inside)))
 
 
+def interval_record(setup: Setup) -> dict:
+    """``fidelity.json``'s ``interval`` of a prediction on ``setup``: :meth:`Interval.as_dict`, or for an
+    uncalibrated setup the same keys with no bound."""
+    bound = interval(setup)
+    if bound is None:
+        return {
+            "step": None,
+            "coverage": None,
+            "coverage_measured": None,
+            "extrapolates": ["uncalibrated"],
+            "stages": {},
+        }
+    return bound.as_dict()
+
+
 def _percent(x: float) -> str:
     return f"{x:.{0 if x >= 0.1 else 1}%}"
 
@@ -461,10 +477,10 @@ def _stages(bound: Interval) -> str:
 def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: ScheduleConfig) -> str | None:
     """One line for a prediction on a calibrated setup run with ``schedule`` (None: the setup's own) and any
     ``others`` (compare's other policies: what only they extrapolate on is named with the policy): its interval and
-    what extrapolates (None: uncalibrated)."""
+    what extrapolates (uncalibrated: :func:`_uncalibrated_note`)."""
     c = calibration_of(setup)
     if not c.runs:
-        return None
+        return _uncalibrated_note(setup)
     basis = BASES.get(c.basis, c.basis)
     runs = f"{len(c.runs)} calibration run{'s' if len(c.runs) > 1 else ''}"
     if borrows_shared_terms(setup):
@@ -497,3 +513,19 @@ def trust_note(setup: Setup, schedule: ScheduleConfig | None = None, *others: Sc
     for other in others:
         outside += [f"{phrase} ({other.policy})" for phrase in extrapolations(setup, other) if phrase not in outside]
     return note + ("; extrapolates: " + "; ".join(outside) if outside else "; within the calibration span")
+
+
+def _uncalibrated_note(setup: Setup) -> str | None:
+    """A setup on the bare roofline (generation's, the forward passes' and the training passes' terms at their
+    identity: a verl run's bundled setup before calibrate-log; a rule reward's CPU seconds are the shared layer's)
+    predicts from priors no run checked: said, with no bound. None for a setup whose costs were fitted elsewhere (an
+    executor's records profile) or whose stages a user set."""
+    fw = setup.framework
+    priced = ("gen", *SHARED_TERMS[0], *SHARED_TERMS[1])
+    if setup.cost not in ("fitted", "analytic") or any(fw.stage(stage) != IDENTITY for stage in priced):
+        return None
+    return (
+        f"note: {setup.name} predicts a sync step with no bound: uncalibrated (its framework stages at the roofline's "
+        f"priors, the GPU's operator profiles and the engine's declared terms; no run's log fitted); calibrate-log on "
+        f"its run's log, or [framework] base = the shared layer, bounds it"
+    )
