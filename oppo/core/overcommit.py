@@ -15,6 +15,7 @@ is one decorated class with a ``from_config`` here.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -214,14 +215,24 @@ class TailDelta:
 
     def ends_tokens(self, xs: np.ndarray, cdf: np.ndarray, deltas) -> list[float]:
         """:meth:`end_tokens` of each Δ in ``deltas``, in one pass: ``cdf`` ascends, so the first length it reaches a
-        level at is found by bisection (the Beta quantiles in one call: a plan step asks for every Δ of its range)."""
-        from scipy.special import betaincinv  # scipy.stats.beta.ppf; imported here: only this controller needs it
-
-        us = betaincinv(self.batch, np.asarray(deltas, dtype=float) + 1, self.confidence)
-        levels = [float(u) ** (1 / self.group_size) for u in us]  # Python's pow, as the scalar form took it
+        level at is found by bisection (the levels depend on the Δs alone: computed once per controller's range)."""
+        deltas = deltas if isinstance(deltas, range) else tuple(deltas)
+        levels = _end_levels(self.batch, deltas, self.confidence, self.group_size)
         reached = np.searchsorted(cdf, levels, side="left")  # the first index whose cdf >= the level
-        last = len(xs) - 1
-        return [float(xs[min(i, last)]) for i in reached]  # beyond what was seen: the longest
+        # beyond what was seen: the longest
+        return xs[np.minimum(reached, len(xs) - 1)].astype(float, copy=False).tolist()
+
+
+@functools.lru_cache(maxsize=256)
+def _end_levels(batch: int, deltas: range | tuple[int, ...], confidence: float, group_size: int) -> np.ndarray:
+    """The level F(end(Δ)) of each Δ in ``deltas`` (:class:`TailDelta`): U₍B₎^(1/G) at ``confidence``, U₍B₎ ~
+    Beta(B, Δ+1), shape (len(deltas),), read-only (shared by every controller of these arguments)."""
+    from scipy.special import betaincinv  # scipy.stats.beta.ppf; imported here: only this controller needs it
+
+    us = betaincinv(batch, np.asarray(deltas, dtype=float) + 1, confidence)  # the Beta quantiles in one call
+    levels = np.array([float(u) ** (1 / group_size) for u in us])  # Python's pow, as the scalar form took it
+    levels.flags.writeable = False
+    return levels
 
 
 def kaplan_meier(finished: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import gt, itemgetter, not_, sub
+from operator import add, gt, itemgetter, not_, sub
 
 from oppo.core.buffer import RolloutBuffer
 from oppo.core.chunking import make_chunk_policy
@@ -142,21 +142,29 @@ class Scheduler:
             delta = self._delta()
             new = buffer.fill(cfg.batch + delta, self.step)
         # a long round runs only its restarted prompts; groups completed earlier wait for the next short round
-        active = tuple(restarted) if long_round else tuple(buffer.ids)
+        active = tuple(restarted) if long_round else (*carried, *new)
         chunk = self._chunk() if cfg.streaming else 0
-        generated = list(map(buffer.generated.__getitem__, active))
-        unfinished = list(map(not_, map(buffer.finished.__getitem__, active)))
+        # read for the sequences held before (new ones: nothing generated, unfinished, no version; one budget each)
+        held = active if long_round else carried
+        generated = list(map(buffer.generated.__getitem__, held))
+        held_finished = list(map(buffer.finished.__getitem__, held))
+        unfinished = list(map(not_, held_finished))
         # a resumed sequence does not get a fresh budget: what is left of max_new_tokens (T-PPO: up to the window)
         left = map(sub, repeat(buffer.max_new_tokens), compress(generated, unfinished))
         budgets = dict(
-            zip(compress(active, unfinished), map(min, left, repeat(cfg.window_tokens)) if cfg.truncated else left)
+            zip(compress(held, unfinished), map(min, left, repeat(cfg.window_tokens)) if cfg.truncated else left)
         )
         # first decoded now, by this step's weights (one version per step): the unfinished ones without a version
         first_version, versions = self.step if version is None else version, buffer.first_version
         for seq_id in budgets:
             if versions[seq_id] is None:
                 versions[seq_id] = first_version
-        carried_finished = list(map(buffer.finished.__getitem__, carried))
+        if new:  # the last ids admitted: one slice of each column
+            fresh = min(buffer.max_new_tokens, cfg.window_tokens) if cfg.truncated else buffer.max_new_tokens
+            budgets.update(dict.fromkeys(new, fresh))
+            versions[new[0] : new[-1] + 1] = repeat(first_version, len(new))
+            generated += repeat(0, len(new))
+        carried_finished = held_finished if not long_round else list(map(buffer.finished.__getitem__, carried))
         self.plan = StepPlan(
             step=self.step,
             start_s=now,
@@ -186,12 +194,21 @@ class Scheduler:
         self._running = dict.fromkeys(plan.budgets)  # FIFO-ordered set
         self._by_budget = deque(sorted(plan.budgets, key=plan.budgets.__getitem__))  # ascending; stale ids skipped
         group_of = buffer.group_id.__getitem__
-        # group -> samples still to finish: the unfinished ones are exactly those with a budget (counted in C)
-        self._group_left = Counter(map(group_of, plan.budgets))
+        # group -> samples still to finish: the unfinished ones are exactly those with a budget (counted in C; a
+        # group of one sample has one)
+        unfinished_groups = map(group_of, plan.budgets)
+        if buffer.group_size == 1:
+            self._group_left = dict.fromkeys(unfinished_groups, 1)
+        else:
+            self._group_left = Counter(unfinished_groups)
         # every sample finished already: the groups of the carried finished ones (the active ones without a budget)
         complete = set(map(group_of, plan.ready)).difference(self._group_left)
         groups, ranks = buffer.groups, buffer.finish_rank  # complete groups -> rank of their last sample
-        self._completed = {g: max(map(ranks.__getitem__, groups[g])) for g in complete}
+        if buffer.group_size == 1:  # a group's one sample
+            members = chain.from_iterable(map(groups.__getitem__, complete))
+            self._completed = dict(zip(complete, map(ranks.__getitem__, members)))
+        else:
+            self._completed = {g: max(map(ranks.__getitem__, groups[g])) for g in complete}
         self._selection: TrainedColumns | None = None
         self._since_stream = 0  # tokens decoded since the last streamed chunk
         self.stream_now = False  # after a round: a chunk is complete (or generation ended), stream it
@@ -249,12 +266,16 @@ class Scheduler:
         return done
 
     def _check_finished(self, tokens: int, finished: Mapping[int, int]) -> None:
-        """Every reported sequence is running, and ended within the round and its budget (a loop over the tokens:
-        a round reports tens, where C passes would pay their setup more than once per sequence)."""
+        """Every reported sequence is running, and ended within the round and its budget. Where every running
+        budget outlasts the round (the lowest, first in ``_by_budget``), the bounds alone (two C passes); else a loop
+        over the sequences."""
         running, budgets, step_tokens = self._running, self.plan.budgets, self._step_tokens
         if not running.keys() >= finished.keys():
             stray = next(i for i in finished if i not in running)
             raise ValueError(f"seq {stray} reported finished but is not running")
+        used = finished.values()
+        if budgets[self._by_budget[0]] - step_tokens >= tokens and min(used) >= 1 and max(used) <= tokens:
+            return
         for seq_id, used in finished.items():
             if not 1 <= used <= tokens or used > budgets[seq_id] - step_tokens:  # budget left at the round's start
                 allowed = min(tokens, budgets[seq_id] - step_tokens)
@@ -262,7 +283,8 @@ class Scheduler:
 
     def _finish(self, ended: list[tuple[int, int]]) -> None:
         """Stop the sequences that reached EOS this round, (tokens decoded in it, id) in finish order: as
-        :meth:`_stop` with ``finished``, inlined (a step finishes hundreds)."""
+        :meth:`_stop` with ``finished``, inlined (a step finishes hundreds); groups of one, none starved (the usual
+        case), by a shorter loop: each sample completes its group."""
         buffer, prefix, running, left, lengths = (
             self.buffer,
             self._prefix,
@@ -272,6 +294,18 @@ class Scheduler:
         )
         generated, finished, ranks, group_of = buffer.generated, buffer.finished, buffer.finish_rank, buffer.group_id
         step, step_tokens = self.step, self._step_tokens
+        if buffer.group_size == 1 and not self._starved_waiting:  # each completes its group, ranked by itself
+            completed = self._completed
+            for used, seq_id in ended:
+                tokens = step_tokens + used
+                generated[seq_id] = total = prefix[seq_id] + tokens
+                del running[seq_id]
+                lengths.append(total)
+                finished[seq_id] = True
+                group = group_of[seq_id]
+                ranks[seq_id] = completed[group] = (step, tokens, seq_id)
+                left[group] = 0
+            return
         for used, seq_id in ended:
             tokens = step_tokens + used
             generated[seq_id] = total = prefix[seq_id] + tokens
@@ -330,7 +364,7 @@ class Scheduler:
             return self._selection
         groups = self.buffer.groups
         if self.config.truncated:
-            chosen = list(plan.active)
+            chosen, complete = list(plan.active), None
         else:
             complete = sorted(self._completed, key=self._completed.__getitem__)
             if self.config.overcommit:  # starved: waited max_deferrals steps or more (ids below the bound)
@@ -343,9 +377,9 @@ class Scheduler:
                 complete = complete[: plan.target]
             chosen = list(chain.from_iterable(map(groups.__getitem__, complete)))
         if self.generation_done:  # final: cache it for close_step
-            self._selection = self._trained(chosen)
+            self._selection = self._trained(chosen, complete)
             return self._selection
-        return self._trained(chosen)
+        return self._trained(chosen, complete)
 
     def finish_generation(self) -> TrainedColumns:
         """End generation: the :meth:`select` ed sequences leave the buffer to be trained, the rest is carried (or,
@@ -353,15 +387,19 @@ class Scheduler:
         :meth:`close_step` closes the oldest finished one. Returns the sequences to train."""
         plan = self._require_plan()
         trained = self.select()
-        for seq_id in list(self._running):  # stopped early by over-commit: keep what was decoded
-            self._stop(seq_id, self._decoded(seq_id), finished=False)
         buffer = self.buffer
-        buffer.remove(list(compress(trained.column("seq_id"), trained.column("finished"))))
+        if self._running:  # stopped early by over-commit: keep what was decoded (as _stop, not finished)
+            stopped = list(self._running)
+            decoded = map(min, repeat(self._step_tokens), map(plan.budgets.__getitem__, stopped))  # as _decoded
+            _assign(buffer.generated, stopped, map(add, map(self._prefix.__getitem__, stopped), decoded))
+            self._running.clear()
+        ids = trained.column("seq_id")  # complete groups (finished) unless truncated
+        buffer.remove(list(compress(ids, trained.column("finished"))) if self.config.truncated else ids)
         if self.config.spec.aborts:  # tailbatch: every unfinished group is aborted, waits for a long round
-            for members in [m for m in buffer.groups.values() if not all(map(buffer.finished.__getitem__, m))]:
-                members = list(members)  # the group's list empties as its sequences leave
-                buffer.abort(members)
-                self.long_queue.append(members)
+            finished = buffer.finished.__getitem__
+            aborted = [list(m) for m in buffer.groups.values() if not all(map(finished, m))]  # copies: lists empty
+            buffer.abort(list(chain.from_iterable(aborted)))  # as their sequences leave
+            self.long_queue.extend(aborted)
         left = list(buffer.ids)
         unfinished = map(not_, map(buffer.finished.__getitem__, left))
         censored = tuple(compress(map(buffer.generated.__getitem__, left), unfinished))
@@ -402,26 +440,32 @@ class Scheduler:
         """Tokens a still-running sequence decoded this step."""
         return min(self._step_tokens, self.plan.budgets[seq_id])
 
-    def _trained(self, chosen: list[int]) -> TrainedColumns:
+    def _trained(self, chosen: list[int], complete: list[int] | None = None) -> TrainedColumns:
         """The records of these sequences trained now, by column, each built in C (half a million of these in a
-        long simulation): a running one counts what it decoded so far."""
+        long simulation): a running one counts what it decoded so far. ``complete``: the groups ``chosen`` holds
+        whole, in its order (every sample finished: none running), or None (T-PPO's segments: any sequence)."""
         buffer, prefix = self.buffer, list(map(self._prefix.__getitem__, chosen))
-        if self._running.keys().isdisjoint(chosen):
+        if complete is not None or self._running.keys().isdisjoint(chosen):
             total = list(map(buffer.generated.__getitem__, chosen))
         else:
             running, decoded, generated = self._running, self._decoded, buffer.generated
             total = [p + decoded(i) if i in running else generated[i] for i, p in zip(chosen, prefix)]
+        if complete is not None and buffer.group_size == 1:  # a sample's group: the one it completes
+            group_ids = list(complete)
+        else:
+            group_ids = list(map(buffer.group_id.__getitem__, chosen))
+        finished = [True] * len(chosen) if complete is not None else list(map(buffer.finished.__getitem__, chosen))
         step, admitted = repeat(self.step), list(map(buffer.admitted_step.__getitem__, chosen))
         return TrainedColumns(
             (
                 list(repeat(self.step, len(chosen))),
                 chosen,
-                list(map(buffer.group_id.__getitem__, chosen)),
+                group_ids,
                 admitted,
                 list(map(sub, step, admitted)),  # deferrals
                 total,
                 list(map(sub, total, prefix)),  # decoded this step
-                list(map(buffer.finished.__getitem__, chosen)),
+                finished,
                 list(map(sub, step, map(buffer.first_version.__getitem__, chosen))),  # policy lag
             )
         )
@@ -430,3 +474,8 @@ class Scheduler:
         if self.plan is None:
             raise RuntimeError("no step in progress: call plan_step first")
         return self.plan
+
+
+def _assign(column, keys, values) -> None:
+    """``column[k] = v`` for each pair, in C (a list or dict column)."""
+    deque(map(column.__setitem__, keys, values), maxlen=0)

@@ -36,8 +36,8 @@ class DecodeBatch:
         self.gpu_a = self.ids_a % gpus
         self.ids, self.stop, self.eos = self.ids_a.tolist(), self.stop_a.tolist(), eos[order].tolist()
         self.rows = len(self.ids)
-        self._stop_sum = list(accumulate(self.stop, initial=0))  # [i]: stop summed over rows < i (ints: exact)
-        self._context_sum = list(accumulate(self.context_a.tolist(), initial=0))
+        self._stop_sum = _prefix_sums(self.stop_a)  # [i]: stop summed over rows < i
+        self._context_sum = _prefix_sums(self.context_a)
         last = np.full(gpus, -1)  # each GPU's last row in this order (-1: none); it decodes longest there
         np.maximum.at(last, self.gpu_a, np.arange(self.rows))
         self.last_row = last.tolist()
@@ -63,6 +63,13 @@ class DecodeBatch:
         """The rows that reach EOS in the round: id -> tokens decoded in it."""
         rows = zip(self.ids[first:end], self.stop[first:end], self.eos[first:end])
         return {i: stop - step_tokens for i, stop, eos in rows if eos}
+
+
+def _prefix_sums(values: np.ndarray) -> list[int]:
+    """``list(accumulate(values, initial=0))`` by numpy, as Python ints (integers: exact), shape (len + 1,)."""
+    sums = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=sums[1:])
+    return sums.tolist()
 
 
 class Generation:
