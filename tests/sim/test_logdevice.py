@@ -152,6 +152,15 @@ def test_a_read_back_peak_names_a_catalog_family_only_at_verls_entry_for_it(peak
         assert prior_gpu(peak, reserved_gb * 1e9).name in family
 
 
+def test_a_log_that_shows_no_memory_takes_the_part_verls_table_names_first():
+    """The GPG run's Megatron twin logs no reserved memory: at verl's A100 figure it is priced as the A100 80GB (the
+    table's first part, as its FSDP twin on the same box), not as the least memory of the family (the A100 40GB's
+    bandwidth, which it took before); at the H100 figure the H100."""
+    assert prior_gpu(312e12 * 0.985, 0.0).name == "a100"
+    assert prior_gpu(989e12 * 0.99, 0.0).name == "h100"
+    assert prior_gpu(119.5e12 * 0.97, 0.0).name == "l20"
+
+
 def test_a_gpu_spec_over_a_catalog_gpu_keeps_its_fitted_efficiencies(tmp_path):
     """A setup that names a catalog GPU and overrides its figures with a [gpu_spec] is priced with that GPU's fitted
     fractions of them."""

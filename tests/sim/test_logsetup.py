@@ -41,6 +41,8 @@ SHARED = [
     ),
     # the bundled GPG setup offloads the reference, which GPG does not run (no effect); its lengths are the log's
     ("verl_qwen2_7b_gpg.log.gz", "verl-qwen2-7b-gpg-8gpu", (), {"name", "framework.offload"}),
+    # its Megatron twin: enable_gradient_checkpointing=True, yet Megatron recomputes nothing (the granularity None)
+    ("verl_qwen2_7b_gpg_megatron.log.gz", "verl-qwen2-7b-gpg-megatron-8gpu", (), {"name"}),
 ]
 
 
@@ -307,3 +309,16 @@ def test_a_mini_batch_larger_than_the_batch_is_one_mini_batch_as_verl_of_early_2
     path.write_text(path.read_text().replace("actor.ppo_mini_batch_size=256", "actor.ppo_mini_batch_size=2048"))
     assert setup_from_log(path).setup().minibatches == 1
     assert setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").setup().minibatches == 4  # 1024 / 256
+
+
+def test_megatron_recomputes_activations_only_where_the_configuration_names_a_granularity():
+    """verl sets Megatron's recompute_granularity from gradient_checkpointing_kwargs under
+    enable_gradient_checkpointing: the GPG twin's printed configuration gives the flag True and the granularity None
+    (its workers print TransformerConfig(recompute_granularity=None)), so no recompute is priced; the 16-GPU
+    excerpt's launch command alone gives the flag and nothing else: the flag stands (its setup says so)."""
+    twin = setup_from_log(DATA / "verl_qwen2_7b_gpg_megatron.log.gz")
+    assert twin.setup().framework.gradient_checkpointing is False
+    used = next(u for u in twin.used if u.key == "framework.gradient_checkpointing")
+    assert "activations_checkpoint_granularity None" in used.verl and used.origin == "config"
+    excerpt = setup_from_log(DATA / "verl_qwen2_7b_grpo_megatron_excerpt.log.gz")
+    assert excerpt.setup().framework.gradient_checkpointing is True

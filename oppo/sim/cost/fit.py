@@ -138,20 +138,26 @@ def fit_stage(
         [load.roofline_s, load.small_s]
         + ([load.units] if per_unit else [])
         + ([load.host_s] if loaded else [])
-        + ([load.serial_s] if collectives else [])
+        # Megatron's collectives at 1 / share = 1 + slower - faster: slower than the datasheet link costs nothing,
+        # faster pays PRIOR_WEIGHT (the nominal seconds move to the target)
+        + ([load.serial_s, -np.asarray(load.serial_s)] if collectives else [])
     )
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     # the gathers at the priors, compute larger: their exposed share (the nonlinear fit below moves both terms)
     serial = load.extra_s + prior.exposed_gather_frac * (np.asarray(load.gather_s) + load.host_copy_s)
+    serial = serial + (load.serial_s if collectives else 0.0)
     # the host link's share: constant per step as the micro-batch count, so within a run it cannot be told from
     # the micro-batch term: held at its prior unless the steps insist (a load faster than the nominal link)
     anchored = [2 + per_unit] if loaded else []
-    if collectives and not _identified(x):
-        anchored.append(x.shape[1] - 1)
-    inverse, *rest = roofline_lstsq(x, (measured - serial) / measured, anchored, fastest=fastest)  # 1 / efficiency
+    # Megatron's collectives held at the datasheet link, either way (PRIOR_WEIGHT): two real logs cannot carry a
+    # share of their own (free, the 16-GPU excerpt put it at the box's bound, collectives for nothing; slower free,
+    # the twin's few seconds of them took its unexplained forward time and priced the excerpt's 185% slow)
+    faster = [x.shape[1] - 2, x.shape[1] - 1] if collectives else []
+    target = (measured - serial) / measured
+    inverse, *rest = roofline_lstsq(x, target, anchored, fastest=fastest, penalised=faster)
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
-    link = {"gather_bandwidth_frac": _share(rest[-1])} if collectives else {}
+    link = {"collective_frac": _share(1.0 + rest[-2] - rest[-1])} if collectives else {}
     host = {"host_link_frac": _share(rest[1 + per_unit])} if loaded else {}
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link, **host)
     # Megatron's collectives keep the linear fit (their link's share anchored where the steps cannot tell it): its
@@ -215,6 +221,7 @@ def roofline_lstsq(
     anchored: list[int] | tuple = (),
     anchor_weight: float = PRIOR_WEIGHT,
     fastest: float = 1.0,
+    penalised: list[int] | tuple = (),
 ) -> np.ndarray:
     """Non-negative least squares of ``x · c ≈ target`` whose first column is the roofline's, its coefficient the
     inverse efficiency: at least ``fastest`` (1: the roofline's own rate) costs nothing, faster (a GPU above its
@@ -222,16 +229,19 @@ def roofline_lstsq(
     move it there when they insist and a near-collinear fit cannot wander there. inverse = fastest + up - down,
     both >= 0, the prior on ``down``. ``anchored``: columns of ``x`` whose coefficients are pulled to 1 with
     ``anchor_weight`` per step (seconds at a nominal link: 1 / its achieved share, where the steps cannot tell it
-    from the efficiency or the micro-batch term)."""
+    from the efficiency or the micro-batch term); ``penalised``: columns whose coefficients are pulled to 0 with
+    ``PRIOR_WEIGHT`` per step (a link faster than its datasheet: the data move it there only where they insist)."""
     n, others = len(target), x[:, 1:]
     roofline = x[:, :1]
     augmented = np.hstack([roofline, -roofline, others])
     weight, anchor = PRIOR_WEIGHT * np.sqrt(n), anchor_weight * np.sqrt(n)
-    priors = np.zeros((1 + len(anchored), augmented.shape[1]))
+    priors = np.zeros((1 + len(anchored) + len(penalised), augmented.shape[1]))
     priors[0, 1] = weight
     for row, column in enumerate(anchored, start=1):
         priors[row, column + 1] = anchor  # x's column c is the augmented one's c + 1
-    rhs = np.append(target - fastest * roofline[:, 0], [0.0] + [anchor] * len(anchored))
+    for row, column in enumerate(penalised, start=1 + len(anchored)):
+        priors[row, column + 1] = weight
+    rhs = np.append(target - fastest * roofline[:, 0], [0.0] + [anchor] * len(anchored) + [0.0] * len(penalised))
     up, down, *rest = nonnegative_lstsq(np.vstack([augmented, priors]), rhs)
     return np.array([max(fastest + up - down, MIN_INVERSE), *rest])
 
@@ -327,7 +337,7 @@ def terms_fitted(
         loaded = [load.host_s] if np.any(load.host_s) else []
         columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), *loaded, load.serial_s]
         if _identified(np.stack([np.broadcast_to(c, shape) for c in columns], axis=1)):
-            gathers = ["gather_bandwidth_frac"]  # Megatron's collectives, where the steps tell them apart
+            gathers = ["collective_frac"]  # Megatron's collectives, where the steps tell them apart
     host_link = ["host_link_frac"] if np.any(load.host_s) or copied else []
     return ["efficiency", "half_efficiency_tokens", *host, *gathers, *host_link]
 
@@ -359,6 +369,7 @@ def _fit_overlapped(
             gather_bandwidth_frac=float(np.exp(log_scale)),
             exposed_host_frac=min(max(host, 0.0), 1.0) if hidden else 1.0,
             host_link_frac=1 / host_link,
+            collective_frac=start.collective_frac,  # Megatron's rows' collectives: the linear fit's share
         )
 
     def residuals(theta: np.ndarray) -> np.ndarray:

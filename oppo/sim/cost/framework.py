@@ -355,11 +355,11 @@ class FrameworkCost:
         runs its share in micro-batches through the pipeline; ``allreduces`` all-reduces of each layer's
         activations (``tokens`` x hidden, bf16, ring: 2 (t - 1) / t of them per GPU over the tensor-parallel link)
         on a GPU's layers / p; with ``gradients``, the reduction of a GPU's 1 / (t p) of the gradients over the d
-        replicas, in fp32 (below). No micro-batch term (``small_s``): what it prices is FSDP's per micro-batch cost in
-        proportion to the model (each layer's flat parameters gathered, freed and their gradients reduce-scattered
-        every micro-batch); Megatron keeps a GPU's weights resident and accumulates its gradients in place, reduced
-        once a step (priced below). The host's time per micro-batch (``units``): a forward micro-batch counts whole,
-        a training micro-batch 1 / p of one (below).
+        replicas, in fp32 (below). No micro-batch term (``small_s``, ``half_efficiency_tokens``): fitted on FSDP's
+        runs, it made both Megatron logs' updates slower than they ran (the same job's twin 28% with it, 22% without,
+        the 16-GPU excerpt 67% and 64%; docs/simulator.md); Megatron keeps a GPU's weights resident and accumulates
+        its gradients in place, reduced once per optimizer step (below), and no log here tells a per micro-batch cost
+        in proportion to the model apart from its efficiency. The host's time per micro-batch: below.
 
         Sequence parallel replaces each all-reduce by a reduce-scatter and an all-gather, (t - 1) / t each: the same
         bytes (its backward's second all-gather of a column-parallel layer's input runs beside the input gradient's
@@ -386,14 +386,11 @@ class FrameworkCost:
             # and all-gathers the updated bf16 parameters ((d - 1) / d x 2)
             per_param = 6 if fw.distributed_optimizer else 8
             serial += model.params / (t * p) * per_param * (replicas - 1) / replicas / self.collective_bytes_per_s
-        # The host's time per micro-batch. A training micro-batch's is its layers' (the backward's and the
-        # recompute's launches, FSDP's per-layer hooks where the family was fitted): a GPU runs 1 / p of the layers,
-        # so it counts 1 / p of one. A forward micro-batch's is mostly outside the layers (verl's slicing and packing
-        # of the micro-batch, its log-probs over the vocabulary, its results gathered from the last stage): it
-        # counts whole. The two Megatron logs (tests/sim/data) say so: their forward passes take 82-86 ms a
-        # micro-batch on devices 2.6x apart in peak (~50 ms of it whatever the compute); counted 1 / p the GPG
-        # twin's old_log_prob was predicted 40% fast, counted whole its update 44% slow (docs/simulator.md)
-        return StageLoad(compute, units=units / p if gradients else units, serial_s=serial)
+        # The host's time per micro-batch counts each micro-batch whole, as an FSDP one (verl's loop over them: its
+        # slicing, packing and log-probs on every stage). Tried against counting 1 / p of one (a GPU's share of the
+        # layers) for both passes or for the update alone: whole gives the least leave-one-group-out error over the
+        # seven shared runs (docs/simulator.md, "Megatron training")
+        return StageLoad(compute, units=units, serial_s=serial)
 
     def sync_s(self) -> float:
         return self.base.sync_s()
@@ -469,7 +466,7 @@ class FrameworkCost:
 
 STAGES = tuple(f.name for f in dataclasses.fields(Framework) if f.type in ("StageCost", StageCost))
 STAGE_TERMS = tuple(f.name for f in dataclasses.fields(StageCost))
-SHARED_LAYER = data_dir() / "framework" / "verl-shared.toml"  # fitted across the five shared verl runs
+SHARED_LAYER = data_dir() / "framework" / "verl-shared.toml"  # fitted across the shared verl runs (its header)
 
 
 def read_layer(path: Path) -> dict[str, dict]:
@@ -484,7 +481,7 @@ def read_layer(path: Path) -> dict[str, dict]:
 
 @functools.cache
 def shared_layer() -> dict[str, StageCost]:
-    """The stage terms fitted across the five shared verl runs (``oppo/data/framework/verl-shared.toml``, whose
+    """The stage terms fitted across the shared verl runs (``oppo/data/framework/verl-shared.toml``, whose
     header says which logs and which command)."""
     return {stage: StageCost(**terms) for stage, terms in read_layer(SHARED_LAYER).items() if stage in STAGES}
 

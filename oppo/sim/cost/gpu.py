@@ -46,7 +46,8 @@ class Cluster:
     (:attr:`oppo.catalog.gpus.GPU.nic_bytes_per_s`, e.g. 50 GB/s, one 400 Gb/s NDR card per H100 of a DGX H100).
     Within a node, the GPU's own link. GPUs are numbered from the first node's first GPU and nodes split them at
     multiples of ``gpus_per_node``: GPUs 3 and 4 at 4 per node sit on two nodes. The fit scales whichever link a
-    collective runs on (a stage's ``gather_bandwidth_frac``): the figure here is a prior, not a floor."""
+    collective runs on (a stage's ``gather_bandwidth_frac``, Megatron's ``collective_frac``): the figure here is a
+    prior, not a floor."""
 
     gpus_per_node: int = 8
     inter_node_bytes_per_s: float = 0.0

@@ -16,7 +16,7 @@ models, a fixed time per micro-batch would not); generation has no micro-batch t
 iteration for ``gen`` and a micro-batch for the others; ``per_unit_s`` is the host's time per unit (Python,
 the framework's hooks, kernel launches), which CUDA runs ahead of the GPU: a pass costs the larger of its compute
 and its host time, plus the share ``exposed_host_frac`` of the smaller (1, the default: their sum; the layer
-fitted across the five shared runs keeps 1). A small model's short micro-batches wait on the
+fitted across the shared runs keeps 1). A small model's short micro-batches wait on the
 host, a large model's hide it.
 ``gather_s`` are the parameter gathers of a sharded pass
 (FSDP / ZeRO-3) at the nominal link: FSDP prefetches the next layer's parameters while the current one computes,
@@ -58,7 +58,8 @@ class StageLoad:
     one token each, summed over iterations; ``steps`` per-step charges; ``extra_s`` seconds no term scales;
     ``gather_s`` seconds of the sharded parameters' gathers at the nominal link; ``serial_s`` seconds of the
     collectives on a pass's critical path at the nominal link (Megatron's tensor-parallel all-reduces between a
-    layer's matrix products, its gradients' all-reduce: nothing to overlap them with); the rollout engine's per-step
+    layer's matrix products, its gradients' all-reduce: nothing to overlap them with; priced at
+    ``collective_frac``); the rollout engine's per-step
     costs (:meth:`oppo.sim.cost.framework.FrameworkCost.step_load`): ``reinit_steps`` re-initialisations of its KV
     cache, ``reshard_s`` seconds of the weights' reshard into it at the nominal links and ``reshard_layers`` the
     layers it reshards (its software: each tensor gathered whole and loaded into the engine, a call apiece),
@@ -98,7 +99,8 @@ class StageCost:
     parameters, loaded once a pass or copied in before each gather, > 0); ``gen`` only:
     ``cache_reinit_s`` (seconds per step to re-initialise a freed KV cache), ``reshard_frac`` and ``transfer_frac``
     (achieved shares of the nominal links by the reshard into the engine and by its sleep mode's weight moves,
-    > 0), ``reshard_layer_s`` (the reshard's software, seconds per layer resharded)."""
+    > 0), ``reshard_layer_s`` (the reshard's software, seconds per layer resharded); ``collective_frac``, the
+    achieved share of the nominal links by Megatron's collectives (``serial_s``, > 0)."""
 
     efficiency: float = 1.0
     half_efficiency_tokens: float = 0.0
@@ -117,6 +119,10 @@ class StageCost:
     reshard_layer_s: float = 0.0
     transfer_frac: float = 1.0
     host_link_frac: float = 1.0
+    # Megatron's collectives (serial_s: tensor-parallel all-reduces, pipeline sends, the gradients' reduction) at
+    # this share of their nominal links: a term of its own, not FSDP's gather share (prefetched gathers overlapping
+    # compute and collectives between a layer's matrix products are not one achieved bandwidth)
+    collective_frac: float = 1.0
 
     def __post_init__(self) -> None:
         terms = (
@@ -127,7 +133,7 @@ class StageCost:
             self.cache_reinit_s,
             self.reshard_layer_s,
         )
-        links = (self.reshard_frac, self.transfer_frac, self.host_link_frac)
+        links = (self.reshard_frac, self.transfer_frac, self.host_link_frac, self.collective_frac)
         if self.efficiency <= 0 or min(terms) < 0 or min(links) <= 0:
             raise ValueError("a stage needs efficiency > 0, link shares > 0 and its other terms >= 0")
         if self.gather_bandwidth_frac <= 0 or not 0 <= self.exposed_gather_frac <= 1:
@@ -148,8 +154,8 @@ class StageCost:
             gathers = load.gather_s / self.gather_bandwidth_frac + load.host_copy_s / self.host_link_frac
             busy = np.maximum(busy, gathers) + self.exposed_gather_frac * np.minimum(busy, gathers)
         seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
-        if _any(load.serial_s):  # the same link's achieved share: one fitted factor per stage for its collectives
-            seconds = seconds + load.serial_s / self.gather_bandwidth_frac
+        if _any(load.serial_s):  # Megatron's collectives at their link's achieved share, apart from FSDP's gathers
+            seconds = seconds + load.serial_s / self.collective_frac
         if _any(load.host_s):  # the offloaded parameters, loaded before the pass starts
             seconds = seconds + load.host_s / self.host_link_frac
         moved = _any(load.reshard_s) or _any(load.reshard_layers) or _any(load.transfer_s)

@@ -115,8 +115,13 @@ def logged_memory_bytes(log: TrainingLog) -> float:
 def prior_gpu(peak_flops: float, memory_bytes: float) -> GPU:
     """The catalog GPU whose peak is closest to ``peak_flops`` (by ratio); of equal peaks (H100, H200 and GH200 all
     promise 989 TFLOP/s), the one with the least memory that holds ``memory_bytes`` (a log that reserved 70 GB is
-    priced as the H100, the family's commonest part, not with an H200's bandwidth), else the one with the most. The
-    CPU stand-in of the executor is no candidate."""
+    priced as the H100, the family's commonest part, not with an H200's bandwidth), else the one with the most. A
+    log that reserved nothing it shows (``memory_bytes`` 0) takes the part verl's table entry names first (the A100
+    80GB, the H100), not the least memory of all (an A100 40GB's bandwidth for a log that is silent). The CPU
+    stand-in of the executor is no candidate."""
+    family = verl_family(peak_flops) if memory_bytes <= 0 else ()
+    if family:
+        return GPUS[family[0]]
     gpus = [g for g in GPUS.values() if g.name != "cpu-core"]
 
     def key(g: GPU) -> tuple:

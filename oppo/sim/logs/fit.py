@@ -77,7 +77,7 @@ PROBES = {
     "small_s": StageCost(half_efficiency_tokens=1.0, **SERIAL),
     "units": StageCost(per_unit_s=1.0, **SERIAL),
     "row_tokens": StageCost(per_token_s=1.0, **SERIAL),
-    "gather_s": StageCost(gather_bandwidth_frac=0.5, **SERIAL),
+    "gather_s": StageCost(gather_bandwidth_frac=0.5, collective_frac=0.5, **SERIAL),  # FSDP's or Megatron's
     "host_s": StageCost(host_link_frac=0.5, **SERIAL),
 }
 

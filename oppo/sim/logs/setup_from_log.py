@@ -335,10 +335,10 @@ def _framework(r: _Reader, seq_tokens: float) -> None:
     if strategy not in ("fsdp", "fsdp2", "megatron"):
         raise ValueError(f"{r.config.source}: unknown training strategy {strategy!r}; known: fsdp, fsdp2, megatron")
     r.out.set("framework.base", "roofline", "verl's own layer is fitted on its log (calibrate-log)", "derived")
-    r.take("framework.gradient_checkpointing", f"{ARA}.model.enable_gradient_checkpointing", False, bool)
     if strategy == "megatron":
         _megatron(r, origin)
     else:
+        r.take("framework.gradient_checkpointing", f"{ARA}.model.enable_gradient_checkpointing", False, bool)
         _fsdp(r, origin)
     _micro_batches(r, seq_tokens)
     unstated = []  # the priced engine keys the log does not state (priced at verl's default: an assumption)
@@ -506,6 +506,7 @@ def _megatron(r: _Reader, origin: str) -> None:
     r.take("framework.train_pipeline_parallel", f"{mega}.pipeline_model_parallel_size", 1, int)
     vpp, vpp_origin = r.number(f"{mega}.virtual_pipeline_model_parallel_size", 1)
     r.out.set("framework.virtual_pipeline", vpp or 1, f"{mega}.virtual_pipeline_model_parallel_size", vpp_origin)
+    _megatron_recompute(r)
     r.take("framework.sequence_parallel", f"{mega}.sequence_parallel", True, bool)
     r.take("framework.distributed_optimizer", f"{mega}.use_distributed_optimizer", True, bool)
     r.out.set("framework.packed", True, "verl's Megatron models remove padding inside", "derived")
@@ -515,6 +516,23 @@ def _megatron(r: _Reader, origin: str) -> None:
         "critic": ("critic.megatron.param_offload",),
     }
     r.out.set("framework.offload", _offloaded(r, offload), "*.param_offload", "config")
+
+
+def _megatron_recompute(r: _Reader) -> None:
+    """Whether Megatron recomputes activations: its TransformerConfig's ``recompute_granularity``, which verl sets
+    under ``enable_gradient_checkpointing`` from ``gradient_checkpointing_kwargs.activations_checkpoint_granularity``.
+    A configuration that shows that granularity as None recomputes nothing whatever the flag (the GPG run's Megatron
+    twin: ``enable_gradient_checkpointing=True``, the granularity None, and its workers print
+    ``TransformerConfig(... recompute_granularity=None ...)``); a log that does not show it (a launch command alone)
+    keeps the flag, as the setup's comment says."""
+    flag = f"{ARA}.model.enable_gradient_checkpointing"
+    granularity = f"{ARA}.model.gradient_checkpointing_kwargs.activations_checkpoint_granularity"
+    r.read.add(granularity)
+    enabled, origin = r.get(flag, False)
+    if enabled and r.config.has(granularity) and r.config.get(granularity) is None:
+        r.out.set("framework.gradient_checkpointing", False, f"{flag} with {granularity} None", "config")
+    else:
+        r.out.set("framework.gradient_checkpointing", bool(enabled), flag, origin)
 
 
 def _offloaded(r: _Reader, keys: dict[str, tuple[str, ...]]) -> list[str]:

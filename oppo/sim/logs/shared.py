@@ -49,7 +49,7 @@ def run_group(setup: Setup) -> tuple:
     """Runs that are siblings (one model on one GPU under one framework version, e.g. two response caps of one
     recipe): the model, the GPU, and the rollout engine's declared per-step costs (the framework version's mark)."""
     fw = setup.framework
-    return setup.actor, setup.gpu, fw.kv_cache_reset, fw.weight_reshard
+    return setup.actor, setup.priced_as, fw.kv_cache_reset, fw.weight_reshard
 
 
 def _transferred(run: LoggedRun, others: list[LoggedRun], rule: bool) -> tuple[dict, dict[str, np.ndarray]]:

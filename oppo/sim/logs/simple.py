@@ -32,6 +32,7 @@ def simple_terms(inverse: float, per_unit_s: float = 0.0, fixed_s: float = 0.0) 
         per_unit_s=per_unit_s,
         fixed_s=fixed_s,
         gather_bandwidth_frac=e,
+        collective_frac=e,
         exposed_gather_frac=1.0,
         exposed_host_frac=1.0,
         host_link_frac=e,
