@@ -505,3 +505,17 @@ def test_a_replay_of_the_first_steps_is_the_whole_replay_cut_short(log, setup, c
         cut = slice_load(whole[stage], slice(0, 4))
         for field in LOAD_FIELDS:
             assert np.array_equal(np.broadcast_to(getattr(load, field), (4,)), getattr(cut, field)), (stage, field)
+
+
+def test_a_megatron_runs_weight_push_stays_a_push():
+    """A Megatron trainer's collectives are its passes' serial seconds; the push of its weights to a rollout engine on
+    GPUs of its own is no collective of a pass: its load keeps the link's seconds as a push (fitted as one, its link
+    share free), where it was moved to the collectives and then fitted as a rule reward's CPU time."""
+    from oppo.sim.cost.fit import is_push
+
+    run = load_run_log(DATA / "verl_qwen2_7b_gpg.log.gz")
+    setup = split_rollout(megatron(resolve_gpu(load_setup("verl-qwen2-7b-gpg-8gpu"), run)))
+    loads = replay(setup, list(run.steps)[:3]).loads
+    push = loads["weight_sync"]
+    assert np.all(np.asarray(push.gather_s) > 0) and not np.any(push.serial_s) and is_push(push)
+    assert np.all(np.asarray(loads["update_actor"].serial_s) > 0)

@@ -311,14 +311,20 @@ def test_a_mini_batch_larger_than_the_batch_is_one_mini_batch_as_verl_of_early_2
     assert setup_from_log(DATA / "verl_qwen2_7b_gpg.log.gz").setup().minibatches == 4  # 1024 / 256
 
 
-def test_megatron_recomputes_activations_only_where_the_configuration_names_a_granularity():
-    """verl sets Megatron's recompute_granularity from gradient_checkpointing_kwargs under
-    enable_gradient_checkpointing: the GPG twin's printed configuration gives the flag True and the granularity None
-    (its workers print TransformerConfig(recompute_granularity=None)), so no recompute is priced; the 16-GPU
-    excerpt's launch command alone gives the flag and nothing else: the flag stands (its setup says so)."""
+def test_megatron_recomputes_activations_only_where_the_configuration_names_a_granularity(tmp_path):
+    """verl sets Megatron's recompute_granularity from override_transformer_config, or under
+    enable_gradient_checkpointing from gradient_checkpointing_kwargs (default null): the flag alone recomputes
+    nothing. The GPG twin's printed configuration gives the flag True and the granularity None (its workers print
+    TransformerConfig(recompute_granularity=None)); the 16-GPU excerpt's launch command gives the flag alone (verl's
+    default: none); a granularity "full" in the override recomputes."""
     twin = setup_from_log(DATA / "verl_qwen2_7b_gpg_megatron.log.gz")
     assert twin.setup().framework.gradient_checkpointing is False
     used = next(u for u in twin.used if u.key == "framework.gradient_checkpointing")
-    assert "activations_checkpoint_granularity None" in used.verl and used.origin == "config"
+    assert "activations_checkpoint_granularity" in used.verl and used.origin == "config"
     excerpt = setup_from_log(DATA / "verl_qwen2_7b_grpo_megatron_excerpt.log.gz")
-    assert excerpt.setup().framework.gradient_checkpointing is True
+    assert excerpt.setup().framework.gradient_checkpointing is False
+    text = gzip.open(DATA / "verl_qwen2_7b_grpo_megatron_excerpt.log.gz", "rt").read()
+    full = "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full"
+    log = tmp_path / "full.log"
+    log.write_text(text.replace("trainer.total_epochs=15", f"trainer.total_epochs=15 +{full}", 1))
+    assert setup_from_log(log).setup().framework.gradient_checkpointing is True

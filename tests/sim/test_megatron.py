@@ -116,21 +116,24 @@ def three_layouts(truth) -> list:
 
 def test_the_megatron_terms_are_recovered_from_runs_of_three_layouts():
     """Three runs synthesised from the same terms under TP 2, TP 4 x PP 2 and TP 8 layouts (their collectives weigh
-    differently against their compute), the collectives at their datasheet link: one layer fitted across them
-    recovers every term to 1%."""
+    differently against their compute), the collectives at their datasheet link (the share's prior: where they are
+    not, the next test): one layer fitted across them recovers the efficiencies and the host's time per micro-batch
+    to 1%."""
     layer = fit_layer(three_layouts(TRUTH))
     for stage, truth in TRUTH.items():
         if stage == "gen":
             continue
-        for term in ("efficiency", "per_unit_s", "collective_frac"):
+        for term in ("efficiency", "per_unit_s"):
             assert getattr(layer[stage], term) == pytest.approx(getattr(truth, term), rel=0.01), (stage, term)
 
 
 def test_the_collectives_link_share_stays_behind_its_prior_and_the_runs_are_still_predicted():
-    """The collectives' link share is held by its prior (the datasheet, PRIOR_WEIGHT either way: the two real
-    Megatron logs cannot carry one; free, they put it at the box's bound, docs/simulator.md). Runs whose collectives
-    ran at 30% of the link give it back at 0.8-0.9, the host's time per micro-batch taking the rest: a bias the
-    prior costs, which the runs' own stages show at under 10% (the TP 8 run's, whose collectives weigh most)."""
+    """The collectives' link share is fitted behind its prior (the datasheet, PRIOR_WEIGHT either way per step of a
+    Megatron run: the two real Megatron logs cannot carry a free one; free, they put it at the box's bound,
+    docs/simulator.md). Three layouts cannot tell it from the host's time per micro-batch well enough to move it
+    far: runs whose collectives ran at 30% of the link give it back at 0.83-0.89 (+69% and +33% on the host's time),
+    a bias the prior costs, which the runs' own stages show at under 10% (the TP 8 run's, whose collectives weigh
+    most)."""
     truth = {k: dataclasses.replace(v, collective_frac=0.3) if k != "gen" else v for k, v in TRUTH.items()}
     runs = three_layouts(truth)
     layer = fit_layer(runs)
@@ -241,12 +244,12 @@ SHARED = Path(__file__).resolve().parents[2] / "oppo" / "data" / "framework" / "
 @pytest.mark.parametrize(
     ("log", "setup", "step_bound", "forward_bound"),
     [
-        # the GPG job's Megatron twin (TP 2 x PP 2, 8 GPUs): 6.4% a step, its forward passes 10.8% (before the pricing
-        # its log led to, on the five-run layer: 19.3%, its forward passes 39% fast)
-        ("verl_qwen2_7b_gpg_megatron.log.gz", "verl-qwen2-7b-gpg-megatron-8gpu", 0.10, 0.15),
-        # the TP 4 x PP 2 x VPP 2 excerpt on 16 GPUs read back as verl's L20 figure: the layer cannot fit it (41% a
-        # step: its generation priced at the L20's 864 GB/s runs 1.7x slower than it ran; 55% before)
-        ("verl_qwen2_7b_grpo_megatron_excerpt.log.gz", "verl-qwen2-7b-grpo-megatron-16gpu", 0.45, 0.35),
+        # the GPG job's Megatron twin (TP 2 x PP 2, 8 GPUs), within the fit it joined (before the pricing its log led
+        # to, on the five-run layer: 19.3% a step, its forward passes 39% fast)
+        ("verl_qwen2_7b_gpg_megatron.log.gz", "verl-qwen2-7b-gpg-megatron-8gpu", 0.10, 0.15),  # 6.9%, 11.3%
+        # the TP 4 x PP 2 x VPP 2 excerpt on 16 GPUs read back as verl's L20 figure: the layer fits it worst (its
+        # generation priced at the L20's 864 GB/s runs 1.7x slower than it ran; 55% a step before)
+        ("verl_qwen2_7b_grpo_megatron_excerpt.log.gz", "verl-qwen2-7b-grpo-megatron-16gpu", 0.35, 0.20),  # 27%, 14%
     ],
 )
 def test_the_shared_layer_predicts_the_megatron_runs_it_was_fitted_on(tmp_path, log, setup, step_bound, forward_bound):

@@ -37,8 +37,9 @@ LINK_PRIOR_WEIGHT = 0.01
 # Collectives whose seconds per step are, to within this share (relative residual of their column regressed on the
 # others'), a combination of the other terms' columns cannot be told from them: one run's tensor-parallel
 # all-reduces grow with its tokens as its compute does and its gradients' all-reduce is as constant as its
-# micro-batch count (residuals 0-2e-5 on the Megatron log and a synthesised run); their link share then stays at the
-# nominal figure (a prior of PRIOR_WEIGHT). Runs of three layouts leave 6-10%, and fit it free
+# micro-batch count (residuals 0-2e-5 on the Megatron log and a synthesised run). Runs of three layouts leave 6-10%.
+# The share is fitted behind its prior either way (PRIOR_WEIGHT per step of the runs that have collectives); this
+# names it among a layer's fitted terms only where the steps could move it
 IDENTIFIED_RESIDUAL = 0.01
 # Weight of the host share's pull to 1 (its sum with compute), per step: a tie-breaker on the ridge where no run's
 # passes wait on the host, far under the steps' errors where one does (0.1 held a synthesised share of 0.2 at 1)
@@ -138,8 +139,8 @@ def fit_stage(
         [load.roofline_s, load.small_s]
         + ([load.units] if per_unit else [])
         + ([load.host_s] if loaded else [])
-        # Megatron's collectives at 1 / share = 1 + slower - faster: slower than the datasheet link costs nothing,
-        # faster pays PRIOR_WEIGHT (the nominal seconds move to the target)
+        # Megatron's collectives at 1 / share = 1 + slower - faster, each pulled to 0 (the nominal seconds move to
+        # the target)
         + ([load.serial_s, -np.asarray(load.serial_s)] if collectives else [])
     )
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
@@ -150,12 +151,13 @@ def fit_stage(
     # the host link's share: constant per step as the micro-batch count, so within a run it cannot be told from
     # the micro-batch term: held at its prior unless the steps insist (a load faster than the nominal link)
     anchored = [2 + per_unit] if loaded else []
-    # Megatron's collectives held at the datasheet link, either way (PRIOR_WEIGHT): two real logs cannot carry a
-    # share of their own (free, the 16-GPU excerpt put it at the box's bound, collectives for nothing; slower free,
-    # the twin's few seconds of them took its unexplained forward time and priced the excerpt's 185% slow)
-    faster = [x.shape[1] - 2, x.shape[1] - 1] if collectives else []
+    # Megatron's collectives behind the datasheet link's prior, either way (PRIOR_WEIGHT per step of its runs): two
+    # real logs cannot carry a free share (free, the 16-GPU excerpt put it at the box's bound, collectives for
+    # nothing; slower free, the twin's few seconds of them took its unexplained forward time and priced the
+    # excerpt's 185% slow)
+    either_way = [x.shape[1] - 2, x.shape[1] - 1] if collectives else []
     target = (measured - serial) / measured
-    inverse, *rest = roofline_lstsq(x, target, anchored, fastest=fastest, penalised=faster)
+    inverse, *rest = roofline_lstsq(x, target, anchored, fastest=fastest, penalised=either_way)
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
     link = {"collective_frac": _share(1.0 + rest[-2] - rest[-1])} if collectives else {}
     host = {"host_link_frac": _share(rest[1 + per_unit])} if loaded else {}
@@ -230,7 +232,8 @@ def roofline_lstsq(
     both >= 0, the prior on ``down``. ``anchored``: columns of ``x`` whose coefficients are pulled to 1 with
     ``anchor_weight`` per step (seconds at a nominal link: 1 / its achieved share, where the steps cannot tell it
     from the efficiency or the micro-batch term); ``penalised``: columns whose coefficients are pulled to 0 with
-    ``PRIOR_WEIGHT`` per step (a link faster than its datasheet: the data move it there only where they insist)."""
+    ``PRIOR_WEIGHT`` per step that has them (nonzero: a family's other runs' rows neither add to the prior nor take
+    from it)."""
     n, others = len(target), x[:, 1:]
     roofline = x[:, :1]
     augmented = np.hstack([roofline, -roofline, others])
@@ -240,7 +243,7 @@ def roofline_lstsq(
     for row, column in enumerate(anchored, start=1):
         priors[row, column + 1] = anchor  # x's column c is the augmented one's c + 1
     for row, column in enumerate(penalised, start=1 + len(anchored)):
-        priors[row, column + 1] = weight
+        priors[row, column + 1] = PRIOR_WEIGHT * np.sqrt(np.count_nonzero(x[:, column]))
     rhs = np.append(target - fastest * roofline[:, 0], [0.0] + [anchor] * len(anchored) + [0.0] * len(penalised))
     up, down, *rest = nonnegative_lstsq(np.vstack([augmented, priors]), rhs)
     return np.array([max(fastest + up - down, MIN_INVERSE), *rest])
@@ -332,12 +335,12 @@ def terms_fitted(
     gathers = ["gather_bandwidth_frac"] * gathered + ["exposed_gather_frac"] * (gathered or copied)
     shape = np.shape(load.roofline_s)
     host = ["per_unit_s", "exposed_host_frac"] if per_unit and units_identified(load, measured) else []
-    if has_collectives(load, shape) and not np.any(load.gather_s):
-        host = host[:1]  # Megatron's: added to compute (the linear fit)
+    if has_collectives(load, shape):  # a family with Megatron's rows (alone or beside FSDP's), as fit_stage does
+        host = host[:1]  # the host's time added to compute (the linear fit), its overlap not fitted
         loaded = [load.host_s] if np.any(load.host_s) else []
         columns = [load.roofline_s, load.small_s, *([load.units] if per_unit else []), *loaded, load.serial_s]
         if _identified(np.stack([np.broadcast_to(c, shape) for c in columns], axis=1)):
-            gathers = ["collective_frac"]  # Megatron's collectives, where the steps tell them apart
+            gathers = [*gathers, "collective_frac"]  # Megatron's collectives, where the steps could move the share
     host_link = ["host_link_frac"] if np.any(load.host_s) or copied else []
     return ["efficiency", "half_efficiency_tokens", *host, *gathers, *host_link]
 

@@ -125,7 +125,9 @@ def replay(setup: Setup, steps: list[LoggedStep]) -> Replay:
         terms = {term: _rounded_off(added[term][stage] - bare[stage], added[term][stage]) for term in PROBES}
         extra_s = _rounded_off(bare[stage] - terms["roofline_s"] - terms["gather_s"] - terms["host_s"], bare[stage])
         terms["serial_s"] = np.zeros_like(terms["gather_s"])
-        if setup.framework.train_backend == "megatron":  # its collectives (one link probe) are serial, no gathers
+        # Megatron's passes' collectives (one link probe) are serial, no gathers; the push to a rollout engine on
+        # GPUs of its own stays a push (its link share fitted as the push's)
+        if setup.framework.train_backend == "megatron" and stage != "weight_sync":
             terms["serial_s"], terms["gather_s"] = terms["gather_s"], terms["serial_s"]
         terms["host_copy_s"] = np.zeros_like(terms["host_s"])
         if stage in copied:  # the host link's seconds (one probe) are the shards' copies before each gather

@@ -519,20 +519,26 @@ def _megatron(r: _Reader, origin: str) -> None:
 
 
 def _megatron_recompute(r: _Reader) -> None:
-    """Whether Megatron recomputes activations: its TransformerConfig's ``recompute_granularity``, which verl sets
-    under ``enable_gradient_checkpointing`` from ``gradient_checkpointing_kwargs.activations_checkpoint_granularity``.
-    A configuration that shows that granularity as None recomputes nothing whatever the flag (the GPG run's Megatron
-    twin: ``enable_gradient_checkpointing=True``, the granularity None, and its workers print
-    ``TransformerConfig(... recompute_granularity=None ...)``); a log that does not show it (a launch command alone)
-    keeps the flag, as the setup's comment says."""
+    """Whether Megatron recomputes each layer's activations in full: its TransformerConfig's ``recompute_granularity``
+    "full". verl sets it from ``actor.megatron.override_transformer_config.recompute_granularity`` (from 2025-07-22)
+    or, under ``enable_gradient_checkpointing``, from ``model.gradient_checkpointing_kwargs
+    .activations_checkpoint_granularity``, whose default in ``ppo_megatron_trainer.yaml`` is null (from 2025-04-06;
+    before, the Megatron workers ignored the flag): the flag alone recomputes nothing. The GPG run's Megatron twin
+    shows it: the flag True, the granularity None, and its workers print ``TransformerConfig(...
+    recompute_granularity=None ...)``. "selective" recomputes the core attention alone, a few percent of a layer's
+    FLOPs: priced as none. A log that shows no granularity (a launch command alone) takes verl's default, none."""
+    override = f"{ARA}.actor.megatron.override_transformer_config.recompute_granularity"
+    kwargs = f"{ARA}.model.gradient_checkpointing_kwargs.activations_checkpoint_granularity"
     flag = f"{ARA}.model.enable_gradient_checkpointing"
-    granularity = f"{ARA}.model.gradient_checkpointing_kwargs.activations_checkpoint_granularity"
-    r.read.add(granularity)
-    enabled, origin = r.get(flag, False)
-    if enabled and r.config.has(granularity) and r.config.get(granularity) is None:
-        r.out.set("framework.gradient_checkpointing", False, f"{flag} with {granularity} None", "config")
+    r.read.update((override, kwargs, flag))
+    enabled = bool(r.config.get(flag, False))
+    if r.config.get(override, None) is not None:
+        granularity, verl, origin = r.config.get(override), override, r.config.origin[override]
+    elif enabled and r.config.has(kwargs):
+        granularity, verl, origin = r.config.get(kwargs), f"{flag} with {kwargs}", r.config.origin[kwargs]
     else:
-        r.out.set("framework.gradient_checkpointing", bool(enabled), flag, origin)
+        granularity, verl, origin = None, f"{kwargs} (verl's default, null: nothing recomputed)", "verl default"
+    r.out.set("framework.gradient_checkpointing", granularity == "full", verl, origin)
 
 
 def _offloaded(r: _Reader, keys: dict[str, tuple[str, ...]]) -> list[str]:

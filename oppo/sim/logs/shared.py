@@ -46,8 +46,10 @@ def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, 
 
 
 def run_group(setup: Setup) -> tuple:
-    """Runs that are siblings (one model on one GPU under one framework version, e.g. two response caps of one
-    recipe): the model, the GPU, and the rollout engine's declared per-step costs (the framework version's mark)."""
+    """Runs that are siblings (one model on one device under one framework version, e.g. two response caps of one
+    recipe, or one job under FSDP and under Megatron on one box): the model, the device the run is priced as (its
+    read-back name carries the peak it read, 307 or 311 TFLOP/s for one A100 box), and the rollout engine's declared
+    per-step costs (the framework version's mark)."""
     fw = setup.framework
     return setup.actor, setup.priced_as, fw.kv_cache_reset, fw.weight_reshard
 

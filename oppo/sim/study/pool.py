@@ -134,6 +134,12 @@ def _on_processes(fn, items, workers: int, progress: Callable[[], None], done: C
             process.join(timeout=5)
             if process.is_alive():  # deaf to SIGTERM: the manager thread must not wait on it at exit
                 process.kill()
+        # the pool's thread closes its wake-up pipe as it ends; the interpreter's exit hook writes to that pipe
+        # unlocked (CPython 3.11), and a close between its check and its write printed an EBADF traceback after the
+        # one-line message: let the thread end first (bounded: the workers are gone, it has nothing to wait on)
+        manager = executor._executor_manager_thread
+        if manager is not None:
+            manager.join(timeout=5)
         raise
     executor.shutdown()
     return results  # a worker that dies mid-task (killed, out of memory) raises BrokenProcessPool: no hang
