@@ -162,8 +162,8 @@ def fit_stage(
     link = {"collective_frac": _share(1.0 + rest[-2] - rest[-1])} if collectives else {}
     host = {"host_link_frac": _share(rest[1 + per_unit])} if loaded else {}
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link, **host)
-    # Megatron's collectives keep the linear fit (their link's share anchored where the steps cannot tell it): its
-    # host time adds to compute there
+    # Megatron's collectives keep the linear fit (their link's share behind its prior): its host time adds to compute
+    # there
     hidden = per_unit and host_overlap and not collectives  # the host's time may hide behind compute
     prefetched = np.any(load.gather_s) or np.any(load.host_copy_s)  # gathers (and copies) overlapping compute
     return _fit_overlapped(linear, load, measured, per_unit, hidden, fastest) if prefetched or hidden else linear
