@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from oppo.sim.cost.engine import MODELS
-from oppo.sim.cost.framework import FSDP_TRAINERS
+from oppo.sim.logs import verl_backends
 from oppo.sim.logs.read import TrainingLog, load_run_log
 from oppo.sim.logs.verl_config import ARA, REQUIRE_BATCHES, VerlConfig, fully_async, read_verl_config
 from oppo.sim.setup.presets import UNKNOWN_GPU, Setup
@@ -45,11 +45,6 @@ VLLM_V1_FROM = "2025-01-27"
 # verl PR #2956 (opened 2025-08-07, "enable vllm cuda graph in default"): rollout.enforce_eager defaults to False since;
 # an unstated enforce_eager of a log dated from then is priced with CUDA graphs (an assumption: engine_unstated)
 CUDA_GRAPHS_FROM = "2025-08-07"
-MEGATRON_TP1_FROM = "2025-04-13"  # ppo_megatron_trainer.yaml's tensor_model_parallel_size default: 4, then 1
-# verl PR #121: the reference's FSDP module always takes CPUOffload(offload_params=True) (before: param_offload
-# loaded it once a pass); every unshard, at every forward micro-batch, copies its shard from the host
-REFERENCE_CPU_OFFLOAD_FROM = "2025-01-24"
-FP32_NAMES = ("fp32", "float32", "torch.float32", "32")  # a mixed precision dtype of 4 bytes (the others: bf16, fp16)
 LENGTH_SIGMA = 0.6  # [assumed] lognormal spread of the responses; the log gives only each step's mean, min and max
 # configuration keys that could cost time and have no counterpart in the model, and why (a key ending with the
 # pattern, where its value is not the harmless one)
@@ -336,10 +331,10 @@ def _framework(r: _Reader, seq_tokens: float) -> None:
         raise ValueError(f"{r.config.source}: unknown training strategy {strategy!r}; known: fsdp, fsdp2, megatron")
     r.out.set("framework.base", "roofline", "verl's own layer is fitted on its log (calibrate-log)", "derived")
     if strategy == "megatron":
-        _megatron(r, origin)
+        verl_backends.megatron(r, origin)
     else:
         r.take("framework.gradient_checkpointing", f"{ARA}.model.enable_gradient_checkpointing", False, bool)
-        _fsdp(r, origin)
+        verl_backends.fsdp(r, origin)
     _micro_batches(r, seq_tokens)
     unstated = []  # the priced engine keys the log does not state (priced at verl's default: an assumption)
     eager = not (r.config.date and r.config.date >= CUDA_GRAPHS_FROM)  # verl's default then (undated: eager)
@@ -457,96 +452,6 @@ def _micro(r: _Reader, role: str, kind: str, ranks: int, seq_tokens: float) -> t
 def _mean_sequence_tokens(log: TrainingLog) -> float:
     prompts = [s.prompt_mean for s in log.steps if s.prompt_mean is not None]
     return float(np.median(prompts) if prompts else 0.0) + float(np.median([s.response_mean for s in log.steps]))
-
-
-def _fsdp(r: _Reader, origin: str) -> None:
-    if not r.take("framework.packed", f"{ARA}.model.use_remove_padding", False, bool):
-        prompt, prompt_origin = r.number("data.max_prompt_length", 512)
-        pad = prompt + r.out.tables[""]["max_new_tokens"]  # the dataset pads prompts, the rollout responses
-        r.out.set("framework.pad_to_tokens", pad, "data.max_prompt_length + data.max_response_length", prompt_origin)
-    r.out.set("framework.sharded", True, f"{ARA}.actor.strategy", origin)
-    reduce = f"{ARA}.actor.fsdp_config.mixed_precision.reduce_dtype"
-    r.take(
-        "framework.reduce_bytes_per_param", reduce, "fp32", lambda dtype: 4 if str(dtype).lower() in FP32_NAMES else 2
-    )
-    offload = {
-        "actor": (f"{ARA}.actor.fsdp_config.param_offload",),
-        "reference": (f"{ARA}.ref.fsdp_config.param_offload",),
-        "critic": ("critic.model.fsdp_config.param_offload",),
-    }
-    roles = _offloaded(r, offload)
-    r.out.set("framework.offload", roles, "*.fsdp_config.param_offload", "config")
-    optimizers = {
-        role: tuple(k.replace("param_offload", "optimizer_offload") for k in offload[role]) for role in FSDP_TRAINERS
-    }
-    r.out.set("framework.optimizer_offload", _offloaded(r, optimizers), "*.fsdp_config.optimizer_offload", "config")
-    # FSDP's CPU offload (every unshard copies the shard in): verl's reward model with its param_offload at any
-    # date, and from PR #121 (2025-01-24) the reference and the reward model whatever their flags say
-    dated = r.config.date or "9999"
-    recent = dated >= REFERENCE_CPU_OFFLOAD_FROM
-    setup = r.out.tables[""]
-    copies = ["reference"] if setup["reference"] and recent else []
-    if setup.get("reward", "rule") != "rule" and (recent or r.get("reward_model.model.fsdp_config.param_offload")[0]):
-        copies.append("reward")
-    if copies:
-        why = f"FSDP CPUOffload, forced by verl from {REFERENCE_CPU_OFFLOAD_FROM} (the reward model's: or its flag)"
-        origin = f"log dated {r.config.date or 'nowhere (taken as recent)'}"
-        r.out.set("framework.offload_each_micro_batch", copies, why, origin)
-        r.out.set("framework.offload", [*dict.fromkeys([*roles, *copies])], why, origin)
-
-
-def _megatron(r: _Reader, origin: str) -> None:
-    """verl's Megatron workers (``ppo_megatron_trainer.yaml``; the reference runs the actor's layout): its models
-    remove the padding inside (verl's ``...RmPadPP`` models), sequence parallelism and the distributed optimizer
-    are on by default."""
-    mega = f"{ARA}.actor.megatron"
-    r.out.set("framework.train_backend", "megatron", f"{ARA}.actor.strategy", origin)
-    tp_default = 4 if (r.config.date or "9999") < MEGATRON_TP1_FROM else 1  # ppo_megatron_trainer.yaml's default
-    r.take("framework.train_tensor_parallel", f"{mega}.tensor_model_parallel_size", tp_default, int)
-    r.take("framework.train_pipeline_parallel", f"{mega}.pipeline_model_parallel_size", 1, int)
-    vpp, vpp_origin = r.number(f"{mega}.virtual_pipeline_model_parallel_size", 1)
-    r.out.set("framework.virtual_pipeline", vpp or 1, f"{mega}.virtual_pipeline_model_parallel_size", vpp_origin)
-    _megatron_recompute(r)
-    r.take("framework.sequence_parallel", f"{mega}.sequence_parallel", True, bool)
-    r.take("framework.distributed_optimizer", f"{mega}.use_distributed_optimizer", True, bool)
-    r.out.set("framework.packed", True, "verl's Megatron models remove padding inside", "derived")
-    offload = {
-        "actor": (f"{ARA}.actor.megatron.param_offload",),
-        "reference": (f"{ARA}.ref.megatron.param_offload", f"{ARA}.ref.param_offload"),  # the latter: verl of 2025-03
-        "critic": ("critic.megatron.param_offload",),
-    }
-    r.out.set("framework.offload", _offloaded(r, offload), "*.param_offload", "config")
-
-
-def _megatron_recompute(r: _Reader) -> None:
-    """Whether Megatron recomputes each layer's activations in full: its TransformerConfig's ``recompute_granularity``
-    "full". verl sets it from ``actor.megatron.override_transformer_config.recompute_granularity`` (from 2025-07-22)
-    or, under ``enable_gradient_checkpointing``, from ``model.gradient_checkpointing_kwargs
-    .activations_checkpoint_granularity``, whose default in ``ppo_megatron_trainer.yaml`` is null (from 2025-04-06;
-    before, the Megatron workers ignored the flag): the flag alone recomputes nothing. The GPG run's Megatron twin
-    shows it: the flag True, the granularity None, and its workers print ``TransformerConfig(...
-    recompute_granularity=None ...)``. "selective" recomputes the core attention alone, a few percent of a layer's
-    FLOPs: priced as none. A log that shows no granularity (a launch command alone) takes verl's default, none."""
-    override = f"{ARA}.actor.megatron.override_transformer_config.recompute_granularity"
-    kwargs = f"{ARA}.model.gradient_checkpointing_kwargs.activations_checkpoint_granularity"
-    flag = f"{ARA}.model.enable_gradient_checkpointing"
-    r.read.update((override, kwargs, flag))
-    enabled = bool(r.config.get(flag, False))
-    if r.config.get(override, None) is not None:
-        granularity, verl, origin = r.config.get(override), override, r.config.origin[override]
-    elif enabled and r.config.has(kwargs):
-        granularity, verl, origin = r.config.get(kwargs), f"{flag} with {kwargs}", r.config.origin[kwargs]
-    else:
-        granularity, verl, origin = None, f"{kwargs} (verl's default, null: nothing recomputed)", "verl default"
-    r.out.set("framework.gradient_checkpointing", granularity == "full", verl, origin)
-
-
-def _offloaded(r: _Reader, keys: dict[str, tuple[str, ...]]) -> list[str]:
-    """Roles that run and whose parameters the backend keeps on the host (``keys``: role -> its ``param_offload``
-    keys, any of which set)."""
-    setup = r.out.tables[""]
-    runs = {"actor": True, "reference": setup["reference"], "critic": setup["critic"]}
-    return [role for role, names in keys.items() if runs[role] and any(r.get(k, False)[0] for k in names)]
 
 
 def _lengths(out: LogSetup, log: TrainingLog) -> None:
