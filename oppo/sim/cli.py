@@ -31,7 +31,8 @@ from oppo.records.optrace import cycle_collector_paused
 from oppo.records.stored_config import check_sources, config_from_dict, load_stored_config, with_provenance
 from oppo.records.tracking import add_tracking_args, track_run, trackers_from
 from oppo.sim.logs.cli import LOG_COMMANDS, add_log_commands
-from oppo.sim.logs.trust import extrapolations, interval, trust_note
+from oppo.sim.logs.interval import interval, trust_note
+from oppo.sim.logs.trust import extrapolations
 from oppo.sim.model.async_pipeline import AsyncConfig
 from oppo.sim.model.trainer import SimConfig
 from oppo.sim.setup.presets import PRESETS, Setup

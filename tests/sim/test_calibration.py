@@ -11,7 +11,8 @@ import pytest
 
 from oppo.sim.cost.framework import Framework
 from oppo.sim.cost.stage import StageCost
-from oppo.sim.logs.trust import calibration, extrapolations, interval, trust_note, weighted_quantile
+from oppo.sim.logs.interval import interval, trust_note
+from oppo.sim.logs.trust import calibration, extrapolations, weighted_quantile
 from oppo.sim.setup.toml_file import load_setup
 from tests import invoke
 from tests.sim.test_logfit import SHARED_RUNS

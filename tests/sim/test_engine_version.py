@@ -13,8 +13,9 @@ import pytest
 from oppo.catalog.gpus import GPUS
 from oppo.sim.cost.engine import ENGINES, MODELS, RooflineCost
 from oppo.sim.cost.gpu import Efficiency
+from oppo.sim.logs.interval import interval, trust_note
 from oppo.sim.logs.setup_from_log import setup_from_log
-from oppo.sim.logs.trust import calibration, engine_record, interval, trust_note
+from oppo.sim.logs.trust import calibration, engine_record
 from oppo.sim.setup.toml_file import load_setup
 
 DATA = Path(__file__).with_name("data")

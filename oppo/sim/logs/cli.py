@@ -16,8 +16,9 @@ import numpy as np
 
 from oppo.cli import format_table
 from oppo.records.io import atomic_write_text, write_json
+from oppo.sim.logs.interval import interval, interval_record, trust_note
 from oppo.sim.logs.read import load_run_log
-from oppo.sim.logs.trust import calibration, held_out_inside, interval, interval_record, trust_note
+from oppo.sim.logs.trust import calibration, held_out_inside
 from oppo.sim.setup.presets import Setup
 from oppo.sim.setup.toml_file import load_setup, setup_toml
 
