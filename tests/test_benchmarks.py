@@ -330,3 +330,14 @@ def test_simple_vs_full(tmp_path):
     for run in ("verl-qwen2.5-0.5b-gsm8k", "verl-qwen2.5-0.5b-gsm8k-cap256", "verl-gemma-2-2b-gsm8k"):
         assert any(line.startswith(run) and " step " in f"{line} " for line in lines), run
     assert any(line.startswith("training") for line in lines) and any(line.startswith("gen") for line in lines)
+
+
+def test_term_ablation(tmp_path):
+    """The term-by-term ablation at its smallest size: the three small runs' first 8 steps, two terms pinned in
+    turn; a row per term with its verdict."""
+    args = ("--runs", "small", "--max-steps", "8", "--terms", "forward.per_unit_s", "gen.cache_reinit_s")
+    res = bench("term_ablation", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split() for line in res.stdout.splitlines()[1:]]
+    assert [row[:2] for row in rows] == [["forward", "per_unit_s"], ["gen", "cache_reinit_s"]]
+    assert all(row[-1] in ("kept", "folded", "undecided") for row in rows)

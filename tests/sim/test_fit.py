@@ -102,3 +102,15 @@ def test_a_nominal_reshard_longer_than_a_step_pays_once_has_its_share_fitted():
     cost = fit_stage(load, roofline / 0.5 + 1.0, gen=True)
     assert cost.cache_reinit_s == 0.0
     assert cost.reshard_frac == pytest.approx(5.0, rel=0.05)
+
+
+def test_a_pinned_term_stays_at_its_default_and_the_rest_refit():
+    """An ablation's pin: the forward passes' host time per micro-batch held at 0, the efficiency takes its
+    seconds; unpinned, the same rows fit it (the fit's two terms told apart by two micro-batch counts)."""
+    roofline, units = np.array([10.0, 20.0, 10.0, 20.0]), np.array([4.0, 4.0, 16.0, 16.0])
+    load = StageLoad(roofline_s=roofline, units=units)
+    measured = roofline / 0.5 + 0.2 * units
+    free = fit_stage(load, measured, gen=False, per_unit=True, host_overlap=False)
+    pinned = fit_stage(load, measured, gen=False, per_unit=True, host_overlap=False, pinned=frozenset({"per_unit_s"}))
+    assert free.per_unit_s == pytest.approx(0.2, rel=1e-3) and free.efficiency == pytest.approx(0.5, rel=1e-3)
+    assert pinned.per_unit_s == 0.0 and 0.4 < pinned.efficiency < 0.49  # 0.5 less the host time it absorbs

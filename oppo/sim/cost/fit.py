@@ -61,6 +61,17 @@ PER_STEP_NAMED = ("steps", "reinit_steps", "transfer_s")  # the per-step loads t
 # 83-87% too slow) and 60 ms on update_critic
 TRAINING_STAGES = ("update_actor", "update_critic")
 SHARED_TERMS = (("ref", "values", "old_log_prob"), TRAINING_STAGES)
+KIND_NAMES = ("forward", "training")  # SHARED_TERMS's families by name ("gen" and a lone stage are their own)
+# Terms held at their StageCost defaults (0, or a link at its nominal share) instead of fitted, as (kind, term):
+# an ablation pins one (benchmarks/term_ablation.py); the layer fits every other term as it would
+Pinned = frozenset[tuple[str, str]]
+
+
+def kind_of(parts: tuple[str, ...]) -> str:
+    """The kind of pass a problem's stages are, for :data:`Pinned`: "gen", a family of :data:`SHARED_TERMS` by its
+    :data:`KIND_NAMES` name, else its stages joined by "+"."""
+    named = (name for name, family in zip(KIND_NAMES, SHARED_TERMS, strict=True) if set(parts) <= set(family))
+    return next(named, "+".join(parts))
 
 
 def shared_terms(parts: tuple[str, ...]) -> tuple[str, ...]:
@@ -95,6 +106,7 @@ def fit_stage(
     reshard: TimedReshard | None = None,
     host_overlap: bool = True,
     fastest: float = 1.0,
+    pinned: frozenset[str] = frozenset(),
 ) -> StageCost:
     """Fit one stage's terms to its ``measured`` seconds per step, given its ``load`` per step, so that
     :meth:`StageCost.seconds` of the load matches them (every term >= 0, least relative error; the efficiency is
@@ -111,6 +123,7 @@ def fit_stage(
       parameters, also the achieved share of the link and the share of the overlap left exposed;
     - ``gen``: measured - extra ≈ i·roofline + per_token·row_tokens + the per-step terms
       (:func:`_fit_generation`; ``reshard``: the reshard's terms, where a log times it apart).
+    ``pinned``: terms held at their defaults, the rest fitted as they would be (an ablation's).
     A rule reward timed at 0 s on some steps (under the log's resolution) is fitted on totals: its seconds over its
     sequences, unbiased by that rounding, where dropping the zeros would keep only the steps rounded up. A step of
     a GPU stage timed at 0 s has no relative error to weigh: left out."""
@@ -131,23 +144,26 @@ def fit_stage(
         load = StageLoad(**{f: np.broadcast_to(getattr(load, f), shape)[timed] for f in LOAD_FIELDS})
         measured = measured[timed]
     if gen:
-        return _fit_generation(load, measured, reshard)
+        return _fit_generation(load, measured, reshard, pinned)
     collectives = has_collectives(load, measured.shape)  # Megatron's: their link's share, a column of its own
-    per_unit = per_unit and units_identified(load, measured)
-    loaded = bool(np.any(load.host_s))  # an offloaded role's copies around a call: the host link's share
+    shared = collectives and "collective_frac" not in pinned
+    per_unit = per_unit and "per_unit_s" not in pinned and units_identified(load, measured)
+    copied = bool(np.any(load.host_s))  # an offloaded role's copies around a call: the host link's share
+    loaded = copied and "host_link_frac" not in pinned
+    small = np.zeros_like(measured) if "half_efficiency_tokens" in pinned else load.small_s
     columns = (
-        [load.roofline_s, load.small_s]
+        [load.roofline_s, small]
         + ([load.units] if per_unit else [])
         + ([load.host_s] if loaded else [])
         # Megatron's collectives at 1 / share = 1 + slower - faster, each pulled to 0 (the nominal seconds move to
         # the target)
-        + ([load.serial_s, -np.asarray(load.serial_s)] if collectives else [])
+        + ([load.serial_s, -np.asarray(load.serial_s)] if shared else [])
     )
     x = np.stack([np.broadcast_to(c, measured.shape) for c in columns], axis=1) / measured[:, None]
     prior = StageCost()  # the gather terms' priors (sharded passes only)
     # the gathers at the priors, compute larger: their exposed share (the nonlinear fit below moves both terms)
     serial = load.extra_s + prior.exposed_gather_frac * (np.asarray(load.gather_s) + load.host_copy_s)
-    serial = serial + (load.serial_s if collectives else 0.0)
+    serial = serial + (load.serial_s if collectives else 0.0) + (load.host_s if copied and not loaded else 0.0)
     # the host link's share: constant per step as the micro-batch count, so within a run it cannot be told from
     # the micro-batch term: held at its prior unless the steps insist (a load faster than the nominal link)
     anchored = [2 + per_unit] if loaded else []
@@ -155,18 +171,21 @@ def fit_stage(
     # real logs cannot carry a free share (free, the 16-GPU excerpt put it at the box's bound, collectives for
     # nothing; slower free, the twin's few seconds of them took its unexplained forward time and priced the
     # excerpt's 185% slow)
-    either_way = [x.shape[1] - 2, x.shape[1] - 1] if collectives else []
+    either_way = [x.shape[1] - 2, x.shape[1] - 1] if shared else []
     target = (measured - serial) / measured
     inverse, *rest = roofline_lstsq(x, target, anchored, fastest=fastest, penalised=either_way)
     half, unit_s = float(rest[0] / inverse), float(rest[1]) if per_unit else 0.0
-    link = {"collective_frac": _share(1.0 + rest[-2] - rest[-1])} if collectives else {}
+    link = {"collective_frac": _share(1.0 + rest[-2] - rest[-1])} if shared else {}
     host = {"host_link_frac": _share(rest[1 + per_unit])} if loaded else {}
     linear = StageCost(efficiency=float(1.0 / inverse), half_efficiency_tokens=half, per_unit_s=unit_s, **link, **host)
     # Megatron's collectives keep the linear fit (their link's share behind its prior): its host time adds to compute
     # there
-    hidden = per_unit and host_overlap and not collectives  # the host's time may hide behind compute
+    # the host's time may hide behind compute
+    hidden = per_unit and host_overlap and not collectives and "exposed_host_frac" not in pinned
     prefetched = np.any(load.gather_s) or np.any(load.host_copy_s)  # gathers (and copies) overlapping compute
-    return _fit_overlapped(linear, load, measured, per_unit, hidden, fastest) if prefetched or hidden else linear
+    if prefetched or hidden:
+        return _fit_overlapped(linear, load, measured, per_unit, hidden, fastest, pinned)
+    return linear
 
 
 def units_identified(load: StageLoad, measured: np.ndarray) -> bool:
@@ -255,7 +274,9 @@ def unnamed_steps(load: StageLoad, shape: tuple = ()) -> np.ndarray:
     return steps * (reinit == 0) * (transfer == 0)
 
 
-def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard | None) -> StageCost:
+def _fit_generation(
+    load: StageLoad, measured: np.ndarray, reshard: TimedReshard | None, pinned: frozenset[str] = frozenset()
+) -> StageCost:
     """Generation's terms: efficiency, per-token seconds and the per-step costs, each charged to the runs that
     declare it: the reshard into the engine at its terms (``reshard`` where a log times it apart, else its bytes at
     the nominal links and no software time); a KV-cache re-initialisation (``cache_reinit_s``, seconds) where
@@ -272,8 +293,11 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
     layers = np.broadcast_to(load.reshard_layers, shape)
     timed = reshard or TimedReshard(frac=1.0, layer_s=0.0)
     named = {"cache_reinit_s": reinit, "transfer": transfer, "fixed_s": unnamed_steps(load, shape)}
-    named = {term: column for term, column in named.items() if np.any(column)}
-    base = measured - load.extra_s
+    held = (pinned & {"cache_reinit_s", "fixed_s"}) | ({"transfer"} if "transfer_frac" in pinned else set())
+    named = {term: column for term, column in named.items() if np.any(column) and term not in held}
+    # a pinned sleep mode's moves at their nominal link
+    base = measured - load.extra_s - (transfer if "transfer" in held else 0.0)
+    rows = np.zeros(shape) if "per_token_s" in pinned else rows
 
     def fit(columns: dict[str, np.ndarray], target: np.ndarray) -> dict[str, float]:
         """Each column's coefficient (the first the roofline's), sleep mode's moves pulled to their nominal link
@@ -299,7 +323,7 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
 
     terms = solve()
     cornered = bool(free) and not any(terms[t] for t in free)  # each at 0: the nominal reshard left nothing
-    if reshard is None and np.any(resharded) and cornered:
+    if reshard is None and np.any(resharded) and cornered and "reshard_frac" not in pinned:
         terms = solve_cornered()
     # a coefficient on seconds at the nominal links is 1 / the achieved share; 0 (the moves cost nothing the
     # steps show) gives the largest share, 1000
@@ -314,10 +338,22 @@ def _fit_generation(load: StageLoad, measured: np.ndarray, reshard: TimedReshard
 
 
 def terms_fitted(
-    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool = False, reshard: TimedReshard | None = None
+    load: StageLoad,
+    measured: np.ndarray,
+    gen: bool,
+    per_unit: bool = False,
+    reshard: TimedReshard | None = None,
+    pinned: frozenset[str] = frozenset(),
 ) -> list[str]:
     """The terms :func:`fit_stage` fits for a stage with this load and these measured seconds (the others keep
-    their priors or defaults; ``reshard``: a timed reshard's terms, which name what it moved off its prior)."""
+    their priors or defaults; ``reshard``: a timed reshard's terms, which name what it moved off its prior;
+    ``pinned``: held at their defaults)."""
+    return [term for term in _terms_fitted(load, measured, gen, per_unit, reshard) if term not in pinned]
+
+
+def _terms_fitted(
+    load: StageLoad, measured: np.ndarray, gen: bool, per_unit: bool, reshard: TimedReshard | None
+) -> list[str]:
     if not gen and is_push(load):
         return ["gather_bandwidth_frac"]
     if not gen and not np.any(load.roofline_s):
@@ -346,7 +382,13 @@ def terms_fitted(
 
 
 def _fit_overlapped(
-    start: StageCost, load: StageLoad, measured: np.ndarray, per_unit: bool, hidden: bool = False, fastest: float = 1.0
+    start: StageCost,
+    load: StageLoad,
+    measured: np.ndarray,
+    per_unit: bool,
+    hidden: bool = False,
+    fastest: float = 1.0,
+    pinned: frozenset[str] = frozenset(),
 ) -> StageCost:
     """The terms of a stage whose passes gather sharded parameters: ``max(compute, gathers) + exposed ·
     min(compute, gathers)`` is not linear in the terms, so they are fitted by bounded nonlinear least squares of
@@ -356,7 +398,8 @@ def _fit_overlapped(
     per_unit_s and exposed_host_frac (with ``per_unit``), exposed_gather_frac, log gather_bandwidth_frac (sharded
     passes), 1 / host_link_frac (an offloaded role loaded once a pass, or its shards copied in before each gather:
     its seconds at the nominal link, the coefficient pulled to 1 as in the linear fit, so that a link 20 times the
-    nominal costs the prior no more than 1, where a log-scale prior would cost it 3)."""
+    nominal costs the prior no more than 1, where a log-scale prior would cost it 3). ``pinned``: terms held at
+    their defaults (their parameters' bounds closed there)."""
     from scipy.optimize import least_squares
 
     prior = StageCost()
@@ -391,16 +434,20 @@ def _fit_overlapped(
 
     i0 = 1 / start.efficiency
     low, high = np.log(GATHER_SCALE_BOUNDS)
-    loaded = bool(np.any(load.host_s) or np.any(load.host_copy_s))  # an offloaded role: its host link to fit
+    # an offloaded role: its host link to fit
+    loaded = bool(np.any(load.host_s) or np.any(load.host_copy_s)) and "host_link_frac" not in pinned
     host_link0 = 1 / start.host_link_frac if loaded else 1.0
     theta0 = np.array(
         [i0, start.half_efficiency_tokens * i0, start.per_unit_s, prior.exposed_gather_frac, 0.0, 1.0, host_link0]
     )
-    linked = bool(np.any(load.gather_s))  # the gathers of sharded parameters: their link to fit
+    # the gathers of sharded parameters: their link to fit
+    linked = bool(np.any(load.gather_s)) and "gather_bandwidth_frac" not in pinned
     host_links = (1 / GATHER_SCALE_BOUNDS[1], 1 / GATHER_SCALE_BOUNDS[0]) if loaded else (1 - 1e-12, 1 + 1e-12)
+    half = 1e-12 if "half_efficiency_tokens" in pinned else np.inf
+    exposed = (prior.exposed_gather_frac,) * 2 if "exposed_gather_frac" in pinned else (0.0, 1.0)
     bounds = (
-        [MIN_INVERSE, 0, 0, 0, low if linked else -1e-12, 0, host_links[0]],
-        [np.inf, np.inf, np.inf if per_unit else 1e-12, 1, high if linked else 1e-12, 1, host_links[1]],
+        [MIN_INVERSE, 0, 0, exposed[0] - 1e-12, low if linked else -1e-12, 0, host_links[0]],
+        [np.inf, half, np.inf if per_unit else 1e-12, exposed[1] + 1e-12, high if linked else 1e-12, 1, host_links[1]],
     )
     # max() has kinks: start from a slow, the nominal and a fast link, and from the host's time summed and hidden
     # (at the summed fit's host time and twice it)
@@ -435,13 +482,15 @@ def fit_problems(
     problems: dict[tuple[tuple[str, ...], bool], tuple[list[StageLoad], list[np.ndarray], set[str]]],
     reshard: TimedReshard | None = None,
     fastest: dict[tuple[str, ...], float] | None = None,
+    pinned: Pinned = frozenset(),
 ) -> dict[str, StageCost]:
     """One set of terms per problem: (its stages, whether a row's load is their sum) -> the loads and measured
     seconds per step of every run that times it (one entry per run) and the logged stages they time, fitted at
     once. A problem's stages are a logged stage's (one of ours, or several timed as one, their loads summed:
     OpenRLHF's) or a family of :data:`SHARED_TERMS` (a row per stage). ``reshard``: generation's, where logs time
     the reshard into the engine apart; ``fastest``: a problem's least inverse efficiency free of the prior, by its
-    stages (a problem whose stages are all of a family given takes its figure; 1 elsewhere: :func:`fit_stage`)."""
+    stages (a problem whose stages are all of a family given takes its figure; 1 elsewhere: :func:`fit_stage`);
+    ``pinned``: (kind, term) held at their defaults in the problems of that kind (:func:`kind_of`)."""
     layer: dict[str, StageCost] = {}
     for (parts, summed), problem in problems.items():
         load, seconds, several = problem_rows(summed, problem)
@@ -450,7 +499,8 @@ def fit_problems(
         # own compute, a fit of their summed loads could not say how: their host time is summed
         timed = reshard if gen else None
         free = next((v for family, v in (fastest or {}).items() if set(parts) <= set(family)), 1.0)
-        cost = fit_stage(load, seconds, gen, several, timed, host_overlap=not summed, fastest=free)
+        held = frozenset(term for kind, term in pinned if kind == kind_of(parts))
+        cost = fit_stage(load, seconds, gen, several, timed, host_overlap=not summed, fastest=free, pinned=held)
         layer |= dict.fromkeys(parts, cost)
     return layer
 

@@ -37,9 +37,11 @@ import numpy as np
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim.cost.fit import (
     TRAINING_STAGES,
+    Pinned,
     TimedReshard,
     concat_loads,
     fit_problems,
+    kind_of,
     problem_rows,
     scale_load,
     shared_terms,
@@ -300,11 +302,12 @@ def reshard_load(setup: Setup) -> StageLoad:
     )
 
 
-def timed_reshard(setup: Setup, steps: list[LoggedStep]) -> TimedReshard | None:
+def timed_reshard(setup: Setup, steps: list[LoggedStep], software: bool = True) -> TimedReshard | None:
     """Where the log times the reshard into the rollout engine apart (verl's ``timing_s/reshard``), its terms from
     the median over steps: its bytes at the nominal links (a prior: the datasheets), sleep mode's wake-up at its
     own (``transfer_frac``'s prior), and the rest its software, per layer; a reshard faster than that is all bytes,
-    at the share that makes it (the datasheets are no floor). None where the log does not time it."""
+    at the share that makes it (the datasheets are no floor; ``software`` false: all of it bytes). None where the
+    log does not time it."""
     timed = [s.stages["reshard"] for s in steps if s.stages.get("reshard", 0) > 0]
     if not timed:
         return None
@@ -317,7 +320,7 @@ def timed_reshard(setup: Setup, steps: list[LoggedStep]) -> TimedReshard | None:
         )
         raise ValueError(f"the log times reshard but setup {setup.name} cannot pay one: {why}")
     rest = float(np.median(timed)) - load.transfer_s  # the wake-up's copy at the nominal host link
-    if rest <= load.reshard_s:
+    if rest <= load.reshard_s or not software:
         return TimedReshard(frac=min(load.reshard_s / rest, MAX_SHARE) if rest > 0 else MAX_SHARE, layer_s=0.0)
     return TimedReshard(frac=1.0, layer_s=(rest - load.reshard_s) / load.reshard_layers)
 
@@ -376,18 +379,23 @@ def logged_run(setup: Setup, log: TrainingLog, fit_frac: float) -> LoggedRun:
     return LoggedRun(setup.name, setup, log, replay(setup, list(log.steps)), n_fit)
 
 
-def fit_layer(runs: list[LoggedRun], whole: bool = False, rule: bool | None = None) -> dict[str, StageCost]:
+def fit_layer(
+    runs: list[LoggedRun], whole: bool = False, rule: bool | None = None, pinned: Pinned = frozenset()
+) -> dict[str, StageCost]:
     """One set of stage terms fitted on every run's fitted steps at once (``whole``: on all their steps): a stage
     timed by several runs is one least-squares problem over all of their steps. The reward stage is one problem per
     scorer (a rule: CPU seconds per sequence; a reward model: a forward pass per micro-batch), and the layer takes
     the fit of a rule reward (``rule`` true), of a reward model (false; none: where any run has one, else the
     rule's); it has no reward terms where no run has that scorer. The stages of a family of
-    :data:`~oppo.sim.cost.fit.SHARED_TERMS` are one problem, each run's rows of them one entry."""
+    :data:`~oppo.sim.cost.fit.SHARED_TERMS` are one problem, each run's rows of them one entry. ``pinned``: (kind,
+    term) held at their defaults (:data:`~oppo.sim.cost.fit.Pinned`; gen's ``reshard_layer_s``: a timed reshard
+    all bytes, at the links' share that makes it)."""
     problems = _problems(runs, whole)
     scorers = {scorer for scorer, _ in problems} - {""}
     wanted = "model" if rule is False or (rule is None and "model" in scorers) else "rule"
     chosen = {key: problem for (scorer, key), problem in problems.items() if scorer in ("", wanted)}
-    return fit_problems(chosen, _timed_reshards(runs, whole), _fastest(runs))
+    software = ("gen", "reshard_layer_s") not in pinned
+    return fit_problems(chosen, _timed_reshards(runs, whole, software), _fastest(runs), pinned)
 
 
 def _fastest(runs: list[LoggedRun]) -> dict[tuple[str, ...], float]:
@@ -400,11 +408,15 @@ def _fastest(runs: list[LoggedRun]) -> dict[tuple[str, ...], float]:
     return {TRAINING_STAGES: max(shares, default=1.0)}
 
 
-def _timed_reshards(runs: list[LoggedRun], whole: bool) -> TimedReshard | None:
+def _timed_reshards(runs: list[LoggedRun], whole: bool, software: bool = True) -> TimedReshard | None:
     """The reshard's terms of the runs whose logs time it (their fitted steps, or ``whole``: all), None where none
     does: one split for all, the median over runs of the software per layer (the bytes at the links), or where that
-    is none, the median share."""
-    timed = [t for run in runs if (t := timed_reshard(run.setup, list(run.log.steps[: None if whole else run.n_fit])))]
+    is none, the median share (``software`` false: no software, the median share)."""
+    timed = [
+        t
+        for run in runs
+        if (t := timed_reshard(run.setup, list(run.log.steps[: None if whole else run.n_fit]), software))
+    ]
     if not timed:
         return None
     layer_s = float(np.median([t.layer_s for t in timed]))
@@ -455,14 +467,15 @@ def with_layer(setup: Setup, layer: dict[str, StageCost]) -> Setup:
     return dataclasses.replace(setup, framework=dataclasses.replace(setup.framework, **layer))
 
 
-def fitted_terms(runs: list[LoggedRun]) -> dict[str, list[str]]:
+def fitted_terms(runs: list[LoggedRun], pinned: Pinned = frozenset()) -> dict[str, list[str]]:
     """Per logged stage, the terms the shared fit moves (the rest keep their priors): few, so that a stage's
     within-run accuracy is not a free multiplier's. Decided as :func:`fit_layer` decides them, on its rows (the fitted
     steps)."""
-    timed = _timed_reshards(runs, whole=False)
+    timed = _timed_reshards(runs, whole=False, software=("gen", "reshard_layer_s") not in pinned)
     out = {}
     for (_, (priced, summed)), problem in _problems(runs, whole=False).items():
         load, seconds, per_unit = problem_rows(summed, problem)
-        terms = terms_fitted(load, seconds, gen=priced == ("gen",), per_unit=per_unit, reshard=timed)
+        held = frozenset(term for kind, term in pinned if kind == kind_of(priced))
+        terms = terms_fitted(load, seconds, priced == ("gen",), per_unit, timed, held)
         out |= dict.fromkeys(problem[2], terms)
     return out
