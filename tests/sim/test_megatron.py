@@ -4,6 +4,7 @@ forms; layouts that do not divide the GPUs or the layers refused; the terms reco
 shared Megatron log read and calibrated."""
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +279,23 @@ def test_the_gpg_job_on_both_backends_is_one_group():
     twin = resolve_gpu(load_setup("verl-qwen2-7b-gpg-megatron-8gpu"), twin_log)
     assert fsdp.gpu != twin.gpu and fsdp.priced_as == twin.priced_as == "a100"
     assert run_group(fsdp) == run_group(twin)
+
+
+def test_a_layer_written_before_the_collectives_share_warns_a_megatron_setup(tmp_path):
+    """A framework layer without ``collective_frac`` (written before Megatron's collectives had a share of their
+    own) loads it at 1.0; a Megatron setup on it is told so, an FSDP one (which has no such collectives) is not."""
+    old = "\n".join(line for line in SHARED.read_text().splitlines() if not line.startswith("collective_frac"))
+    (tmp_path / "old.toml").write_text(old)
+    for backend, warned in (("megatron", True), ("fsdp", False)):
+        layout = "sharded = false\ntrain_tensor_parallel = 2\n" if backend == "megatron" else ""
+        toml = tmp_path / f"{backend}.toml"
+        toml.write_text(
+            f'base = "verl-qwen2-7b-gpg-8gpu"\nname = "x"\n[framework]\nbase = "old.toml"\n'
+            f'train_backend = "{backend}"\n{layout}'
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            setup = load_setup(str(toml))
+        said = [str(w.message) for w in caught if "collective_frac" in str(w.message)]
+        assert bool(said) == warned, (backend, said)
+        assert setup.framework.update_actor.collective_frac == 1.0

@@ -9,10 +9,12 @@ import functools
 import math
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 from oppo.data import data_dir, read_toml
+from oppo.sim.cost.fit import SHARED_TERMS
 from oppo.sim.cost.framework import FRAMEWORKS, STAGE_TERMS, Framework, read_layer
 from oppo.sim.cost.gpu import lookup
 from oppo.sim.cost.span import Calibration
@@ -33,18 +35,34 @@ def load_setup(name_or_file: str) -> Setup:
     for role in MODEL_KEYS:  # a model's config.json (or checkpoint folder) is relative to the TOML naming it
         if isinstance(data.get(role), str):
             data[role] = _model_path(data[role], path.parent)
-    framework = data.get("framework")
+    framework, layer = data.get("framework"), {}
     if isinstance(framework, dict) and str(framework.get("base", "")).endswith(".toml"):
-        data["framework"] = read_layer(path.parent / framework.pop("base")) | framework
+        layer_path = path.parent / framework.pop("base")
+        layer = read_layer(layer_path)
+        data["framework"] = layer | framework
     base = data.pop("base", "paper-7b-h200")
     if not isinstance(base, str):
         raise ValueError(f"{path}: base must be a preset's name or a .toml file, got {base!r}")
     if base in PRESETS or (data_dir() / "setups" / f"{base}.toml").is_file():
-        return _override(load_setup(base), data, str(path))
-    base_path = path.parent / base  # a setup file, relative to this one (or absolute)
-    if base_path.suffix != ".toml" or base_path.resolve() == path.resolve():
-        raise ValueError(f"{path}: unknown base setup {base!r} (a preset, a bundled setup or another .toml)")
-    return _override(load_setup(str(base_path)), data, str(path))
+        setup = _override(load_setup(base), data, str(path))
+    else:
+        base_path = path.parent / base  # a setup file, relative to this one (or absolute)
+        if base_path.suffix != ".toml" or base_path.resolve() == path.resolve():
+            raise ValueError(f"{path}: unknown base setup {base!r} (a preset, a bundled setup or another .toml)")
+        setup = _override(load_setup(str(base_path)), data, str(path))
+    if setup.framework.train_backend == "megatron" and _without_collectives(layer):
+        warnings.warn(
+            f"{layer_path} was fitted before Megatron's collectives had a share of their own: they are priced at "
+            "their nominal link (collective_frac 1.0); refit it with calibrate-log",
+            stacklevel=2,
+        )
+    return setup
+
+
+def _without_collectives(layer: dict[str, dict]) -> bool:
+    """Whether a framework layer's scoring or training stage tables lack ``collective_frac`` (a layer written
+    before Megatron's collectives had a share of their own)."""
+    return any("collective_frac" not in layer[stage] for family in SHARED_TERMS for stage in family if stage in layer)
 
 
 MODEL_KEYS = ("actor", "reward")  # setup keys naming a model: a shape name, "rule" (reward), or a config.json
