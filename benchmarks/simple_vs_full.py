@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from oppo.cli import format_table
+from oppo.sim.cost.fit import FOLDED
 from oppo.sim.logs.device import resolve_gpu
 from oppo.sim.logs.fit import fit_layer, logged_run, with_layer
 from oppo.sim.logs.read import TrainingLog, load_run_log
@@ -64,7 +65,7 @@ def compare(runs) -> list[dict]:
         if not strangers:
             continue
         rule = run.setup.reward is None
-        full = predicted(run, fit_layer(strangers, whole=True, rule=rule))
+        full = predicted(run, fit_layer(strangers, whole=True, rule=rule, pinned=FOLDED))
         simple = predicted(run, fit_simple(strangers))
         cells = [("step", full["step"]["median_abs_err"], simple["step"]["median_abs_err"])]
         cells.append(("stage_weighted", full["step"]["stage_weighted_err"], simple["step"]["stage_weighted_err"]))

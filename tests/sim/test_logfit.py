@@ -13,8 +13,8 @@ import pytest
 
 from oppo.catalog.lengths import LengthTrace
 from oppo.sim import SimConfig, simulate
-from oppo.sim.cost.fit import LOAD_FIELDS, SHARED_TERMS, slice_load
-from oppo.sim.cost.framework import ROLE_STAGES, TRL, shared_layer
+from oppo.sim.cost.fit import FOLDED, LOAD_FIELDS, SHARED_TERMS, slice_load
+from oppo.sim.cost.framework import ROLE_STAGES, TRL, read_layer, shared_layer
 from oppo.sim.cost.stage import StageCost
 from oppo.sim.logs.device import resolve_gpu
 from oppo.sim.logs.fit import (
@@ -126,7 +126,7 @@ def test_the_bundled_shared_layer_is_what_the_seven_shared_logs_fit():
     computation, written with repr floats)."""
     logs = [(load_run_log(DATA / log), setup) for log, setup in SHARED_RUNS + MEGATRON_RUNS]
     runs = [logged_run(resolve_gpu(load_setup(setup), log, 0.6), log, 0.6) for log, setup in logs]  # as the command
-    fitted = fit_layer(runs)
+    fitted = fit_layer(runs, pinned=FOLDED)  # as calibrate-log with several logs fits it (shared_fidelity)
     assert set(fitted) == set(shared_layer())
     for stage, cost in shared_layer().items():
         for term, value in dataclasses.asdict(cost).items():
@@ -297,6 +297,11 @@ def test_several_logs_fit_one_layer_that_a_setup_takes_by_path(tmp_path):
     # how much the fit rests on: the forward passes share one family of terms, counted once; each run's timed stages
     terms = whole["fitted_terms"]
     assert terms["ref"] == terms["values"] and whole["fitted_term_count"] < sum(map(len, terms.values()))
+    # the terms the shared runs cannot carry are held at their defaults in a layer fitted across runs, as written
+    stages = {"gen": ("gen",), "forward": SHARED_TERMS[0], "training": SHARED_TERMS[1]}
+    assert not any(term in terms.get(stage, ()) for kind, term in FOLDED for stage in stages[kind])
+    layer = read_layer(tmp_path / "cal" / "framework.toml")
+    assert layer["ref"]["gather_bandwidth_frac"] == 1.0 and layer["update_actor"]["exposed_gather_frac"] == 0.1
     assert whole["cells"]["verl-gemma-2-2b-gsm8k"] == sorted(
         set(terms) & {"gen", "ref", "values", "update_actor", "update_critic"}
     )

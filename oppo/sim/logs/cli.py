@@ -108,6 +108,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
     """One framework layer fitted across several runs: ``framework.toml``, and per run its within-run and
     leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
     from oppo.records import plots
+    from oppo.sim.cost.fit import FOLDED
     from oppo.sim.logs.device import resolve_gpu
     from oppo.sim.logs.fit import fitted_terms, logged_run
     from oppo.sim.logs.shared import run_group, shared_fidelity, summary
@@ -131,7 +132,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}", record),
     )
     overall = summary(report)
-    terms = fitted_terms(runs)
+    terms = fitted_terms(runs, FOLDED)
     cells = {name: sorted(set(entry["within"]["stages"]) & set(terms)) for name, entry in report.items()}
     write_json(
         out / "fidelity.json",

@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from oppo.sim.cost.fit import FOLDED
 from oppo.sim.cost.stage import StageCost
 from oppo.sim.logs.fit import LoggedRun, fit_layer, parts_timed, with_layer
 from oppo.sim.logs.report import replay_errors, step_errors
@@ -22,11 +23,11 @@ def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, 
     run's setup's own terms: marked ``not_fitted``) and ``leave_one_group_out`` (the same without the run's
     siblings too: :func:`run_group`); and the per-step errors of the predictions the interval is made of, per stage,
     one array per run, and which they are: leave-one-group-out where every run has a run outside its group, else
-    leave-one-out."""
+    leave-one-out. Every layer here holds the terms :data:`~oppo.sim.cost.fit.FOLDED` names at their defaults."""
     if len({run.name for run in runs}) < len(runs):
         raise ValueError("each --log needs a setup of its own name (two runs share one)")
-    layer = fit_layer(runs)
-    by_scorer = {rule: fit_layer(runs, rule=rule) for rule in {run.setup.reward is None for run in runs}}
+    layer = fit_layer(runs, pinned=FOLDED)
+    by_scorer = {rule: fit_layer(runs, rule=rule, pinned=FOLDED) for rule in {run.setup.reward is None for run in runs}}
     report, errors = {}, {"leave_one_out": defaultdict(list), "leave_one_group_out": defaultdict(list)}
     for run in runs:
         rule = run.setup.reward is None  # the reward terms of its own scorer
@@ -57,7 +58,7 @@ def run_group(setup: Setup) -> tuple:
 def _transferred(run: LoggedRun, others: list[LoggedRun], rule: bool) -> tuple[dict, dict[str, np.ndarray]]:
     """The run's every step predicted with the layer fitted on all steps of ``others``: the report and each
     stage's (and the step's) absolute relative error per step."""
-    transferred = fit_layer(others, whole=True, rule=rule)
+    transferred = fit_layer(others, whole=True, rule=rule, pinned=FOLDED)
     report, measured, predicted = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)
     parts = {stage: parts_timed(run.setup, stage) for stage in report["stages"]}
     report["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]
