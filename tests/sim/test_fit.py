@@ -114,3 +114,24 @@ def test_a_pinned_term_stays_at_its_default_and_the_rest_refit():
     pinned = fit_stage(load, measured, gen=False, per_unit=True, host_overlap=False, pinned=frozenset({"per_unit_s"}))
     assert free.per_unit_s == pytest.approx(0.2, rel=1e-3) and free.efficiency == pytest.approx(0.5, rel=1e-3)
     assert pinned.per_unit_s == 0.0 and 0.4 < pinned.efficiency < 0.49  # 0.5 less the host time it absorbs
+
+
+def test_a_family_of_fsdp_and_megatron_rows_fits_the_collectives_share_with_its_other_terms():
+    """FSDP rows (gathers overlapping compute, slower than the link and more exposed than the prior) beside Megatron
+    rows (collectives at the datasheet's link) in one family: the overlapped fit moves the collectives' share with
+    the gather terms, so the known terms come back and the steps are predicted to 0.5%. Held at the linear fit's
+    share (gathers at their priors there), the share came back 2.2 and the host's time 0.36 s (0.2)."""
+    rng = np.random.default_rng(0)
+    n = 6
+    fsdp, megatron = np.r_[np.ones(n), np.zeros(n)], np.r_[np.zeros(n), np.ones(n)]
+    load = StageLoad(
+        roofline_s=rng.uniform(5, 20, 2 * n),
+        gather_s=fsdp * rng.uniform(3, 12, 2 * n),
+        serial_s=megatron * rng.uniform(2, 6, 2 * n),
+        units=rng.integers(4, 16, 2 * n).astype(float),
+    )
+    truth = StageCost(efficiency=0.5, per_unit_s=0.2, gather_bandwidth_frac=0.5, exposed_gather_frac=0.3)
+    measured = truth.seconds(load)
+    fitted = fit_stage(load, measured, gen=False, per_unit=True, host_overlap=False)
+    assert fitted.collective_frac == pytest.approx(1.0, rel=0.02) and fitted.per_unit_s == pytest.approx(0.2, rel=0.05)
+    assert np.max(np.abs(fitted.seconds(load) / measured - 1)) < 0.005
