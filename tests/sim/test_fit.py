@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from oppo.sim.cost.fit import fit_stage
+from oppo.sim.cost.fit import LOAD_FIELDS, fit_stage
 from oppo.sim.cost.stage import StageCost, StageLoad
 
 
@@ -135,3 +135,14 @@ def test_a_family_of_fsdp_and_megatron_rows_fits_the_collectives_share_with_its_
     fitted = fit_stage(load, measured, gen=False, per_unit=True, host_overlap=False)
     assert fitted.collective_frac == pytest.approx(1.0, rel=0.02) and fitted.per_unit_s == pytest.approx(0.2, rel=0.05)
     assert np.max(np.abs(fitted.seconds(load) / measured - 1)) < 0.005
+
+
+def test_one_pass_on_floats_is_priced_as_the_same_pass_in_an_array():
+    """The simulator prices one pass of floats by the builtins' max and min, the fit arrays of steps by numpy's:
+    the same seconds (exactly: max and min pick one operand), and a float back for the simulator's timeouts."""
+    cost = StageCost(efficiency=0.6, per_unit_s=0.3, exposed_host_frac=0.4, gather_bandwidth_frac=0.7)
+    for compute, units, gather in [(2.0, 3.0, 1.0), (0.5, 10.0, 4.0), (1.0, 1.0, 0.0)]:
+        one = StageLoad(roofline_s=compute, units=units, gather_s=gather, host_copy_s=0.1 * gather)
+        steps = StageLoad(**{f: np.array([getattr(one, f)] * 2) for f in LOAD_FIELDS})
+        seconds = cost.seconds(one)
+        assert type(seconds) is float and seconds == cost.seconds(steps)[0]

@@ -303,10 +303,11 @@ class FrameworkCost:
         roofline = self.base.score_s(tokens, attended)
         micro_batch = self.framework.forward_micro_batch_of(self.role)
         if self.framework.train_backend == "megatron":  # a forward: two all-reduces per layer, no gradients
-            load = self._megatron_load(roofline, tokens, rows, micro_batch, allreduces=2, gradients=False)
-            return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
-        load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1)  # with any copies at its gathers
-        return stage.seconds(dataclasses.replace(load, host_s=self._round_trip_s()))
+            megatron = dict(allreduces=2, gradients=False, host_s=self._round_trip_s())
+            return stage.seconds(self._megatron_load(roofline, tokens, rows, micro_batch, **megatron))
+        # with any copies at its gathers
+        load = self._pass_load(roofline, tokens, rows, micro_batch, gathers=1, host_s=self._round_trip_s())
+        return stage.seconds(load)
 
     def train_s(self, tokens: float, attended: float, rows: float = 1) -> float:
         if tokens <= 0:
@@ -336,20 +337,32 @@ class FrameworkCost:
             StageLoad(host_s=self._round_trip_s() + self._optimizer_round_trip_s())
         )
 
-    def _pass_load(self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: float) -> StageLoad:
+    def _pass_load(
+        self, roofline_s: float, tokens: float, rows: float, micro_batch: int, gathers: float, host_s: float = 0.0
+    ) -> StageLoad:
         """A pass over ``rows`` sequences of ``tokens`` in all, split over the GPUs in micro-batches, each moving
         ``gathers`` times the sharded parameters over the interconnect (seconds at the nominal link); a role whose
-        parameters FSDP offloads to the host copies its shard in over the host link before each gather."""
+        parameters FSDP offloads to the host copies its shard in over the host link before each gather; ``host_s``,
+        an offloaded role's load around the call (:meth:`_round_trip_s`)."""
         units = micro_batches(rows, micro_batch, self.base.n_gpus)
         mb_tokens = tokens / self.base.n_gpus / units
         gather_s = units * gathers * self._gather_s()
         copied = self.role in self.framework.offload_each_micro_batch
         host_copy_s = units * gathers * self._offload_s() if copied else 0.0
         small_s = roofline_s / max(mb_tokens, 1.0)
-        return StageLoad(roofline_s, small_s=small_s, units=units, gather_s=gather_s, host_copy_s=host_copy_s)
+        return StageLoad(
+            roofline_s, small_s=small_s, units=units, gather_s=gather_s, host_copy_s=host_copy_s, host_s=host_s
+        )
 
     def _megatron_load(
-        self, roofline_s: float, tokens: float, rows: float, micro_batch: int, allreduces: int, gradients: bool
+        self,
+        roofline_s: float,
+        tokens: float,
+        rows: float,
+        micro_batch: int,
+        allreduces: int,
+        gradients: bool,
+        host_s: float = 0.0,
     ) -> StageLoad:
         """A Megatron pass over ``rows`` sequences of ``tokens`` in all: each data-parallel replica (t x p GPUs)
         runs its share in micro-batches through the pipeline; ``allreduces`` all-reduces of each layer's
@@ -390,7 +403,7 @@ class FrameworkCost:
         # slicing, packing and log-probs on every stage). Tried against counting 1 / p of one (a GPU's share of the
         # layers) for both passes or for the update alone: whole gives the least leave-one-group-out error over the
         # seven shared runs (docs/simulator.md, "Megatron training")
-        return StageLoad(compute, units=units, serial_s=serial)
+        return StageLoad(compute, units=units, serial_s=serial, host_s=host_s)
 
     def sync_s(self) -> float:
         return self.base.sync_s()
