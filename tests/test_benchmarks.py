@@ -341,3 +341,16 @@ def test_term_ablation(tmp_path):
     rows = [line.split() for line in res.stdout.splitlines()[1:]]
     assert [row[:2] for row in rows] == [["forward", "per_unit_s"], ["gen", "cache_reinit_s"]]
     assert all(row[-1] in ("kept", "folded", "undecided") for row in rows)
+
+
+def test_the_term_ablation_rule(monkeypatch):
+    """The ablation's rule on paired differences (pinned - fitted): a term kept where pinning it raises their median,
+    folded where it does not and some cell moved, undecided where one group pays it or nothing moved."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports its sibling simple_vs_full
+    spec = importlib.util.spec_from_file_location("bench_term_ablation", BENCHMARKS / "term_ablation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.verdict([0.01, -0.002, 0.004], groups=2) == "kept"
+    assert module.verdict([-0.01, 0.002, 0.0], groups=3) == "folded"
+    assert module.verdict([0.05, 0.05], groups=1) == "undecided"  # one group pays it: no run out of it to judge
+    assert module.verdict([0.0, 5e-5], groups=3) == "undecided"  # nothing moved past MOVED

@@ -146,3 +146,7 @@ def test_one_pass_on_floats_is_priced_as_the_same_pass_in_an_array():
         steps = StageLoad(**{f: np.array([getattr(one, f)] * 2) for f in LOAD_FIELDS})
         seconds = cost.seconds(one)
         assert type(seconds) is float and seconds == cost.seconds(steps)[0]
+    # a float beside an array broadcasts (StageLoad's contract): each step as its own pass of floats
+    mixed = cost.seconds(StageLoad(roofline_s=2.0, units=np.array([1.0, 20.0]), gather_s=np.array([0.5, 9.0])))
+    each = [cost.seconds(StageLoad(roofline_s=2.0, units=u, gather_s=g)) for u, g in [(1.0, 0.5), (20.0, 9.0)]]
+    assert list(mixed) == each

@@ -145,16 +145,16 @@ class StageCost:
         """Seconds of ``load`` under these terms: the one formula the simulator charges and the log fit fits."""
         compute = (load.roofline_s + self.half_efficiency_tokens * load.small_s) / self.efficiency
         host = load.units * self.per_unit_s
-        # one pass (floats: the simulator's, hundreds of thousands a run) by the builtins, ~1 us less each than numpy's
-        larger, smaller = (max, min) if isinstance(compute, float) else (np.maximum, np.minimum)
         if self.exposed_host_frac >= 1 or not _any(host):
             busy = compute + host
         else:  # the host runs ahead of the GPU: the larger, and what of the smaller shows
-            busy = larger(compute, host) + self.exposed_host_frac * smaller(compute, host)
+            larger, smaller = _larger_smaller(compute, host)
+            busy = larger + self.exposed_host_frac * smaller
         if _any(load.gather_s) or _any(load.host_copy_s):  # prefetch: the larger of compute and gathers, and
             # what of the smaller shows; the host copies at the host link's share, the gathers at theirs
             gathers = load.gather_s / self.gather_bandwidth_frac + load.host_copy_s / self.host_link_frac
-            busy = larger(busy, gathers) + self.exposed_gather_frac * smaller(busy, gathers)
+            larger, smaller = _larger_smaller(busy, gathers)
+            busy = larger + self.exposed_gather_frac * smaller
         seconds = busy + load.row_tokens * self.per_token_s + load.steps * self.fixed_s + load.extra_s
         if _any(load.serial_s):  # Megatron's collectives at their link's achieved share, apart from FSDP's gathers
             seconds = seconds + load.serial_s / self.collective_frac
@@ -170,6 +170,14 @@ class StageCost:
         share and its software per layer, and sleep mode's moves at theirs."""
         reshard = load.reshard_s / self.reshard_frac + load.reshard_layers * self.reshard_layer_s
         return reshard + load.transfer_s / self.transfer_frac
+
+
+def _larger_smaller(a, b):
+    """The larger and the smaller of two loads, elementwise: two floats (one pass: the simulator prices hundreds of
+    thousands a run) by the builtins, ~1 us less each than numpy's and a float back; else numpy's, broadcast."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (a, b) if a >= b else (b, a)
+    return np.maximum(a, b), np.minimum(a, b)
 
 
 def _any(x) -> bool:

@@ -65,6 +65,12 @@ def add_log_commands(sub) -> None:
         )
         if name == "calibrate-log":
             log.add_argument("--fit-frac", type=float, default=0.6, help="share of the steps fitted (default: 0.6)")
+            log.add_argument(
+                "--fold",
+                action="store_true",
+                help="hold the terms the shared verl runs cannot carry at their defaults, as the bundled layer does "
+                "(oppo.sim.cost.fit.FOLDED; default: fit every term the steps tell apart)",
+            )
 
 
 def _model_option(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +94,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     chosen, found = run_setup(args.log[0], args.setup[0] if args.setup else None, args)
     setup = resolve_gpu(chosen, log, args.fit_frac)
     run = logged_run(setup, log, args.fit_frac)  # the whole log replayed once: fitted on its first steps, then checked
-    fitted = calibrated(run)
+    fitted = calibrated(run, _pinned(args))
     fidelity = _log_fidelity(fitted, log, run.n_fit, Path(args.out), run.replayed)
     errors = {stage: [e] for stage, e in fidelity.items()}
     record = calibration([setup], errors, basis="within")
@@ -104,11 +110,17 @@ def cmd_calibrate_log(args: argparse.Namespace) -> None:
     print(f"-> {Path(args.out) / 'setup.toml'} (use it anywhere a setup is: --setup {Path(args.out) / 'setup.toml'})")
 
 
+def _pinned(args: argparse.Namespace) -> frozenset:
+    """The terms ``--fold`` holds at their defaults (none without it)."""
+    from oppo.sim.cost.fit import FOLDED
+
+    return FOLDED if args.fold else frozenset()
+
+
 def _calibrate_shared(args: argparse.Namespace) -> None:
     """One framework layer fitted across several runs: ``framework.toml``, and per run its within-run and
     leave-one-run-out errors (``fidelity.json``, ``fidelity.png``)."""
     from oppo.records import plots
-    from oppo.sim.cost.fit import FOLDED
     from oppo.sim.logs.device import resolve_gpu
     from oppo.sim.logs.fit import fitted_terms, logged_run
     from oppo.sim.logs.shared import run_group, shared_fidelity, summary
@@ -120,7 +132,8 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         logged_run(resolve_gpu(run_setup(path, s, args)[0], log, args.fit_frac), log, args.fit_frac)
         for path, log, s in zip(args.log, logs, setups, strict=True)
     ]
-    layer, report, errors, basis = shared_fidelity(runs)
+    pinned = _pinned(args)
+    layer, report, errors, basis = shared_fidelity(runs, pinned)
     groups = [run_group(run.setup) for run in runs]
     record = calibration([run.setup for run in runs], errors, basis=basis, groups=groups)
     coverage = {run.name: float(np.mean(e <= record.step_err)) for run, e in zip(runs, errors["step"], strict=True)}
@@ -132,7 +145,7 @@ def _calibrate_shared(args: argparse.Namespace) -> None:
         framework_toml(layer, f"one framework layer fitted by python -m oppo.sim calibrate-log on\n{sources}", record),
     )
     overall = summary(report)
-    terms = fitted_terms(runs, FOLDED)
+    terms = fitted_terms(runs, pinned)
     cells = {name: sorted(set(entry["within"]["stages"]) & set(terms)) for name, entry in report.items()}
     write_json(
         out / "fidelity.json",

@@ -276,10 +276,10 @@ def calibrate(setup: Setup, log: TrainingLog, fit_frac: float) -> tuple[Setup, i
     return calibrated(run), run.n_fit
 
 
-def calibrated(run: LoggedRun) -> Setup:
+def calibrated(run: LoggedRun, pinned: Pinned = frozenset()) -> Setup:
     """The run's setup with its framework layer fitted on the run's own fitted steps (:func:`fit_layer` of this run
-    alone: the reward terms of its own scorer)."""
-    setup = with_layer(run.setup, fit_layer([run]))
+    alone: the reward terms of its own scorer; ``pinned`` held at their defaults)."""
+    setup = with_layer(run.setup, fit_layer([run], pinned=pinned))
     return dataclasses.replace(setup, name=f"{run.setup.name}-calibrated")
 
 

@@ -9,25 +9,28 @@ from collections import defaultdict
 
 import numpy as np
 
-from oppo.sim.cost.fit import FOLDED
+from oppo.sim.cost.fit import Pinned
 from oppo.sim.cost.stage import StageCost
 from oppo.sim.logs.fit import LoggedRun, fit_layer, parts_timed, with_layer
 from oppo.sim.logs.report import replay_errors, step_errors
 from oppo.sim.setup.presets import Setup
 
 
-def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, dict[str, list[np.ndarray]], str]:
+def shared_fidelity(
+    runs: list[LoggedRun], pinned: Pinned = frozenset()
+) -> tuple[dict[str, StageCost], dict, dict[str, list[np.ndarray]], str]:
     """The layer fitted on every run's fitted steps, and per run: ``within`` (that layer, with the reward terms of
     the run's scorer, on the run's validated steps), ``leave_one_out`` (the layer fitted on all steps of the other
     runs, on every step of this one; a stage no other run times, or a reward no other run scores alike, keeps the
     run's setup's own terms: marked ``not_fitted``) and ``leave_one_group_out`` (the same without the run's
     siblings too: :func:`run_group`); and the per-step errors of the predictions the interval is made of, per stage,
     one array per run, and which they are: leave-one-group-out where every run has a run outside its group, else
-    leave-one-out. Every layer here holds the terms :data:`~oppo.sim.cost.fit.FOLDED` names at their defaults."""
+    leave-one-out. Every layer here holds ``pinned`` at their defaults (the bundled layer:
+    :data:`~oppo.sim.cost.fit.FOLDED`)."""
     if len({run.name for run in runs}) < len(runs):
         raise ValueError("each --log needs a setup of its own name (two runs share one)")
-    layer = fit_layer(runs, pinned=FOLDED)
-    by_scorer = {rule: fit_layer(runs, rule=rule, pinned=FOLDED) for rule in {run.setup.reward is None for run in runs}}
+    layer = fit_layer(runs, pinned=pinned)
+    by_scorer = {rule: fit_layer(runs, rule=rule, pinned=pinned) for rule in {run.setup.reward is None for run in runs}}
     report, errors = {}, {"leave_one_out": defaultdict(list), "leave_one_group_out": defaultdict(list)}
     for run in runs:
         rule = run.setup.reward is None  # the reward terms of its own scorer
@@ -37,7 +40,7 @@ def shared_fidelity(runs: list[LoggedRun]) -> tuple[dict[str, StageCost], dict, 
         strangers = [r for r in others if run_group(r.setup) != run_group(run.setup)]
         for key, rest in (("leave_one_out", others), ("leave_one_group_out", strangers)):
             if rest:
-                entry[key], run_errors = _transferred(run, rest, rule)
+                entry[key], run_errors = _transferred(run, rest, rule, pinned)
                 for stage, values in run_errors.items():
                     errors[key][stage].append(values)
         report[run.name] = entry
@@ -55,10 +58,12 @@ def run_group(setup: Setup) -> tuple:
     return setup.actor, setup.priced_as, fw.kv_cache_reset, fw.weight_reshard
 
 
-def _transferred(run: LoggedRun, others: list[LoggedRun], rule: bool) -> tuple[dict, dict[str, np.ndarray]]:
-    """The run's every step predicted with the layer fitted on all steps of ``others``: the report and each
-    stage's (and the step's) absolute relative error per step."""
-    transferred = fit_layer(others, whole=True, rule=rule, pinned=FOLDED)
+def _transferred(
+    run: LoggedRun, others: list[LoggedRun], rule: bool, pinned: Pinned
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """The run's every step predicted with the layer fitted on all steps of ``others`` (``pinned`` held): the report
+    and each stage's (and the step's) absolute relative error per step."""
+    transferred = fit_layer(others, whole=True, rule=rule, pinned=pinned)
     report, measured, predicted = replay_errors(with_layer(run.setup, transferred), run.log, 0, run.replayed)
     parts = {stage: parts_timed(run.setup, stage) for stage in report["stages"]}
     report["not_fitted"] = [stage for stage, ps in parts.items() if not all(p in transferred for p in ps)]

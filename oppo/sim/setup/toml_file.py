@@ -35,11 +35,11 @@ def load_setup(name_or_file: str) -> Setup:
     for role in MODEL_KEYS:  # a model's config.json (or checkpoint folder) is relative to the TOML naming it
         if isinstance(data.get(role), str):
             data[role] = _model_path(data[role], path.parent)
-    framework, layer = data.get("framework"), {}
+    framework, stale = data.get("framework"), False
     if isinstance(framework, dict) and str(framework.get("base", "")).endswith(".toml"):
         layer_path = path.parent / framework.pop("base")
-        layer = read_layer(layer_path)
-        data["framework"] = layer | framework
+        data["framework"] = read_layer(layer_path) | framework  # a stage table here replaces the layer's whole
+        stale = _without_collectives(data["framework"])
     base = data.pop("base", "paper-7b-h200")
     if not isinstance(base, str):
         raise ValueError(f"{path}: base must be a preset's name or a .toml file, got {base!r}")
@@ -50,7 +50,7 @@ def load_setup(name_or_file: str) -> Setup:
         if base_path.suffix != ".toml" or base_path.resolve() == path.resolve():
             raise ValueError(f"{path}: unknown base setup {base!r} (a preset, a bundled setup or another .toml)")
         setup = _override(load_setup(str(base_path)), data, str(path))
-    if setup.framework.train_backend == "megatron" and _without_collectives(layer):
+    if setup.framework.train_backend == "megatron" and stale:
         warnings.warn(
             f"{layer_path} was fitted before Megatron's collectives had a share of their own: they are priced at "
             "their nominal link (collective_frac 1.0); refit it with calibrate-log",
@@ -62,7 +62,8 @@ def load_setup(name_or_file: str) -> Setup:
 def _without_collectives(layer: dict[str, dict]) -> bool:
     """Whether a framework layer's scoring or training stage tables lack ``collective_frac`` (a layer written
     before Megatron's collectives had a share of their own)."""
-    return any("collective_frac" not in layer[stage] for family in SHARED_TERMS for stage in family if stage in layer)
+    stages = [layer[stage] for family in SHARED_TERMS for stage in family if isinstance(layer.get(stage), dict)]
+    return any("collective_frac" not in table for table in stages)
 
 
 MODEL_KEYS = ("actor", "reward")  # setup keys naming a model: a shape name, "rule" (reward), or a config.json
