@@ -4,7 +4,7 @@ at 0: :data:`oppo.sim.cost.fit.Pinned`), the rest refitted, leave-one-group-out 
 ``simple_vs_full.py``, paired by run and stage against the full layer.
 
     python benchmarks/term_ablation.py --base full           # every term fitted: the ablation that chose FOLDED
-    python benchmarks/term_ablation.py                       # the layer as fitted (FOLDED held), the rest (~1 min)
+    python benchmarks/term_ablation.py                       # as the bundled layer is fitted (--fold), the rest
     python benchmarks/term_ablation.py --runs small --max-steps 8 --terms forward.per_unit_s   # the smoke test's
 
 The rule as it stands (its history below): a term is **kept** where pinning it raises the paired median error
@@ -22,7 +22,8 @@ Its history, each change made after seeing a run's verdicts (docs/simulator.md, 
   cell a little. The one-group clause and the paying runs' cells came next; the latter turned the forward passes'
   host link to kept and the training passes' gather terms to folded.
 - The check on the refitted layer came after a pass on the folded layer said fold for the training passes'
-  micro-batch term (-0.2% over its cells) whose refitted layer's worst leave-one-group-out step went 33.0% -> 39.6%.
+  micro-batch term (-0.2% over its cells) whose refitted layer's worst leave-one-group-out step went 33.0% -> 39.6%
+  (on the current fold, 32.8% -> 39.4%): kept.
 - Verdicts within half a point of 0 turn with small changes to the fit: fitting the collectives' share jointly with
   the gathers (a later fix) turned the forward passes' gathers' share from folded (-0.0%) to kept (+2.6%) and their
   micro-batch term (fitted at 0) from folded to undecided.
@@ -155,8 +156,8 @@ def main() -> None:
         "--base",
         choices=("full", "folded"),
         default="folded",
-        help="the layer the terms are pinned from: every term fitted (full), or as the fit makes it, the folded "
-        "terms held (folded, the default: oppo.sim.cost.fit.FOLDED)",
+        help="the layer the terms are pinned from: every term fitted (full), or as the bundled layer is fitted, "
+        "calibrate-log --fold's terms held (folded, the default: oppo.sim.cost.fit.FOLDED)",
     )
     args = parser.parse_args()
     base = frozenset() if args.base == "full" else FOLDED

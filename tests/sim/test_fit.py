@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from oppo.sim.cost.fit import LOAD_FIELDS, fit_stage
+from oppo.sim.cost.fit import LOAD_FIELDS, fit_stage, terms_fitted
 from oppo.sim.cost.stage import StageCost, StageLoad
 
 
@@ -150,3 +150,14 @@ def test_one_pass_on_floats_is_priced_as_the_same_pass_in_an_array():
     mixed = cost.seconds(StageLoad(roofline_s=2.0, units=np.array([1.0, 20.0]), gather_s=np.array([0.5, 9.0])))
     each = [cost.seconds(StageLoad(roofline_s=2.0, units=u, gather_s=g)) for u, g in [(1.0, 0.5), (20.0, 9.0)]]
     assert list(mixed) == each
+
+
+def test_the_terms_named_fitted_are_the_ones_the_fit_moves():
+    """``terms_fitted`` names the host's overlap only where ``fit_stage`` fits it: not for a stage whose logged
+    seconds sum several of ours (``host_overlap`` false), nor with the host's time per micro-batch pinned."""
+    roofline, units = np.array([10.0, 20.0, 10.0, 20.0]), np.array([4.0, 4.0, 16.0, 16.0])
+    load, measured = StageLoad(roofline_s=roofline, units=units), roofline / 0.5 + 0.2 * units
+    assert "exposed_host_frac" in terms_fitted(load, measured, gen=False, per_unit=True)
+    assert "exposed_host_frac" not in terms_fitted(load, measured, gen=False, per_unit=True, host_overlap=False)
+    pinned = terms_fitted(load, measured, gen=False, per_unit=True, pinned=frozenset({"per_unit_s"}))
+    assert "exposed_host_frac" not in pinned and "per_unit_s" not in pinned

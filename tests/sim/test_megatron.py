@@ -309,3 +309,14 @@ def test_a_layer_written_before_the_collectives_share_warns_a_megatron_setup(tmp
         warnings.simplefilter("always")
         assert load_setup(str(own)).framework.update_actor.collective_frac == 1.5
     assert not [w for w in caught if "collective_frac" in str(w.message)]
+    # a fresh layer, but the setup's own [framework.update_actor] replaces its whole table: that table is named
+    partial = tmp_path / "partial.toml"
+    partial.write_text(
+        f'base = "verl-qwen2-7b-gpg-8gpu"\nname = "x"\n[framework]\nbase = "{SHARED}"\ntrain_backend = "megatron"\n'
+        "sharded = false\ntrain_tensor_parallel = 2\n[framework.update_actor]\nper_unit_s = 0.2\n"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_setup(str(partial))
+    said = [str(w.message) for w in caught if "collective_frac" in str(w.message)]
+    assert len(said) == 1 and "[framework.update_actor] replaces" in said[0] and "fitted before" not in said[0]

@@ -362,11 +362,14 @@ def terms_fitted(
     per_unit: bool = False,
     reshard: TimedReshard | None = None,
     pinned: frozenset[str] = frozenset(),
+    host_overlap: bool = True,
 ) -> list[str]:
     """The terms :func:`fit_stage` fits for a stage with this load and these measured seconds (the others keep
     their priors or defaults; ``reshard``: a timed reshard's terms, which name what it moved off its prior;
-    ``pinned``: held at their defaults)."""
-    return [term for term in _terms_fitted(load, measured, gen, per_unit, reshard) if term not in pinned]
+    ``pinned``: held at their defaults; ``host_overlap`` false: the host's overlap not fitted, as there)."""
+    hidden = host_overlap and "per_unit_s" not in pinned  # the host's time per micro-batch may hide
+    held = pinned | (set() if hidden else {"exposed_host_frac"})
+    return [term for term in _terms_fitted(load, measured, gen, per_unit, reshard) if term not in held]
 
 
 def _terms_fitted(

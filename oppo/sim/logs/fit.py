@@ -476,6 +476,6 @@ def fitted_terms(runs: list[LoggedRun], pinned: Pinned = frozenset()) -> dict[st
     for (_, (priced, summed)), problem in _problems(runs, whole=False).items():
         load, seconds, per_unit = problem_rows(summed, problem)
         held = frozenset(term for kind, term in pinned if kind == kind_of(priced))
-        terms = terms_fitted(load, seconds, priced == ("gen",), per_unit, timed, held)
+        terms = terms_fitted(load, seconds, priced == ("gen",), per_unit, timed, held, host_overlap=not summed)
         out |= dict.fromkeys(problem[2], terms)
     return out

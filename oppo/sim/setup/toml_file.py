@@ -35,11 +35,12 @@ def load_setup(name_or_file: str) -> Setup:
     for role in MODEL_KEYS:  # a model's config.json (or checkpoint folder) is relative to the TOML naming it
         if isinstance(data.get(role), str):
             data[role] = _model_path(data[role], path.parent)
-    framework, stale = data.get("framework"), False
+    framework, stale = data.get("framework"), ""
     if isinstance(framework, dict) and str(framework.get("base", "")).endswith(".toml"):
         layer_path = path.parent / framework.pop("base")
-        data["framework"] = read_layer(layer_path) | framework  # a stage table here replaces the layer's whole
-        stale = _without_collectives(data["framework"])
+        layer = read_layer(layer_path)
+        data["framework"] = layer | framework  # a stage table here replaces the layer's whole
+        stale = _stale_collectives(layer, framework, layer_path, path)
     base = data.pop("base", "paper-7b-h200")
     if not isinstance(base, str):
         raise ValueError(f"{path}: base must be a preset's name or a .toml file, got {base!r}")
@@ -52,18 +53,24 @@ def load_setup(name_or_file: str) -> Setup:
         setup = _override(load_setup(str(base_path)), data, str(path))
     if setup.framework.train_backend == "megatron" and stale:
         warnings.warn(
-            f"{layer_path} was fitted before Megatron's collectives had a share of their own: they are priced at "
-            "their nominal link (collective_frac 1.0); refit it with calibrate-log",
-            stacklevel=2,
+            f"{stale}: Megatron's collectives are priced at their nominal link (collective_frac 1.0)", stacklevel=2
         )
     return setup
 
 
-def _without_collectives(layer: dict[str, dict]) -> bool:
-    """Whether a framework layer's scoring or training stage tables lack ``collective_frac`` (a layer written
-    before Megatron's collectives had a share of their own)."""
-    stages = [layer[stage] for family in SHARED_TERMS for stage in family if isinstance(layer.get(stage), dict)]
-    return any("collective_frac" not in table for table in stages)
+def _stale_collectives(layer: dict, own: dict, layer_path: Path, path: Path) -> str:
+    """Why a setup's scoring or training stage tables lack ``collective_frac``, or "": a stage table of its own
+    replaced the layer's whole table (its fitted terms too) and gives none, or its framework layer was written
+    before Megatron's collectives had a share of their own."""
+    merged = layer | own
+    stages = [stage for family in SHARED_TERMS for stage in family if isinstance(merged.get(stage), dict)]
+    lacking = [stage for stage in stages if "collective_frac" not in merged[stage]]
+    if not lacking:
+        return ""
+    if lacking[0] in own:
+        whole = f"replaces {layer_path.name}'s whole table, its fitted terms too,"
+        return f"{path}: [framework.{lacking[0]}] {whole} and gives no collective_frac"
+    return f"{layer_path} was fitted before Megatron's collectives had a share of their own (refit: calibrate-log)"
 
 
 MODEL_KEYS = ("actor", "reward")  # setup keys naming a model: a shape name, "rule" (reward), or a config.json
